@@ -1,0 +1,210 @@
+//! `hydramem bench`: every resilience scheme side by side against the same nodes, in one run.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use hydramem::bench::{self, BenchOptions, SchemeResult};
+use hydramem::client::{Mode, Resilience};
+use hydramem::cluster::Cluster;
+use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Cluster file of running nodes. Without it, bench starts its own embedded cluster.
+    #[arg(long, env = "HYDRAMEM_CLUSTER")]
+    cluster: Option<PathBuf>,
+    /// Nodes of the embedded cluster (when no --cluster is given).
+    #[arg(long, default_value_t = 12)]
+    nodes: usize,
+    /// Pages in the working set of each scheme.
+    #[arg(long, default_value_t = 16384)]
+    pages: u64,
+    /// Operations per queue-depth-1 latency phase.
+    #[arg(long, default_value_t = 5000)]
+    latency_ops: u64,
+    /// Threads (pages in flight) for the throughput phases.
+    #[arg(long, default_value_t = 16)]
+    depth: usize,
+    /// Seconds of the read-throughput phase.
+    #[arg(long, default_value_t = 3.0)]
+    seconds: f64,
+    /// Microseconds a waiting thread polls before it sleeps.
+    #[arg(long, default_value_t = 50)]
+    poll_us: u64,
+    /// Schemes to run (comma separated): hydra-8+2-d1, hydra-8+2-d0, rep2, rep3, single.
+    #[arg(long, value_delimiter = ',', default_value = "hydra-8+2-d1,hydra-8+2-d0,rep2,rep3,single")]
+    schemes: Vec<String>,
+    /// Where to write the JSON results.
+    #[arg(long, default_value = "bench-results/bench.json")]
+    json: PathBuf,
+    /// Seed of page contents and access order.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+}
+
+/// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
+pub fn parse_scheme(s: &str) -> Result<Resilience> {
+    let bad = || anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1, add -ec for EC-only), repN or single");
+    if s == "single" {
+        return Ok(Resilience::Replication { copies: 1 });
+    }
+    if let Some(n) = s.strip_prefix("rep") {
+        return Ok(Resilience::Replication { copies: n.parse().map_err(|_| bad())? });
+    }
+    let rest = s.strip_prefix("hydra-").ok_or_else(bad)?;
+    let (rest, mode) = match rest.strip_suffix("-ec") {
+        Some(r) => (r, Mode::EcOnly),
+        None => (rest, Mode::FailureRecovery),
+    };
+    let (kr, d) = rest.split_once("-d").ok_or_else(bad)?;
+    let (k, r) = kr.split_once('+').ok_or_else(bad)?;
+    Ok(Resilience::Hydra {
+        k: k.parse().map_err(|_| bad())?,
+        r: r.parse().map_err(|_| bad())?,
+        delta: d.parse().map_err(|_| bad())?,
+        mode,
+    })
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    let schemes: Vec<Resilience> = a.schemes.iter().map(|s| parse_scheme(s)).collect::<Result<_>>()?;
+    let mut _embedded = None;
+    let cluster = match &a.cluster {
+        Some(p) => Cluster::load(p)?,
+        None => {
+            let c = EmbeddedCluster::start(EmbeddedOptions {
+                binary: std::env::current_exe()?,
+                nodes: a.nodes,
+                slab_size: 16 << 20,
+                capacity: 4 << 30,
+                extra_args: vec!["--log".into(), "warn".into()],
+            })?;
+            let cl = c.cluster().clone();
+            _embedded = Some(c);
+            cl
+        }
+    };
+    let o = BenchOptions {
+        pages: a.pages,
+        latency_ops: a.latency_ops,
+        depth: a.depth,
+        duration: Duration::from_secs_f64(a.seconds),
+        poll: Duration::from_micros(a.poll_us),
+        seed: a.seed,
+    };
+    println!(
+        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput",
+        cluster.nodes.len(),
+        o.pages,
+        o.pages * 4096 >> 20,
+        o.latency_ops,
+        o.depth,
+        a.seconds
+    );
+    let mut results: Vec<SchemeResult> = Vec::new();
+    for s in schemes {
+        let pb = ProgressBar::new(100);
+        pb.set_style(
+            ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos:>3}% {msg}")
+                .expect("template")
+                .progress_chars("=> "),
+        );
+        pb.set_prefix(s.label());
+        let progress = |phase: &str, done: u64, total: u64| {
+            pb.set_message(phase.to_string());
+            pb.set_position(done * 100 / total.max(1));
+        };
+        let r = bench::run_scheme(&cluster, s, &o, &progress)
+            .with_context(|| format!("benchmarking {}", s.label()))?;
+        pb.finish_with_message(format!(
+            "done: read p50 {:.1} µs, write p50 {:.1} µs",
+            r.read_latency.p50_us, r.write_latency.p50_us
+        ));
+        results.push(r);
+    }
+    print!("{}", table(&results));
+    if let Some(dir) = a.json.parent() {
+        std::fs::create_dir_all(dir).ok();
+    }
+    let doc = serde_json::json!({
+        "nodes": cluster.nodes.len(),
+        "pages": o.pages,
+        "latency_ops": o.latency_ops,
+        "depth": o.depth,
+        "seconds": a.seconds,
+        "poll_us": a.poll_us,
+        "results": results,
+    });
+    std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", a.json.display()))?;
+    println!("JSON written to {}", a.json.display());
+    if results.iter().any(|r| r.verify_errors > 0) {
+        anyhow::bail!("some reads returned wrong bytes (see verify_errors)");
+    }
+    Ok(())
+}
+
+/// The results as a fixed-width table, with ratios against replication ×2 where present.
+pub fn table(results: &[SchemeResult]) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "\n{:<18} | {:>23} | {:>23} | {:>15} | {:>15} | {:>11} | {:>6}",
+        "scheme", "write µs p50/p99/p99.9", "read µs p50/p99/p99.9", "write kpg/s GB/s", "read kpg/s GB/s", "cpu µs/page", "bytes"
+    );
+    let _ = writeln!(o, "{}", "-".repeat(136));
+    for r in results {
+        let l = |x: &bench::Latency| format!("{:.1}/{:.1}/{:.1}", x.p50_us, x.p99_us, x.p999_us);
+        let t = |x: &bench::Throughput| format!("{:.1} {:.2}", x.pages_per_s / 1e3, x.gb_per_s);
+        let _ = writeln!(
+            o,
+            "{:<18} | {:>23} | {:>23} | {:>15} | {:>15} | {:>5.1} {:>5.1} | {:>6.3}",
+            r.scheme,
+            l(&r.write_latency),
+            l(&r.read_latency),
+            t(&r.write_throughput),
+            t(&r.read_throughput),
+            r.write_throughput.cpu_us_per_page,
+            r.read_throughput.cpu_us_per_page,
+            r.remote_bytes_per_data_byte
+        );
+    }
+    let _ = writeln!(o, "(cpu µs/page: write, read; bytes: remote bytes held per byte of data)");
+    if let Some(rep2) = results.iter().find(|r| r.scheme == "replication ×2") {
+        for r in results.iter().filter(|r| r.scheme.starts_with("hydra")) {
+            let _ = writeln!(
+                o,
+                "{} vs replication ×2: read p50 {:.2}×, write p50 {:.2}×, read p99 {:.2}×, write p99 {:.2}×",
+                r.scheme,
+                r.read_latency.p50_us / rep2.read_latency.p50_us,
+                r.write_latency.p50_us / rep2.write_latency.p50_us,
+                r.read_latency.p99_us / rep2.read_latency.p99_us,
+                r.write_latency.p99_us / rep2.write_latency.p99_us,
+            );
+        }
+    }
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scheme_names_parse() {
+        assert_eq!(
+            parse_scheme("hydra-8+2-d1").unwrap(),
+            Resilience::Hydra { k: 8, r: 2, delta: 1, mode: Mode::FailureRecovery }
+        );
+        assert_eq!(
+            parse_scheme("hydra-4+2-d0-ec").unwrap(),
+            Resilience::Hydra { k: 4, r: 2, delta: 0, mode: Mode::EcOnly }
+        );
+        assert_eq!(parse_scheme("rep3").unwrap(), Resilience::Replication { copies: 3 });
+        assert_eq!(parse_scheme("single").unwrap(), Resilience::Replication { copies: 1 });
+        assert!(parse_scheme("raid5").is_err());
+    }
+}

@@ -1,0 +1,306 @@
+//! How one page maps onto splits, slabs and completions for each resilience scheme.
+//!
+//! A [`Layout`] is derived once per client from its [`Resilience`] and the cluster's slab size.
+//! It answers, without allocation, every geometric question of the data path: how many splits a
+//! page has and how long they are, where each split lands in memory (in the caller's page or in
+//! the small side buffer), how many acknowledgements complete a write, and how many splits a read
+//! asks for and needs.
+//!
+//! Erasure coding k + r: split j < k holds bytes `[j·s, (j+1)·s)` of the page with
+//! `s = ceil(4096 / k)` rounded up to 64 bytes for the SIMD kernels; when k does not divide 4096
+//! the last data splits reach past the page and live, zero-padded, in the side buffer, as do the
+//! r parity splits. Replication n: every copy is the whole page (s = 4096) and all copies land in
+//! the same place, the page, so a read claims that region for the first copy that arrives.
+
+use serde::{Deserialize, Serialize};
+
+use crate::PAGE_SIZE;
+
+/// Most splits one page may have (k + r, or the copy count).
+pub const MAX_WIDTH: usize = hydramem_isal::MAX_SPLITS;
+
+/// When a write counts as done under erasure coding (paper Table 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    /// All k + r splits acknowledged: the page survives any r lost nodes.
+    FailureRecovery,
+    /// Any k acknowledged: fastest, no resilience guarantee.
+    EcOnly,
+}
+
+/// A client's resilience scheme; the three schemes share the API, the transport and the nodes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", tag = "scheme")]
+pub enum Resilience {
+    /// Hydra: Reed-Solomon k data + r parity splits per page, reads ask k + delta splits.
+    Hydra {
+        /// Data splits.
+        k: u8,
+        /// Parity splits.
+        r: u8,
+        /// Extra splits a read asks beyond k (late binding).
+        delta: u8,
+        /// Write completion rule.
+        mode: Mode,
+    },
+    /// n whole copies on n nodes; a write waits for all n, a read takes the first copy.
+    Replication {
+        /// Number of copies (1 = single copy, no redundancy).
+        copies: u8,
+    },
+}
+
+impl Resilience {
+    /// A short human label: "hydra 8+2 Δ=1", "replication ×2", "single copy".
+    pub fn label(&self) -> String {
+        match *self {
+            Resilience::Hydra { k, r, delta, mode } => {
+                let m = match mode {
+                    Mode::FailureRecovery => "",
+                    Mode::EcOnly => " ec-only",
+                };
+                format!("hydra {k}+{r} Δ={delta}{m}")
+            }
+            Resilience::Replication { copies: 1 } => "single copy".into(),
+            Resilience::Replication { copies } => format!("replication ×{copies}"),
+        }
+    }
+}
+
+/// Where a split lives in memory during an operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Place {
+    /// At this offset in the caller's page.
+    Page(usize),
+    /// At this offset in the operation's side buffer.
+    Side(usize),
+}
+
+/// Errors in a resilience configuration.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum LayoutError {
+    /// The parameters cannot work.
+    #[error("invalid resilience {label}: {reason}")]
+    Invalid {
+        /// The scheme as given.
+        label: String,
+        /// What is wrong and what would work.
+        reason: String,
+    },
+}
+
+/// The geometry derived from a [`Resilience`] and a slab size.
+#[derive(Debug, Clone, Copy)]
+pub struct Layout {
+    /// The scheme.
+    pub resilience: Resilience,
+    /// Splits per page (k + r, or copies): also the number of slabs per address range.
+    pub width: usize,
+    /// Data splits (k, or 1 for replication).
+    pub k: usize,
+    /// Bytes per split.
+    pub split_len: usize,
+    /// Data splits that lie wholly inside the page (the others are padded in the side buffer).
+    pub full_data: usize,
+    /// Acknowledgements that complete a write.
+    pub write_need: usize,
+    /// Splits a read asks for at first.
+    pub read_fanout: usize,
+    /// Splits a read needs.
+    pub read_need: usize,
+    /// Pages per address range (= split slots per slab).
+    pub pages_per_range: u64,
+    /// Size of a slab.
+    pub slab_size: u64,
+}
+
+impl Layout {
+    /// Derives the layout; refuses parameters that cannot work.
+    pub fn new(resilience: Resilience, slab_size: u64) -> Result<Layout, LayoutError> {
+        let bad = |reason: String| LayoutError::Invalid {
+            label: resilience.label(),
+            reason,
+        };
+        let (width, k, split_len, write_need, read_fanout, read_need) = match resilience {
+            Resilience::Hydra { k, r, delta, mode } => {
+                let (k, r, delta) = (k as usize, r as usize, delta as usize);
+                if k == 0 {
+                    return Err(bad("k must be at least 1".into()));
+                }
+                if k + r > MAX_WIDTH {
+                    return Err(bad(format!("k + r must be at most {MAX_WIDTH}")));
+                }
+                if delta > r {
+                    return Err(bad(format!(
+                        "delta {delta} exceeds r {r}: a read cannot ask more than k + r splits"
+                    )));
+                }
+                let s = PAGE_SIZE.div_ceil(k).next_multiple_of(64);
+                let need = match mode {
+                    Mode::FailureRecovery => k + r,
+                    Mode::EcOnly => k,
+                };
+                (k + r, k, s, need, k + delta, k)
+            }
+            Resilience::Replication { copies } => {
+                let n = copies as usize;
+                if n == 0 || n > MAX_WIDTH {
+                    return Err(bad(format!("copies must be 1..={MAX_WIDTH}")));
+                }
+                (n, 1, PAGE_SIZE, n, 1, 1)
+            }
+        };
+        if slab_size < split_len as u64 {
+            return Err(bad(format!(
+                "slab size {slab_size} is smaller than one split ({split_len} bytes)"
+            )));
+        }
+        let full_data = if matches!(resilience, Resilience::Replication { .. }) {
+            1
+        } else {
+            (0..k).take_while(|j| (j + 1) * split_len <= PAGE_SIZE).count()
+        };
+        Ok(Layout {
+            resilience,
+            width,
+            k,
+            split_len,
+            full_data,
+            write_need,
+            read_fanout,
+            read_need,
+            pages_per_range: slab_size / split_len as u64,
+            slab_size,
+        })
+    }
+
+    /// Whether pages are erasure coded (as opposed to replicated).
+    pub fn coded(&self) -> bool {
+        matches!(self.resilience, Resilience::Hydra { .. })
+    }
+
+    /// Bytes of client address space one address range covers.
+    pub fn range_bytes(&self) -> u64 {
+        self.pages_per_range * PAGE_SIZE as u64
+    }
+
+    /// Size of the per-operation side buffer.
+    pub fn side_len(&self) -> usize {
+        if self.coded() {
+            (self.width - self.full_data) * self.split_len
+        } else {
+            0
+        }
+    }
+
+    /// Where split `j` lives.
+    pub fn place(&self, j: usize) -> Place {
+        if !self.coded() {
+            Place::Page(0)
+        } else if j < self.full_data {
+            Place::Page(j * self.split_len)
+        } else {
+            Place::Side((j - self.full_data) * self.split_len)
+        }
+    }
+
+    /// The landing region of split `j`: copies of a replicated page share region 0.
+    pub fn region(&self, j: usize) -> usize {
+        if self.coded() {
+            j
+        } else {
+            0
+        }
+    }
+
+    /// Byte offset of a page's split inside its slab.
+    pub fn split_offset(&self, page_in_range: u64) -> u64 {
+        page_in_range * self.split_len as u64
+    }
+
+    /// A 16-bit code of the layout stored in slab tags, so that a client reconnecting with other
+    /// parameters is told instead of misreading its slabs.
+    pub fn code(&self) -> u16 {
+        match self.resilience {
+            Resilience::Hydra { k, r, .. } => (k as u16) << 8 | r as u16,
+            Resilience::Replication { copies } => 0x8000 | copies as u16,
+        }
+    }
+}
+
+const TAG_MAGIC: u64 = 0x48;
+
+/// The tag a client gives a slab: which layout, address range and split it holds.
+pub fn tag(code: u16, range: u32, split: u8) -> u64 {
+    TAG_MAGIC << 56 | (code as u64) << 40 | (range as u64) << 8 | split as u64
+}
+
+/// Decodes a tag made by [`tag`]; `None` for tags of unknown shape.
+pub fn untag(tag: u64) -> Option<(u16, u32, u8)> {
+    if tag >> 56 != TAG_MAGIC {
+        return None;
+    }
+    Some(((tag >> 40) as u16, (tag >> 8) as u32, tag as u8))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hydra(k: u8, r: u8) -> Layout {
+        Layout::new(
+            Resilience::Hydra {
+                k,
+                r,
+                delta: 1.min(r),
+                mode: Mode::FailureRecovery,
+            },
+            1 << 20,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn eight_plus_two_is_all_in_page() {
+        let l = hydra(8, 2);
+        assert_eq!((l.width, l.split_len, l.full_data), (10, 512, 8));
+        assert_eq!(l.place(7), Place::Page(3584));
+        assert_eq!(l.place(8), Place::Side(0));
+        assert_eq!(l.side_len(), 1024);
+        assert_eq!(l.range_bytes(), 8 << 20);
+        assert_eq!((l.write_need, l.read_fanout, l.read_need), (10, 9, 8));
+    }
+
+    #[test]
+    fn uneven_k_pads_the_tail_in_the_side_buffer() {
+        let l = hydra(6, 3);
+        assert_eq!(l.split_len, 704);
+        assert_eq!(l.full_data, 5);
+        assert_eq!(l.place(5), Place::Side(0));
+        assert_eq!(l.side_len(), 4 * 704);
+    }
+
+    #[test]
+    fn replication_shares_one_region() {
+        let l = Layout::new(Resilience::Replication { copies: 3 }, 1 << 20).unwrap();
+        assert_eq!((l.width, l.split_len, l.write_need, l.read_need), (3, 4096, 3, 1));
+        assert_eq!(l.region(2), 0);
+        assert_eq!(l.place(2), Place::Page(0));
+    }
+
+    #[test]
+    fn bad_parameters_are_refused() {
+        let e = Layout::new(Resilience::Hydra { k: 8, r: 1, delta: 2, mode: Mode::EcOnly }, 1 << 20);
+        assert!(e.unwrap_err().to_string().contains("delta 2 exceeds r 1"));
+        assert!(Layout::new(Resilience::Hydra { k: 0, r: 1, delta: 0, mode: Mode::EcOnly }, 1 << 20).is_err());
+        assert!(Layout::new(Resilience::Replication { copies: 0 }, 1 << 20).is_err());
+    }
+
+    #[test]
+    fn tags_round_trip() {
+        let t = tag(0x0802, 123_456, 9);
+        assert_eq!(untag(t), Some((0x0802, 123_456, 9)));
+        assert_eq!(untag(7), None);
+    }
+}

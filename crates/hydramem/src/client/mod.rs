@@ -1,0 +1,845 @@
+//! The client (the paper's Resilience Manager): a remote address space of resilient pages.
+//!
+//! [`RemoteMemory`] divides its address space into address ranges of `pages_per_range` pages.
+//! A range is mapped on its first write to a coding group of `width` slabs on distinct memory
+//! nodes chosen by [`crate::placement`]; split j of every page of the range lives in slab j.
+//! Until then the range reads as zeros.
+//!
+//! Data path (paper 4.1), per page and without heap allocation:
+//! - write: post the k data splits straight from the caller's page, then encode the r parity
+//!   splits into the operation's side buffer and post them, then wait for the acknowledgements
+//!   the mode requires (failure recovery: all k + r; EC-only: any k);
+//! - read: post k + Δ split reads to nodes chosen at random among those up; splits land directly
+//!   in the caller's page (data) or the side buffer (parity); once k are in, close the operation
+//!   (late splits are dropped, see [`slots`]) and decode the missing data splits in place. If
+//!   requests fail, ask the splits not asked yet; fail only when fewer than k can arrive.
+//! - waiting: the calling thread polls its operation for a bounded time (`poll`), yielding the
+//!   core between checks, then parks until a completion wakes it (run-to-completion, 4.1.3).
+//!
+//! Replication and single copy use the same path with width n, one "split" of 4096 bytes per
+//! copy, a write waiting for all n copies and a read taking the first copy that arrives.
+
+pub mod layout;
+pub mod slots;
+pub mod tcp;
+pub mod transport;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwapOption;
+use hydramem_isal::Codec;
+use parking_lot::Mutex;
+use rand::{Rng, SeedableRng};
+
+use crate::cluster::Cluster;
+use crate::placement::{NodeView, Placer, Policy};
+use crate::wire::{self, ClientId, Entry, Hello, Op, Status};
+use crate::PAGE_SIZE;
+pub use layout::{Layout, Mode, Resilience};
+use layout::MAX_WIDTH;
+use slots::{Progress, Slots};
+use tcp::{TcpOptions, TcpTransport};
+use transport::{Completions, Transport, TransportError};
+
+/// A page: the unit of remote I/O.
+pub type Page = [u8; PAGE_SIZE];
+
+/// Everything a client needs besides the cluster file.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Resilience scheme and its parameters.
+    pub resilience: Resilience,
+    /// Size of the remote address space in bytes (rounded up to whole pages).
+    pub size: u64,
+    /// Identity that owns the client's slabs; reconnecting with it finds them again.
+    pub client_id: ClientId,
+    /// How long a waiting thread polls before it sleeps.
+    pub poll: Duration,
+    /// How long one page operation may take before it fails.
+    pub op_timeout: Duration,
+    /// Page operations in flight at once (callers beyond it wait).
+    pub max_in_flight: usize,
+    /// CodingSets load-balancing factor l.
+    pub placement_l: usize,
+    /// Seed for placement and split choice (random when `None`).
+    pub seed: Option<u64>,
+    /// Transport timeouts.
+    pub tcp: TcpOptions,
+}
+
+impl ClientConfig {
+    /// Defaults for a scheme and an address-space size.
+    pub fn new(resilience: Resilience, size: u64) -> ClientConfig {
+        ClientConfig {
+            resilience,
+            size,
+            client_id: ClientId::random(),
+            poll: Duration::from_micros(50),
+            op_timeout: Duration::from_secs(10),
+            max_in_flight: 1024,
+            placement_l: 2,
+            seed: None,
+            tcp: TcpOptions::default(),
+        }
+    }
+}
+
+/// Errors that stop a client from starting or from mapping memory.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// Bad resilience parameters.
+    #[error(transparent)]
+    Layout(#[from] layout::LayoutError),
+    /// The codec refused the parameters.
+    #[error("cannot build the Reed-Solomon codec: {0}")]
+    Codec(#[from] hydramem_isal::CodecError),
+    /// Too few nodes are reachable for one coding group.
+    #[error("{label} needs {needed} memory nodes but only {up} of {total} are reachable ({down}); start more nodes or use a narrower scheme")]
+    TooFewNodes {
+        /// The scheme.
+        label: String,
+        /// Nodes one range needs.
+        needed: usize,
+        /// Nodes up.
+        up: usize,
+        /// Nodes listed.
+        total: usize,
+        /// Which are down and why.
+        down: String,
+    },
+    /// A node disagrees with the cluster file about the slab size.
+    #[error("memory node {node} ({addr}) uses slabs of {node_slab} bytes but the cluster file says {file_slab}; fix the cluster file or restart the node with --slab-size {file_slab}")]
+    SlabSize {
+        /// Node index.
+        node: usize,
+        /// Its address.
+        addr: String,
+        /// What the node said.
+        node_slab: u64,
+        /// What the file says.
+        file_slab: u64,
+    },
+    /// Existing slabs of this identity were written with other parameters.
+    #[error("this client identity already holds slabs written as layout {found:#06x} on node {node}, but it was started as {label} ({expected:#06x}); reconnect with the same k and r (or copies), or use a new identity")]
+    LayoutMismatch {
+        /// Node index.
+        node: usize,
+        /// Layout code found in a slab tag.
+        found: u16,
+        /// Layout code of this client.
+        expected: u16,
+        /// This client's scheme.
+        label: String,
+    },
+    /// Placement found no coding group.
+    #[error("cannot place address range {range}: {source}")]
+    Placement {
+        /// The range.
+        range: u64,
+        /// Why.
+        source: crate::placement::PlacementError,
+    },
+    /// A node refused or failed a control request.
+    #[error(transparent)]
+    Transport(#[from] TransportError),
+    /// The OS refused a resource (threads, epoll).
+    #[error("client setup failed: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Errors of a page read or write. They name the page, its range and the nodes involved.
+#[derive(Debug, thiserror::Error)]
+pub enum IoError {
+    /// The address is not a multiple of 4096.
+    #[error("address {addr:#x} is not page aligned (4096)")]
+    Unaligned {
+        /// The address.
+        addr: u64,
+    },
+    /// The address is beyond the address space.
+    #[error("address {addr:#x} is outside the {size}-byte remote address space")]
+    OutOfRange {
+        /// The address.
+        addr: u64,
+        /// Size of the address space.
+        size: u64,
+    },
+    /// Not enough splits could be read or written.
+    #[error("{what} of page {addr:#x} (address range {range}) failed: {got} of the {needed} splits it needs succeeded; failing nodes: {nodes}")]
+    Unavailable {
+        /// "read" or "write".
+        what: &'static str,
+        /// The page.
+        addr: u64,
+        /// Its range.
+        range: u64,
+        /// Splits needed.
+        needed: usize,
+        /// Splits that succeeded.
+        got: usize,
+        /// The failing nodes with their addresses and errors.
+        nodes: String,
+    },
+    /// The operation did not complete in time.
+    #[error("{what} of page {addr:#x} (address range {range}) timed out after {waited:?} waiting for nodes {nodes}")]
+    Timeout {
+        /// "read" or "write".
+        what: &'static str,
+        /// The page.
+        addr: u64,
+        /// Its range.
+        range: u64,
+        /// How long it waited.
+        waited: Duration,
+        /// The nodes that did not answer.
+        nodes: String,
+    },
+    /// The range could not be mapped.
+    #[error(transparent)]
+    Map(#[from] ClientError),
+}
+
+/// The coding group of one address range: which slab on which node holds each split.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// Node index per split.
+    pub nodes: [u16; MAX_WIDTH],
+    /// Slab id per split.
+    pub slabs: [u32; MAX_WIDTH],
+}
+
+/// Counters of one client.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    /// Pages written.
+    pub writes: AtomicU64,
+    /// Pages read.
+    pub reads: AtomicU64,
+    /// Reads that had to decode (a data split was missing or late).
+    pub decodes: AtomicU64,
+    /// Extra split reads issued after failures.
+    pub reissued: AtomicU64,
+}
+
+/// Adapter: the slot table receives the transport's completions.
+struct SlotSink(Arc<Slots>);
+
+impl Completions for SlotSink {
+    fn read_done(&self, cookie: u64, status: Status, data: &[u8]) {
+        self.0.read_done(cookie, status, data)
+    }
+    fn write_done(&self, cookie: u64, status: Status) {
+        self.0.write_done(cookie, status)
+    }
+    fn node_down(&self, node: u16) {
+        self.0.node_down(node)
+    }
+}
+
+/// A client's resilient remote address space. `Send + Sync`: share it across threads.
+pub struct RemoteMemory {
+    layout: Layout,
+    config: ClientConfig,
+    codec: Option<Codec>,
+    slots: Arc<Slots>,
+    transport: Box<dyn Transport>,
+    ranges: Box<[ArcSwapOption<Group>]>,
+    placement: Mutex<Placement>,
+    domains: Vec<Option<u32>>,
+    stats: ClientStats,
+}
+
+struct Placement {
+    placer: Placer,
+    loads: Vec<u64>,
+}
+
+thread_local! {
+    static RNG: std::cell::RefCell<rand::rngs::SmallRng> =
+        std::cell::RefCell::new(rand::rngs::SmallRng::from_os_rng());
+}
+
+impl RemoteMemory {
+    /// Connects to the cluster's nodes, finds this identity's existing slabs and is ready for
+    /// I/O. Fails when fewer nodes are reachable than one coding group needs.
+    pub fn connect(cluster: &Cluster, config: ClientConfig) -> Result<RemoteMemory, ClientError> {
+        let layout = Layout::new(config.resilience, cluster.slab_size)?;
+        let codec = match config.resilience {
+            Resilience::Hydra { k, r, .. } => Some(Codec::new(k as usize, r as usize)?),
+            Resilience::Replication { .. } => None,
+        };
+        let slots = Arc::new(Slots::new(layout, config.max_in_flight));
+        let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
+        let hello = Hello {
+            client: config.client_id,
+            flags: 0,
+        };
+        let (transport, outcomes) =
+            TcpTransport::connect(&addrs, hello, Arc::new(SlotSink(slots.clone())), config.tcp)?;
+        let mut down = Vec::new();
+        for (i, o) in outcomes.iter().enumerate() {
+            match o {
+                Ok(h) if h.slab_size != cluster.slab_size => {
+                    return Err(ClientError::SlabSize {
+                        node: i,
+                        addr: addrs[i].to_string(),
+                        node_slab: h.slab_size,
+                        file_slab: cluster.slab_size,
+                    })
+                }
+                Ok(_) => {}
+                Err(e) => down.push(format!("node {i} at {}: {e}", addrs[i])),
+            }
+        }
+        let up = outcomes.len() - down.len();
+        if up < layout.width {
+            return Err(ClientError::TooFewNodes {
+                label: config.resilience.label(),
+                needed: layout.width,
+                up,
+                total: outcomes.len(),
+                down: if down.is_empty() { "none down".into() } else { down.join("; ") },
+            });
+        }
+        let n_ranges = config.size.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
+        let n_ranges = n_ranges.div_ceil(layout.range_bytes()) as usize;
+        let ranges: Box<[ArcSwapOption<Group>]> =
+            (0..n_ranges).map(|_| ArcSwapOption::empty()).collect();
+
+        // Domains as small integers, for placement.
+        let mut names: HashMap<&str, u32> = HashMap::new();
+        let domains: Vec<Option<u32>> = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                n.domain.as_deref().map(|d| {
+                    let next = names.len() as u32;
+                    *names.entry(d).or_insert(next)
+                })
+            })
+            .collect();
+
+        // Node loads (slab counts) and this identity's existing slabs.
+        let mut loads = vec![0u64; addrs.len()];
+        let mut found: HashMap<u32, Group> = HashMap::new();
+        for node in 0..addrs.len() as u16 {
+            if !transport.is_up(node) {
+                continue;
+            }
+            let stats = wire::Stats::parse(&transport.call(node, Op::Stats, &[])?)
+                .map_err(|e| protocol(&transport, node, e))?;
+            loads[node as usize] = stats.slabs.len() as u64;
+            let list = wire::parse_list(&transport.call(node, Op::List, &[])?)
+                .map_err(|e| protocol(&transport, node, e))?;
+            for (slab, tag) in list {
+                let Some((code, range, split)) = layout::untag(tag) else {
+                    continue;
+                };
+                if code != layout.code() {
+                    return Err(ClientError::LayoutMismatch {
+                        node: node as usize,
+                        found: code,
+                        expected: layout.code(),
+                        label: config.resilience.label(),
+                    });
+                }
+                if (range as usize) < ranges.len() && (split as usize) < layout.width {
+                    let g = found.entry(range).or_insert(Group {
+                        nodes: [slots::NO_NODE; MAX_WIDTH],
+                        slabs: [0; MAX_WIDTH],
+                    });
+                    g.nodes[split as usize] = node;
+                    g.slabs[split as usize] = slab;
+                }
+            }
+        }
+        let recovered = found.len();
+        for (range, g) in found {
+            ranges[range as usize].store(Some(Arc::new(g)));
+        }
+        if recovered > 0 {
+            tracing::info!(ranges = recovered, "found this identity's existing address ranges");
+        }
+        let views = node_views(&transport, &loads, &domains);
+        let seed = config.seed.unwrap_or_else(rand::random);
+        let placer = Placer::new(Policy::CodingSets { l: config.placement_l }, layout.width, &views, seed)
+            .map_err(|source| ClientError::Placement { range: 0, source })?;
+        Ok(RemoteMemory {
+            layout,
+            config,
+            codec,
+            slots,
+            transport: Box::new(transport),
+            ranges,
+            placement: Mutex::new(Placement { placer, loads }),
+            domains,
+            stats: ClientStats::default(),
+        })
+    }
+
+    /// The page geometry of this client.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Size of the address space in bytes.
+    pub fn size(&self) -> u64 {
+        self.config.size
+    }
+
+    /// The client's counters.
+    pub fn stats(&self) -> &ClientStats {
+        &self.stats
+    }
+
+    /// The transport (for status and tests).
+    pub fn transport(&self) -> &dyn Transport {
+        &*self.transport
+    }
+
+    /// The coding group of the range holding `addr`, if mapped.
+    pub fn group_of(&self, addr: u64) -> Option<Arc<Group>> {
+        let range = (addr / self.layout.range_bytes()) as usize;
+        self.ranges.get(range)?.load_full()
+    }
+
+    fn locate(&self, addr: u64) -> Result<(usize, u64), IoError> {
+        if addr % PAGE_SIZE as u64 != 0 {
+            return Err(IoError::Unaligned { addr });
+        }
+        if addr >= self.config.size {
+            return Err(IoError::OutOfRange {
+                addr,
+                size: self.config.size,
+            });
+        }
+        let rb = self.layout.range_bytes();
+        Ok(((addr / rb) as usize, (addr % rb) / PAGE_SIZE as u64))
+    }
+
+    /// Writes one page. Returns once the mode's acknowledgements are in.
+    pub fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+        let (range, pir) = self.locate(addr)?;
+        let group = match self.ranges[range].load_full() {
+            Some(g) => g,
+            None => self.map_range(range)?,
+        };
+        let l = &self.layout;
+        let offset = l.split_offset(pir);
+        let mut op = self.slots.acquire(std::ptr::null_mut());
+        let post = |op: &slots::Op<'_>, j: usize, data: &[u8]| {
+            let node = group.nodes[j];
+            op.posting(j, node);
+            let e = Entry {
+                slab: group.slabs[j],
+                len: l.split_len as u32,
+                offset,
+                cookie: op.cookie(j),
+            };
+            if node == slots::NO_NODE || self.transport.post_write(node, e, data, true).is_err() {
+                op.post_failed(j);
+            }
+        };
+        match &self.codec {
+            None => {
+                for j in 0..l.width {
+                    post(&op, j, page);
+                }
+            }
+            Some(codec) => {
+                let s = l.split_len;
+                // Data splits first, straight from the caller's page...
+                for j in 0..l.full_data {
+                    post(&op, j, &page[j * s..(j + 1) * s]);
+                }
+                // ...then the padded tail splits (only when k does not divide 4096) and the
+                // parity, computed while the data splits are already on the wire.
+                let side = op.side();
+                let tail = &page[l.full_data * s..];
+                let ntail = l.k - l.full_data;
+                side[..ntail * s].fill(0);
+                side[..tail.len()].copy_from_slice(tail);
+                let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
+                let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
+                for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
+                    *d = &page[j * s..(j + 1) * s];
+                }
+                for (t, chunk) in tail_buf.chunks_exact(s).enumerate() {
+                    data[l.full_data + t] = chunk;
+                }
+                let mut parity: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
+                let r = l.width - l.k;
+                for (p, chunk) in parity_buf.chunks_exact_mut(s).enumerate() {
+                    parity[p] = chunk;
+                }
+                codec
+                    .encode(&data[..l.k], &mut parity[..r])
+                    .expect("layout and codec agree on k, r and split length");
+                let side: &[u8] = op.side();
+                // SAFETY-free re-borrow: the side buffer is not touched by write completions.
+                let side_ptr = side.as_ptr();
+                let side_len = side.len();
+                // SAFETY: `op.side()` returned a live buffer of `side_len` bytes owned by the
+                // slot; write completions never touch it, and it is only read below while `op`
+                // is alive, so this shared view cannot alias a mutable one.
+                let side = unsafe { std::slice::from_raw_parts(side_ptr, side_len) };
+                for j in l.full_data..l.width {
+                    post(&op, j, &side[(j - l.full_data) * s..(j - l.full_data + 1) * s]);
+                }
+            }
+        }
+        let start = Instant::now();
+        let result = self.wait(&op, start, |p| {
+            let acked = p.landed.count_ones() as usize;
+            if acked >= l.write_need {
+                Some(Ok(()))
+            } else if acked + p.outstanding().count_ones() as usize >= l.write_need {
+                None
+            } else {
+                Some(Err(()))
+            }
+        });
+        let p = op.close();
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Some(Ok(())) => Ok(()),
+            Some(Err(())) => Err(IoError::Unavailable {
+                what: "write",
+                addr,
+                range: range as u64,
+                needed: l.write_need,
+                got: p.landed.count_ones() as usize,
+                nodes: self.describe(&op, p.failed),
+            }),
+            None => Err(IoError::Timeout {
+                what: "write",
+                addr,
+                range: range as u64,
+                waited: start.elapsed(),
+                nodes: self.describe(&op, p.outstanding()),
+            }),
+        }
+    }
+
+    /// Reads one page. A page never written reads as zeros.
+    pub fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+        let (range, pir) = self.locate(addr)?;
+        let Some(group) = self.ranges[range].load_full() else {
+            page.fill(0);
+            self.stats.reads.fetch_add(1, Ordering::Relaxed);
+            return Ok(());
+        };
+        let l = &self.layout;
+        let offset = l.split_offset(pir);
+        let mut op = self.slots.acquire(page.as_mut_ptr());
+        // Candidate splits: those whose node is up, in random order.
+        let mut order = [0u8; MAX_WIDTH];
+        let mut n = 0;
+        for j in 0..l.width {
+            let node = group.nodes[j];
+            if node != slots::NO_NODE && self.transport.is_up(node) {
+                order[n] = j as u8;
+                n += 1;
+            }
+        }
+        RNG.with(|r| {
+            let mut r = r.borrow_mut();
+            for i in (1..n).rev() {
+                order.swap(i, r.random_range(0..=i));
+            }
+        });
+        let mut next = 0;
+        let mut post_more = |op: &slots::Op<'_>, count: usize| -> usize {
+            let mut posted = 0;
+            while posted < count && next < n {
+                let j = order[next] as usize;
+                next += 1;
+                let node = group.nodes[j];
+                op.posting(j, node);
+                let e = Entry {
+                    slab: group.slabs[j],
+                    len: l.split_len as u32,
+                    offset,
+                    cookie: op.cookie(j),
+                };
+                if self.transport.post_read(node, e, true).is_err() {
+                    op.post_failed(j);
+                } else {
+                    posted += 1;
+                }
+            }
+            posted
+        };
+        post_more(&op, l.read_fanout);
+        let start = Instant::now();
+        let result = self.wait(&op, start, |p| {
+            let got = p.landed.count_ones() as usize;
+            if got >= l.read_need {
+                return Some(Ok(()));
+            }
+            let pending = p.outstanding().count_ones() as usize;
+            if got + pending < l.read_need {
+                let more = post_more(&op, l.read_need - got - pending);
+                if more > 0 {
+                    self.stats.reissued.fetch_add(more as u64, Ordering::Relaxed);
+                    return None;
+                }
+                return Some(Err(()));
+            }
+            None
+        });
+        let p = op.close();
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        match result {
+            Some(Ok(())) => {
+                self.finish_read(&mut op, page, p.landed);
+                Ok(())
+            }
+            Some(Err(())) => Err(IoError::Unavailable {
+                what: "read",
+                addr,
+                range: range as u64,
+                needed: l.read_need,
+                got: p.landed.count_ones() as usize,
+                nodes: self.describe_group(&group, &op, p),
+            }),
+            None => Err(IoError::Timeout {
+                what: "read",
+                addr,
+                range: range as u64,
+                waited: start.elapsed(),
+                nodes: self.describe(&op, p.outstanding()),
+            }),
+        }
+    }
+
+    /// Decodes in place after a read closed with at least k splits landed.
+    fn finish_read(&self, op: &mut slots::Op<'_>, page: &mut Page, landed: u32) {
+        let Some(codec) = &self.codec else { return };
+        let l = &self.layout;
+        let s = l.split_len;
+        let k = l.k;
+        let data_mask = (1u32 << k) - 1;
+        let side = op.side();
+        if landed & data_mask != data_mask {
+            self.stats.decodes.fetch_add(1, Ordering::Relaxed);
+            // Present: the first k landed splits (data first); missing: the data splits not in.
+            let (page_parts, _) = page.split_at_mut(l.full_data * s);
+            let mut parts: [Option<&mut [u8]>; MAX_WIDTH] = std::array::from_fn(|_| None);
+            for (j, c) in page_parts.chunks_exact_mut(s).enumerate() {
+                parts[j] = Some(c);
+            }
+            for (t, c) in side.chunks_exact_mut(s).enumerate() {
+                parts[l.full_data + t] = Some(c);
+            }
+            let mut present: [(usize, &[u8]); MAX_WIDTH] = [(0, &[]); MAX_WIDTH];
+            let mut missing: [(usize, &mut [u8]); MAX_WIDTH] = std::array::from_fn(|_| (0, &mut [][..]));
+            let (mut np, mut nm) = (0, 0);
+            for (j, part) in parts.iter_mut().enumerate().take(l.width) {
+                let is_landed = landed & (1 << j) != 0;
+                if is_landed && np < k {
+                    present[np] = (j, part.take().expect("each split once"));
+                    np += 1;
+                } else if !is_landed && j < k {
+                    missing[nm] = (j, part.take().expect("each split once"));
+                    nm += 1;
+                }
+            }
+            codec
+                .reconstruct(&present[..np], &mut missing[..nm])
+                .expect("k landed splits of a valid layout always decode");
+        }
+        // Data splits that reach past the page were landed/decoded in the side buffer.
+        let tail = l.full_data * s;
+        if tail < PAGE_SIZE {
+            page[tail..].copy_from_slice(&op.side()[..PAGE_SIZE - tail]);
+        }
+    }
+
+    /// Polls, then parks, until `check` decides or the operation times out (`None`).
+    fn wait<T>(
+        &self,
+        op: &slots::Op<'_>,
+        start: Instant,
+        mut check: impl FnMut(Progress) -> Option<T>,
+    ) -> Option<T> {
+        let poll_until = start + self.config.poll;
+        let deadline = start + self.config.op_timeout;
+        let mut spins = 0u32;
+        loop {
+            if let Some(v) = check(op.progress()) {
+                return Some(v);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            if now < poll_until {
+                spins += 1;
+                if spins % 16 == 0 {
+                    // Two cores serve the nodes too: yield rather than monopolize one.
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
+            } else {
+                std::thread::park_timeout((deadline - now).min(Duration::from_millis(100)));
+            }
+        }
+    }
+
+    fn describe(&self, op: &slots::Op<'_>, mask: u32) -> String {
+        let mut v = Vec::new();
+        for j in 0..self.layout.width {
+            if mask & (1 << j) != 0 {
+                let node = op.node_of(j);
+                v.push(self.node_label(node));
+            }
+        }
+        if let Some(st) = op.first_status() {
+            v.push(format!("first error: {st}"));
+        }
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join(", ")
+        }
+    }
+
+    fn describe_group(&self, g: &Group, op: &slots::Op<'_>, p: Progress) -> String {
+        let mut v = Vec::new();
+        for j in 0..self.layout.width {
+            let node = g.nodes[j];
+            let down = node == slots::NO_NODE || !self.transport.is_up(node);
+            if down || p.failed & (1 << j) != 0 {
+                v.push(format!("{} (split {j})", self.node_label(node)));
+            }
+        }
+        if let Some(st) = op.first_status() {
+            v.push(format!("first error: {st}"));
+        }
+        v.join(", ")
+    }
+
+    fn node_label(&self, node: u16) -> String {
+        if node == slots::NO_NODE {
+            "unknown node (its slab was not found)".into()
+        } else {
+            let up = if self.transport.is_up(node) { "up" } else { "down" };
+            format!("node {node} at {} ({up})", self.transport.addr(node))
+        }
+    }
+
+    /// Maps range `range` to a new coding group (first write).
+    fn map_range(&self, range: usize) -> Result<Arc<Group>, ClientError> {
+        let mut pl = self.placement.lock();
+        if let Some(g) = self.ranges[range].load_full() {
+            return Ok(g);
+        }
+        let l = &self.layout;
+        let mut excluded: Vec<u16> = Vec::new();
+        loop {
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
+            for n in &excluded {
+                views[*n as usize].available = false;
+            }
+            let chosen = pl
+                .placer
+                .place(&views)
+                .map_err(|source| ClientError::Placement {
+                    range: range as u64,
+                    source,
+                })?;
+            let mut g = Group {
+                nodes: [slots::NO_NODE; MAX_WIDTH],
+                slabs: [0; MAX_WIDTH],
+            };
+            let mut failed = None;
+            for (j, &node) in chosen.iter().enumerate() {
+                let node = node as u16;
+                let tag = layout::tag(l.code(), range as u32, j as u8);
+                match self.transport.call(node, Op::Alloc, &tag.to_le_bytes()) {
+                    Ok(body) if body.len() == 4 => {
+                        g.nodes[j] = node;
+                        g.slabs[j] = u32::from_le_bytes(body.try_into().expect("4"));
+                        pl.loads[node as usize] += 1;
+                    }
+                    Ok(_) => {
+                        failed = Some((node, None));
+                        break;
+                    }
+                    Err(e) => {
+                        failed = Some((node, Some(e)));
+                        break;
+                    }
+                }
+            }
+            match failed {
+                None => {
+                    let g = Arc::new(g);
+                    self.ranges[range].store(Some(g.clone()));
+                    tracing::debug!(range, nodes = ?&g.nodes[..l.width], "address range mapped");
+                    metrics::counter!("hydramem_client_ranges_mapped_total").increment(1);
+                    return Ok(g);
+                }
+                Some((node, err)) => {
+                    // Give back what this attempt took, avoid the refusing node, try again.
+                    for j in 0..l.width {
+                        if g.nodes[j] != slots::NO_NODE {
+                            let _ = self.transport.call(g.nodes[j], Op::Free, &g.slabs[j].to_le_bytes());
+                            pl.loads[g.nodes[j] as usize] -= 1;
+                        }
+                    }
+                    tracing::warn!(node, error = ?err, "slab allocation failed; trying other nodes");
+                    excluded.push(node);
+                    if let Some(TransportError::Refused { status: Status::NoCapacity, .. }) = err {
+                        continue;
+                    }
+                    if let Some(e) = err {
+                        if !matches!(e, TransportError::Down { .. } | TransportError::Timeout { .. }) {
+                            return Err(e.into());
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees every slab this client holds (its data is gone afterwards).
+    pub fn free_all(&self) -> Result<(), ClientError> {
+        let mut pl = self.placement.lock();
+        for r in self.ranges.iter() {
+            if let Some(g) = r.swap(None) {
+                for j in 0..self.layout.width {
+                    let node = g.nodes[j];
+                    if node != slots::NO_NODE && self.transport.is_up(node) {
+                        self.transport.call(node, Op::Free, &g.slabs[j].to_le_bytes())?;
+                        pl.loads[node as usize] = pl.loads[node as usize].saturating_sub(1);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+fn node_views(t: &dyn Transport, loads: &[u64], domains: &[Option<u32>]) -> Vec<NodeView> {
+    (0..t.nodes())
+        .map(|i| NodeView {
+            available: t.is_up(i as u16),
+            load: loads[i],
+            domain: domains[i],
+        })
+        .collect()
+}
+
+fn protocol(t: &dyn Transport, node: u16, e: wire::WireError) -> ClientError {
+    ClientError::Transport(TransportError::Protocol {
+        node,
+        addr: t.addr(node),
+        reason: e.to_string(),
+    })
+}

@@ -1,0 +1,415 @@
+//! In-flight page operations and the landing protocol that keeps late splits out of pages.
+//!
+//! Every page read or write in flight owns one [`Slot`] of a fixed table allocated when the
+//! client starts, so the data path never allocates. A split request carries a 64-bit cookie
+//! (slot index, slot generation, split index) that the node echoes; the transport hands each
+//! reply to [`Slots::read_done`] / [`Slots::write_done`], which find the slot by index in O(1).
+//!
+//! The landing protocol (the user-space analogue of Hydra deregistering the RDMA memory region
+//! once k splits are in):
+//! 1. a completer announces itself (`writers += 1`), then checks that the slot still has the
+//!    cookie's generation and is not closed; otherwise it backs out and drops the split;
+//! 2. it claims the split's landing region (first claim wins: copies of a replicated page share
+//!    one region), copies the bytes, sets the split's `landed` bit, then `writers -= 1`;
+//! 3. the owner, once enough splits are in, sets `closed` and waits for `writers == 0`.
+//!
+//! All steps use sequentially consistent atomics, so a completer either finished its copy before
+//! the owner's wait ended or saw `closed` and never touched the page: after step 3 no late split
+//! can write into the caller's page or side buffer, and the owner may decode in place. The
+//! generation, bumped on release, makes replies to a previous use of the slot harmless.
+
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::thread::Thread;
+
+use parking_lot::{Condvar, Mutex};
+
+use super::layout::{Layout, Place, MAX_WIDTH};
+use crate::wire::Status;
+
+/// Marks a split that was not posted to any node.
+pub const NO_NODE: u16 = u16::MAX;
+const GEN_BITS: u32 = 40;
+const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
+
+/// Builds the cookie of split `split` of the operation in slot `slot` at generation `gen`.
+pub fn cookie(slot: u16, gen: u64, split: usize) -> u64 {
+    (slot as u64) << 48 | (gen & GEN_MASK) << 8 | split as u64
+}
+
+fn uncookie(c: u64) -> (usize, u64, usize) {
+    ((c >> 48) as usize, (c >> 8) & GEN_MASK, (c & 0xff) as usize)
+}
+
+/// One in-flight page operation.
+pub struct Slot {
+    gen: AtomicU64,
+    in_use: AtomicBool,
+    closed: AtomicBool,
+    writers: AtomicU32,
+    /// Splits that arrived (reads) or were acknowledged (writes).
+    landed: AtomicU32,
+    /// Splits whose request failed (node down, error status, short data).
+    failed: AtomicU32,
+    /// Landing regions already claimed.
+    claimed: AtomicU32,
+    /// Splits posted to a node.
+    posted: AtomicU32,
+    /// The first error status a node returned, for the error message.
+    first_status: AtomicU32,
+    /// The node each split was posted to.
+    nodes: [AtomicU16; MAX_WIDTH],
+    /// The caller's page during a read; null otherwise.
+    page: AtomicPtr<u8>,
+    waiter: Mutex<Option<Thread>>,
+    /// The side buffer, owned (allocated in `Slots::new`, freed in `Drop for Slot`); a raw
+    /// pointer because completers write disjoint regions of it concurrently.
+    side: *mut [u8],
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        // SAFETY: `side` came from `Box::into_raw` in `Slots::new` and is freed only here.
+        drop(unsafe { Box::from_raw(self.side) });
+    }
+}
+
+// SAFETY: `side` is the only field that is neither Send nor Sync by itself: it is an owned
+// allocation (so sending the slot is fine) and for sharing: It is written by completers only between a
+// successful region claim and the `writers` decrement, each completer to its own claimed,
+// disjoint region, and by the owner only when no completer can run (before posting, or after
+// `closed` is set and `writers` reached zero), as the module doc's protocol establishes.
+unsafe impl Sync for Slot {}
+// SAFETY: the slot owns the allocation behind `side`; nothing ties it to a thread.
+unsafe impl Send for Slot {}
+
+/// Counts of a slot's splits at one instant.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Progress {
+    /// Bitmask of landed / acknowledged splits.
+    pub landed: u32,
+    /// Bitmask of failed splits.
+    pub failed: u32,
+    /// Bitmask of posted splits.
+    pub posted: u32,
+}
+
+impl Progress {
+    /// Splits posted and neither landed nor failed.
+    pub fn outstanding(&self) -> u32 {
+        self.posted & !self.landed & !self.failed
+    }
+}
+
+/// The fixed table of slots of one client.
+pub struct Slots {
+    layout: Layout,
+    slots: Box<[Slot]>,
+    free: Mutex<Vec<u16>>,
+    freed: Condvar,
+}
+
+impl Slots {
+    /// A table of `n` slots (at most 65536) for `layout`.
+    pub fn new(layout: Layout, n: usize) -> Slots {
+        let n = n.clamp(1, 1 << 16);
+        let slots = (0..n)
+            .map(|_| Slot {
+                gen: AtomicU64::new(0),
+                in_use: AtomicBool::new(false),
+                closed: AtomicBool::new(false),
+                writers: AtomicU32::new(0),
+                landed: AtomicU32::new(0),
+                failed: AtomicU32::new(0),
+                claimed: AtomicU32::new(0),
+                posted: AtomicU32::new(0),
+                first_status: AtomicU32::new(0),
+                nodes: std::array::from_fn(|_| AtomicU16::new(NO_NODE)),
+                page: AtomicPtr::new(std::ptr::null_mut()),
+                waiter: Mutex::new(None),
+                side: Box::into_raw(vec![0u8; layout.side_len().max(1)].into_boxed_slice()),
+            })
+            .collect();
+        Slots {
+            layout,
+            slots,
+            free: Mutex::new((0..n as u16).rev().collect()),
+            freed: Condvar::new(),
+        }
+    }
+
+    /// Takes a free slot for an operation, waiting while all are in flight (back-pressure).
+    /// `page` is the caller's page for a read (null for a write); it must stay valid and
+    /// untouched by the caller until the returned [`Op`] is dropped.
+    pub fn acquire(&self, page: *mut u8) -> Op<'_> {
+        let idx = {
+            let mut free = self.free.lock();
+            loop {
+                if let Some(i) = free.pop() {
+                    break i;
+                }
+                self.freed.wait(&mut free);
+            }
+        };
+        let s = &self.slots[idx as usize];
+        *s.waiter.lock() = Some(std::thread::current());
+        s.page.store(page, SeqCst);
+        for n in &s.nodes {
+            n.store(NO_NODE, SeqCst);
+        }
+        s.landed.store(0, SeqCst);
+        s.failed.store(0, SeqCst);
+        s.claimed.store(0, SeqCst);
+        s.posted.store(0, SeqCst);
+        s.first_status.store(0, SeqCst);
+        s.closed.store(false, SeqCst);
+        s.in_use.store(true, SeqCst);
+        Op {
+            slots: self,
+            idx,
+            gen: s.gen.load(SeqCst),
+        }
+    }
+
+    fn enter(&self, c: u64) -> Option<(&Slot, usize)> {
+        let (idx, gen, split) = uncookie(c);
+        let s = self.slots.get(idx)?;
+        if split >= self.layout.width {
+            return None;
+        }
+        s.writers.fetch_add(1, SeqCst);
+        if s.gen.load(SeqCst) & GEN_MASK != gen || s.closed.load(SeqCst) || !s.in_use.load(SeqCst) {
+            s.writers.fetch_sub(1, SeqCst);
+            return None;
+        }
+        Some((s, split))
+    }
+
+    fn leave(s: &Slot) {
+        if let Some(t) = s.waiter.lock().as_ref() {
+            t.unpark();
+        }
+        s.writers.fetch_sub(1, SeqCst);
+    }
+
+    fn fail(s: &Slot, split: usize, status: Status) {
+        s.failed.fetch_or(1 << split, SeqCst);
+        let _ = s.first_status.compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
+    }
+
+    /// Delivers a read reply. Data of a stale, closed or duplicate split is dropped unread.
+    pub fn read_done(&self, c: u64, status: Status, data: &[u8]) {
+        let Some((s, j)) = self.enter(c) else { return };
+        if status != Status::Ok || data.len() != self.layout.split_len {
+            Self::fail(s, j, if status == Status::Ok { Status::Internal } else { status });
+        } else {
+            let bit = 1u32 << self.layout.region(j);
+            if s.claimed.fetch_or(bit, SeqCst) & bit == 0 {
+                let dst = match self.layout.place(j) {
+                    Place::Page(off) => {
+                        // SAFETY: the owner stored a pointer to its 4096-byte page, valid until
+                        // the Op is dropped, which waits for `writers == 0`; `off + split_len <=
+                        // 4096` for in-page splits by construction of the layout.
+                        unsafe { s.page.load(SeqCst).add(off) }
+                    }
+                    Place::Side(off) => {
+                        // SAFETY: the side buffer holds `side_len` bytes and this region is
+                        // claimed by this completer alone (see the `Sync` impl).
+                        unsafe { s.side.cast::<u8>().add(off) }
+                    }
+                };
+                if !dst.is_null() {
+                    // SAFETY: `dst` points at `split_len` writable bytes of the claimed region
+                    // (above) that nothing else reads or writes until `writers` drops.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+                    s.landed.fetch_or(1 << j, SeqCst);
+                }
+            }
+        }
+        Self::leave(s);
+    }
+
+    /// Delivers a write acknowledgement.
+    pub fn write_done(&self, c: u64, status: Status) {
+        let Some((s, j)) = self.enter(c) else { return };
+        if status == Status::Ok {
+            s.landed.fetch_or(1 << j, SeqCst);
+        } else {
+            Self::fail(s, j, status);
+        }
+        Self::leave(s);
+    }
+
+    /// Fails every outstanding split posted to `node` (its connection was lost).
+    pub fn node_down(&self, node: u16) {
+        for (i, s) in self.slots.iter().enumerate() {
+            if !s.in_use.load(SeqCst) {
+                continue;
+            }
+            let gen = s.gen.load(SeqCst);
+            for j in 0..self.layout.width {
+                if s.nodes[j].load(SeqCst) == node {
+                    if let Some((s, j)) = self.enter(cookie(i as u16, gen, j)) {
+                        if s.landed.load(SeqCst) & (1 << j) == 0 {
+                            Self::fail(s, j, Status::Internal);
+                        }
+                        Self::leave(s);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The owner's handle on a slot; dropping it closes the slot and returns it to the table.
+pub struct Op<'a> {
+    slots: &'a Slots,
+    idx: u16,
+    gen: u64,
+}
+
+impl Op<'_> {
+    fn slot(&self) -> &Slot {
+        &self.slots.slots[self.idx as usize]
+    }
+
+    /// The cookie for split `j` of this operation.
+    pub fn cookie(&self, j: usize) -> u64 {
+        cookie(self.idx, self.gen, j)
+    }
+
+    /// Records that split `j` is being posted to `node` (before the request is sent).
+    pub fn posting(&self, j: usize, node: u16) {
+        let s = self.slot();
+        s.nodes[j].store(node, SeqCst);
+        s.posted.fetch_or(1 << j, SeqCst);
+    }
+
+    /// Marks split `j` failed without a reply (posting to a node that is down).
+    pub fn post_failed(&self, j: usize) {
+        Slots::fail(self.slot(), j, Status::Internal);
+    }
+
+    /// The state of the splits now.
+    pub fn progress(&self) -> Progress {
+        let s = self.slot();
+        Progress {
+            landed: s.landed.load(SeqCst),
+            failed: s.failed.load(SeqCst),
+            posted: s.posted.load(SeqCst),
+        }
+    }
+
+    /// The node split `j` was posted to.
+    pub fn node_of(&self, j: usize) -> u16 {
+        self.slot().nodes[j].load(SeqCst)
+    }
+
+    /// The first error status a node reported for this operation, if any.
+    pub fn first_status(&self) -> Option<Status> {
+        let v = self.slot().first_status.load(SeqCst);
+        Status::ALL.into_iter().find(|s| *s as u32 + 1 == v)
+    }
+
+    /// Closes the slot to completers; returns the final progress. After this no completer
+    /// touches the page or the side buffer.
+    pub fn close(&mut self) -> Progress {
+        let s = self.slot();
+        s.closed.store(true, SeqCst);
+        while s.writers.load(SeqCst) != 0 {
+            std::hint::spin_loop();
+        }
+        self.progress()
+    }
+
+    /// The side buffer. Exclusive access: callable before any split is posted or after
+    /// [`Op::close`], which the `&mut self` receiver and the data path's call order ensure.
+    pub fn side(&mut self) -> &mut [u8] {
+        // SAFETY: see the doc above and the `Sync` impl of `Slot`: the owner calls this only
+        // while no completer may write (before posting reads, or after `close`); writes never
+        // let completers touch the side buffer at all.
+        unsafe { &mut *self.slot().side }
+    }
+}
+
+impl Drop for Op<'_> {
+    fn drop(&mut self) {
+        self.close();
+        let s = self.slot();
+        s.in_use.store(false, SeqCst);
+        s.page.store(std::ptr::null_mut(), SeqCst);
+        s.gen.fetch_add(1, SeqCst);
+        *s.waiter.lock() = None;
+        self.slots.free.lock().push(self.idx);
+        self.slots.freed.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::client::layout::{Mode, Resilience};
+
+    fn layout() -> Layout {
+        Layout::new(
+            Resilience::Hydra { k: 8, r: 2, delta: 1, mode: Mode::FailureRecovery },
+            1 << 20,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn splits_land_in_page_and_side_and_late_ones_are_dropped() {
+        let slots = Slots::new(layout(), 4);
+        let mut page = [0u8; 4096];
+        let mut op = slots.acquire(page.as_mut_ptr());
+        let c3 = op.cookie(3);
+        let c9 = op.cookie(9);
+        let c4 = op.cookie(4);
+        slots.read_done(c3, Status::Ok, &[3; 512]);
+        slots.read_done(c9, Status::Ok, &[9; 512]);
+        assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
+        op.close();
+        slots.read_done(c4, Status::Ok, &[4; 512]);
+        assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
+        assert_eq!(op.side()[512..1024], [9; 512]);
+        drop(op);
+        assert!(page[1536..2048].iter().all(|b| *b == 3));
+        assert!(page[2048..2560].iter().all(|b| *b == 0), "late split touched the page");
+        // A reply to the previous generation of a reused slot is ignored.
+        let mut page2 = [0u8; 4096];
+        let op2 = slots.acquire(page2.as_mut_ptr());
+        slots.read_done(c3, Status::Ok, &[7; 512]);
+        assert_eq!(op2.progress().landed, 0);
+        drop(op2);
+        assert!(page2.iter().all(|b| *b == 0));
+    }
+
+    #[test]
+    fn errors_short_data_and_node_loss_fail_splits() {
+        let slots = Slots::new(layout(), 2);
+        let mut page = [0u8; 4096];
+        let op = slots.acquire(page.as_mut_ptr());
+        slots.read_done(op.cookie(0), Status::NoSuchSlab, &[]);
+        slots.read_done(op.cookie(1), Status::Ok, &[1; 100]);
+        op.posting(2, 5);
+        slots.node_down(5);
+        assert_eq!(op.progress().failed, 0b111);
+        assert_eq!(op.first_status(), Some(Status::NoSuchSlab));
+        // Garbage cookies are ignored.
+        slots.read_done(u64::MAX, Status::Ok, &[0; 512]);
+        slots.write_done(cookie(1, 0, 31), Status::Ok);
+    }
+
+    #[test]
+    fn replicated_copies_claim_one_region() {
+        let l = Layout::new(Resilience::Replication { copies: 2 }, 1 << 20).unwrap();
+        let slots = Slots::new(l, 1);
+        let mut page = [0u8; 4096];
+        let op = slots.acquire(page.as_mut_ptr());
+        slots.read_done(op.cookie(1), Status::Ok, &[1; 4096]);
+        slots.read_done(op.cookie(0), Status::Ok, &[2; 4096]);
+        assert_eq!(op.progress().landed, 0b10);
+        drop(op);
+        assert!(page.iter().all(|b| *b == 1));
+    }
+}

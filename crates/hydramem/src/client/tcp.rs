@@ -1,0 +1,524 @@
+//! TCP implementation of [`Transport`]: one connection per memory node, pipelined.
+//!
+//! Sending: the thread that posts a split appends it to the connection's send buffer and, if no
+//! other thread is writing to that socket right now, writes the buffer out itself (flat
+//! combining). While one thread is in the `write` system call, splits that other threads post to
+//! the same node accumulate and are appended to the still-open vectored frame, so under load many
+//! splits for one node travel in one frame and one system call, with no extra thread hop at low
+//! load. Buffers are swapped, never reallocated, once they have grown to the working size.
+//!
+//! Receiving: one receiver thread waits on all sockets with epoll (mio), parses reply frames in
+//! place in a per-connection buffer, and hands each split to [`Completions`], which copies it
+//! straight to its landing place. Control replies (ALLOC, LIST, ...) go to the thread waiting in
+//! [`Transport::call`] through a channel keyed by request id.
+//!
+//! A connection that fails (EOF, reset, malformed reply) is marked down; its outstanding splits
+//! are failed through [`Completions::node_down`] and its pending calls return errors.
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+
+use super::transport::{Completions, Transport, TransportError};
+use crate::wire::{
+    Entry, FrameBuilder, Header, Hello, HelloReply, Op, Reader, ReplyEntry, Status, WireError,
+    ENTRY_LEN, HEADER_LEN, MAX_BODY,
+};
+
+/// Largest body the client lets one merged vectored frame grow to.
+const MERGE_LIMIT: usize = 256 << 10;
+const WAKER: Token = Token(usize::MAX);
+
+/// Timeouts of the TCP transport.
+#[derive(Debug, Clone, Copy)]
+pub struct TcpOptions {
+    /// How long to wait for a TCP connection to a node.
+    pub connect_timeout: Duration,
+    /// How long a control request, or a blocked send, may take before the node counts as down.
+    pub call_timeout: Duration,
+}
+
+impl Default for TcpOptions {
+    fn default() -> Self {
+        TcpOptions {
+            connect_timeout: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+#[derive(Default)]
+struct SendState {
+    buf: Vec<u8>,
+    spare: Vec<u8>,
+    /// Start offset and op of the vectored frame still open for more entries.
+    open: Option<(usize, Op)>,
+    flushing: bool,
+}
+
+struct Conn {
+    addr: SocketAddr,
+    up: AtomicBool,
+    stream: Option<TcpStream>,
+    send: Mutex<SendState>,
+}
+
+type CallReply = (Status, Vec<u8>);
+
+struct Shared {
+    conns: Box<[Conn]>,
+    completions: Arc<dyn Completions>,
+    calls: Mutex<HashMap<u64, (u16, SyncSender<CallReply>)>>,
+    next_id: AtomicU64,
+    stop: AtomicBool,
+    options: TcpOptions,
+}
+
+/// The TCP transport. Dropping it stops its receiver thread and closes the connections.
+pub struct TcpTransport {
+    shared: Arc<Shared>,
+    waker: Arc<Waker>,
+    receiver: Option<JoinHandle<()>>,
+}
+
+/// The outcome of connecting to one node.
+pub type HelloOutcome = Result<HelloReply, String>;
+
+impl TcpTransport {
+    /// Connects to every address and says HELLO. Nodes that cannot be reached are left down
+    /// (their outcome says why); the caller decides whether enough are up.
+    pub fn connect(
+        addrs: &[SocketAddr],
+        hello: Hello,
+        completions: Arc<dyn Completions>,
+        options: TcpOptions,
+    ) -> io::Result<(TcpTransport, Vec<HelloOutcome>)> {
+        let poll = Poll::new()?;
+        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let mut conns = Vec::with_capacity(addrs.len());
+        let mut outcomes = Vec::with_capacity(addrs.len());
+        let mut rx = Vec::with_capacity(addrs.len());
+        for (i, addr) in addrs.iter().enumerate() {
+            match handshake(*addr, hello, options) {
+                Ok((stream, reply)) => {
+                    let mut m = mio::net::TcpStream::from_std(stream.try_clone()?);
+                    poll.registry().register(&mut m, Token(i), Interest::READABLE)?;
+                    rx.push(Some(Rx::new(m)));
+                    conns.push(Conn {
+                        addr: *addr,
+                        up: AtomicBool::new(true),
+                        stream: Some(stream),
+                        send: Mutex::new(SendState::default()),
+                    });
+                    outcomes.push(Ok(reply));
+                }
+                Err(e) => {
+                    tracing::warn!(node = i, %addr, error = %e, "memory node unreachable");
+                    rx.push(None);
+                    conns.push(Conn {
+                        addr: *addr,
+                        up: AtomicBool::new(false),
+                        stream: None,
+                        send: Mutex::new(SendState::default()),
+                    });
+                    outcomes.push(Err(e.to_string()));
+                }
+            }
+        }
+        let shared = Arc::new(Shared {
+            conns: conns.into_boxed_slice(),
+            completions,
+            calls: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(1),
+            stop: AtomicBool::new(false),
+            options,
+        });
+        let s2 = shared.clone();
+        let receiver = std::thread::Builder::new()
+            .name("hm-recv".into())
+            .spawn(move || receive_loop(s2, poll, rx))?;
+        Ok((
+            TcpTransport {
+                shared,
+                waker,
+                receiver: Some(receiver),
+            },
+            outcomes,
+        ))
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.waker.wake();
+        if let Some(h) = self.receiver.take() {
+            let _ = h.join();
+        }
+        for c in self.shared.conns.iter() {
+            if let Some(s) = &c.stream {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Connects, says HELLO and reads the reply on a blocking socket, then switches to non-blocking.
+fn handshake(addr: SocketAddr, hello: Hello, o: TcpOptions) -> io::Result<(TcpStream, HelloReply)> {
+    let mut s = TcpStream::connect_timeout(&addr, o.connect_timeout)?;
+    s.set_nodelay(true)?;
+    s.set_read_timeout(Some(o.call_timeout))?;
+    let mut out = Vec::new();
+    let fb = FrameBuilder::begin(&mut out, Op::Hello, false, Status::Ok, 0);
+    hello.put(&mut out);
+    fb.finish(&mut out).map_err(io::Error::other)?;
+    s.write_all(&out)?;
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb)?;
+    let h = Header::parse(&hb).map_err(io::Error::other)?;
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body)?;
+    if h.op != Op::Hello || !h.reply || h.status != Status::Ok {
+        return Err(io::Error::other(format!("HELLO refused: {}", h.status)));
+    }
+    let reply = HelloReply::parse(&body).map_err(io::Error::other)?;
+    s.set_read_timeout(None)?;
+    s.set_nonblocking(true)?;
+    Ok((s, reply))
+}
+
+impl Shared {
+    fn conn(&self, node: u16) -> Result<&Conn, TransportError> {
+        let c = self
+            .conns
+            .get(node as usize)
+            .ok_or_else(|| TransportError::Down {
+                node,
+                addr: "(no such node)".into(),
+            })?;
+        if !c.up.load(Ordering::Acquire) {
+            return Err(TransportError::Down {
+                node,
+                addr: c.addr.to_string(),
+            });
+        }
+        Ok(c)
+    }
+
+    /// Appends one vectored entry, merging into the open frame of the same op when it fits.
+    fn append(&self, st: &mut SendState, op: Op, e: &Entry, data: &[u8]) {
+        let extra = ENTRY_LEN + data.len();
+        match st.open {
+            Some((start, o)) if o == op && st.buf.len() - start - HEADER_LEN + extra <= MERGE_LIMIT => {
+                let count_at = start + HEADER_LEN;
+                let count = u32::from_le_bytes(st.buf[count_at..count_at + 4].try_into().expect("4"));
+                st.buf[count_at..count_at + 4].copy_from_slice(&(count + 1).to_le_bytes());
+                e.put(&mut st.buf);
+                st.buf.extend_from_slice(data);
+                let body = (st.buf.len() - start - HEADER_LEN) as u32;
+                st.buf[start + 16..start + 20].copy_from_slice(&body.to_le_bytes());
+            }
+            _ => {
+                let start = st.buf.len();
+                let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+                let fb = FrameBuilder::begin(&mut st.buf, op, false, Status::Ok, id);
+                st.buf.extend_from_slice(&1u32.to_le_bytes());
+                e.put(&mut st.buf);
+                st.buf.extend_from_slice(data);
+                fb.finish(&mut st.buf).expect("entry fits MAX_BODY");
+                st.open = Some((start, op));
+            }
+        }
+    }
+
+    fn post(&self, node: u16, op: Op, e: &Entry, data: &[u8], flush: bool) -> Result<(), TransportError> {
+        let c = self.conn(node)?;
+        let mut st = c.send.lock();
+        self.append(&mut st, op, e, data);
+        if flush {
+            self.flush_locked(node, c, st)
+        } else {
+            Ok(())
+        }
+    }
+
+    /// Writes the send buffer unless another thread already is (it will pick our bytes up).
+    fn flush_locked<'a>(
+        &self,
+        node: u16,
+        c: &'a Conn,
+        mut st: parking_lot::MutexGuard<'a, SendState>,
+    ) -> Result<(), TransportError> {
+        if st.flushing || st.buf.is_empty() {
+            return Ok(());
+        }
+        st.flushing = true;
+        loop {
+            let mut out = std::mem::take(&mut st.spare);
+            std::mem::swap(&mut out, &mut st.buf);
+            st.open = None;
+            drop(st);
+            let r = self.write_out(c, &out);
+            out.clear();
+            st = c.send.lock();
+            st.spare = out;
+            if let Err(e) = r {
+                st.flushing = false;
+                st.buf.clear();
+                st.open = None;
+                drop(st);
+                tracing::warn!(node, addr = %c.addr, error = %e, "send to memory node failed");
+                self.mark_down(node);
+                return Err(TransportError::Down {
+                    node,
+                    addr: c.addr.to_string(),
+                });
+            }
+            if st.buf.is_empty() {
+                st.flushing = false;
+                return Ok(());
+            }
+        }
+    }
+
+    fn write_out(&self, c: &Conn, mut buf: &[u8]) -> io::Result<()> {
+        let s = c.stream.as_ref().ok_or_else(|| io::Error::other("not connected"))?;
+        let deadline = Instant::now() + self.options.call_timeout;
+        while !buf.is_empty() {
+            match (&*s).write(buf) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => buf = &buf[n..],
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    let now = Instant::now();
+                    if now >= deadline {
+                        return Err(io::Error::new(io::ErrorKind::TimedOut, "send blocked too long"));
+                    }
+                    let mut pfd = libc::pollfd {
+                        fd: s.as_raw_fd(),
+                        events: libc::POLLOUT,
+                        revents: 0,
+                    };
+                    let ms = (deadline - now).as_millis().min(100) as i32;
+                    // SAFETY: `pfd` is a valid pollfd for the duration of the call, count 1.
+                    unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn mark_down(&self, node: u16) {
+        let c = &self.conns[node as usize];
+        if c.up.swap(false, Ordering::AcqRel) {
+            tracing::warn!(node, addr = %c.addr, "memory node connection lost");
+            metrics::counter!("hydramem_client_node_down_total").increment(1);
+            if let Some(s) = &c.stream {
+                let _ = s.shutdown(std::net::Shutdown::Both);
+            }
+            self.calls.lock().retain(|_, (n, _)| *n != node);
+            self.completions.node_down(node);
+        }
+    }
+}
+
+impl Transport for TcpTransport {
+    fn nodes(&self) -> usize {
+        self.shared.conns.len()
+    }
+
+    fn is_up(&self, node: u16) -> bool {
+        self.shared
+            .conns
+            .get(node as usize)
+            .is_some_and(|c| c.up.load(Ordering::Acquire))
+    }
+
+    fn post_write(&self, node: u16, e: Entry, data: &[u8], flush: bool) -> Result<(), TransportError> {
+        self.shared.post(node, Op::WriteV, &e, data, flush)
+    }
+
+    fn post_read(&self, node: u16, e: Entry, flush: bool) -> Result<(), TransportError> {
+        self.shared.post(node, Op::ReadV, &e, &[], flush)
+    }
+
+    fn flush(&self, node: u16) -> Result<(), TransportError> {
+        let c = self.shared.conn(node)?;
+        let st = c.send.lock();
+        self.shared.flush_locked(node, c, st)
+    }
+
+    fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError> {
+        let sh = &self.shared;
+        let c = sh.conn(node)?;
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        sh.calls.lock().insert(id, (node, tx));
+        {
+            let mut st = c.send.lock();
+            st.open = None;
+            let fb = FrameBuilder::begin(&mut st.buf, op, false, Status::Ok, id);
+            st.buf.extend_from_slice(body);
+            fb.finish(&mut st.buf).map_err(|e| TransportError::Protocol {
+                node,
+                addr: c.addr.to_string(),
+                reason: e.to_string(),
+            })?;
+            sh.flush_locked(node, c, st)?;
+        }
+        let waited = sh.options.call_timeout;
+        match rx.recv_timeout(waited) {
+            Ok((Status::Ok, body)) => Ok(body),
+            Ok((status, _)) => Err(TransportError::Refused {
+                node,
+                addr: c.addr.to_string(),
+                op,
+                status,
+            }),
+            Err(RecvTimeoutError::Timeout) => {
+                sh.calls.lock().remove(&id);
+                Err(TransportError::Timeout {
+                    node,
+                    addr: c.addr.to_string(),
+                    op,
+                    waited,
+                })
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(TransportError::Down {
+                node,
+                addr: c.addr.to_string(),
+            }),
+        }
+    }
+
+    fn addr(&self, node: u16) -> String {
+        self.shared
+            .conns
+            .get(node as usize)
+            .map(|c| c.addr.to_string())
+            .unwrap_or_else(|| format!("(node {node})"))
+    }
+}
+
+/// Receive state of one connection: the socket and a buffer of bytes not yet parsed.
+struct Rx {
+    stream: mio::net::TcpStream,
+    buf: Vec<u8>,
+    filled: usize,
+}
+
+impl Rx {
+    fn new(stream: mio::net::TcpStream) -> Rx {
+        Rx {
+            stream,
+            buf: vec![0; 256 << 10],
+            filled: 0,
+        }
+    }
+}
+
+fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
+    let mut events = Events::with_capacity(64);
+    while !sh.stop.load(Ordering::SeqCst) {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            tracing::error!(error = %e, "client receiver poll failed");
+            break;
+        }
+        for ev in events.iter() {
+            if ev.token() == WAKER {
+                continue;
+            }
+            let node = ev.token().0;
+            let Some(r) = rx.get_mut(node).and_then(|r| r.as_mut()) else {
+                continue;
+            };
+            if let Err(reason) = drain(&sh, node as u16, r) {
+                tracing::debug!(node, reason = %reason, "closing connection");
+                let _ = poll.registry().deregister(&mut r.stream);
+                rx[node] = None;
+                sh.mark_down(node as u16);
+            }
+        }
+    }
+}
+
+/// Reads everything available on one connection and dispatches every complete frame.
+fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<(), String> {
+    loop {
+        if r.filled == r.buf.len() {
+            // Only a frame larger than the buffer gets here: grow to the protocol maximum.
+            r.buf.resize((r.buf.len() * 2).min(MAX_BODY + HEADER_LEN), 0);
+        }
+        match r.stream.read(&mut r.buf[r.filled..]) {
+            Ok(0) => return Err("node closed the connection".into()),
+            Ok(n) => r.filled += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e.to_string()),
+        }
+        let mut pos = 0;
+        while r.filled - pos >= HEADER_LEN {
+            let hb: &[u8; HEADER_LEN] = r.buf[pos..pos + HEADER_LEN].try_into().expect("len");
+            let h = Header::parse(hb).map_err(|e| e.to_string())?;
+            let end = pos + HEADER_LEN + h.body_len as usize;
+            if end > r.filled {
+                break;
+            }
+            dispatch(sh, node, &h, &r.buf[pos + HEADER_LEN..end]).map_err(|e| e.to_string())?;
+            pos = end;
+        }
+        r.buf.copy_within(pos..r.filled, 0);
+        r.filled -= pos;
+    }
+}
+
+fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireError> {
+    if !h.reply {
+        return Err(WireError::Invalid("node sent a request frame"));
+    }
+    match h.op {
+        Op::WriteV | Op::ReadV if h.status != Status::Ok => {
+            Err(WireError::Invalid("vectored request refused as a whole"))
+        }
+        Op::WriteV => {
+            let mut r = Reader::new(body);
+            for _ in 0..r.count()? {
+                let e = ReplyEntry::get_write(&mut r)?;
+                sh.completions.write_done(e.cookie, e.status);
+            }
+            r.end()
+        }
+        Op::ReadV => {
+            let mut r = Reader::new(body);
+            for _ in 0..r.count()? {
+                let e = ReplyEntry::get_read(&mut r)?;
+                let data = r.bytes(e.len as usize)?;
+                sh.completions.read_done(e.cookie, e.status, data);
+            }
+            r.end()
+        }
+        _ => {
+            let waiter = sh.calls.lock().remove(&h.id);
+            match waiter {
+                Some((n, tx)) if n == node => {
+                    let _ = tx.send((h.status, body.to_vec()));
+                }
+                _ => tracing::debug!(node, id = h.id, "reply to an abandoned call dropped"),
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,91 @@
+//! The transport interface between the client's data path and memory nodes.
+//!
+//! The data path speaks in split requests (one [`Entry`] per split, tagged with a cookie) and
+//! receives completions through [`Completions`]; it never sees sockets. This is the shape of a
+//! one-sided RDMA queue pair (post work requests, poll completions keyed by work-request id), so
+//! an RDMA transport can implement the same trait later; TCP ([`super::tcp::TcpTransport`]) is
+//! the implementation today.
+//!
+//! Contract: every posted entry is completed exactly once through [`Completions`] (with its
+//! node's status, or failed through [`Completions::node_down`] when the connection is lost), or
+//! its post returns an error and no completion will follow.
+
+use std::time::Duration;
+
+use crate::wire::{Entry, Op, Status};
+
+/// Receives split completions; implemented by the client's slot table.
+pub trait Completions: Send + Sync {
+    /// A read entry completed; `data` is valid only during the call.
+    fn read_done(&self, cookie: u64, status: Status, data: &[u8]);
+    /// A write entry completed.
+    fn write_done(&self, cookie: u64, status: Status);
+    /// The connection to `node` was lost: every entry posted to it and not completed fails.
+    fn node_down(&self, node: u16);
+}
+
+/// Errors of the transport.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    /// The node is not connected.
+    #[error("memory node {node} ({addr}) is down")]
+    Down {
+        /// Node index in the cluster file.
+        node: u16,
+        /// Its address.
+        addr: String,
+    },
+    /// A control request got a non-OK status.
+    #[error("memory node {node} ({addr}) refused {op:?}: {status}")]
+    Refused {
+        /// Node index.
+        node: u16,
+        /// Its address.
+        addr: String,
+        /// The request.
+        op: Op,
+        /// What the node said.
+        status: Status,
+    },
+    /// A control request got no reply in time.
+    #[error("memory node {node} ({addr}) did not answer {op:?} within {waited:?}")]
+    Timeout {
+        /// Node index.
+        node: u16,
+        /// Its address.
+        addr: String,
+        /// The request.
+        op: Op,
+        /// How long we waited.
+        waited: Duration,
+    },
+    /// A reply could not be parsed.
+    #[error("memory node {node} ({addr}) sent a malformed reply: {reason}")]
+    Protocol {
+        /// Node index.
+        node: u16,
+        /// Its address.
+        addr: String,
+        /// What was wrong.
+        reason: String,
+    },
+}
+
+/// Moves split requests to memory nodes and completions back.
+pub trait Transport: Send + Sync {
+    /// Number of nodes (indices `0..nodes()` follow the cluster file's order).
+    fn nodes(&self) -> usize;
+    /// Whether the node is currently connected.
+    fn is_up(&self, node: u16) -> bool;
+    /// Posts a split write. With `flush == false` the request may wait for a later post or
+    /// [`Transport::flush`] to the same node, so that many splits share one vectored frame.
+    fn post_write(&self, node: u16, e: Entry, data: &[u8], flush: bool) -> Result<(), TransportError>;
+    /// Posts a split read (same batching rule as [`Transport::post_write`]).
+    fn post_read(&self, node: u16, e: Entry, flush: bool) -> Result<(), TransportError>;
+    /// Sends whatever is queued for `node`.
+    fn flush(&self, node: u16) -> Result<(), TransportError>;
+    /// A blocking control request (HELLO, ALLOC, FREE, LIST, STATS, PING); returns the reply body.
+    fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError>;
+    /// A printable address of the node, for messages.
+    fn addr(&self, node: u16) -> String;
+}

@@ -1,0 +1,21 @@
+//! hydramem: resilient, highly available remote memory for unmodified applications.
+//!
+//! The system of the Hydra paper (FAST'22) in user space. Memory nodes ([`node`]) donate slabs
+//! of their machine's memory; a client ([`client::RemoteMemory`]) splits every 4 KiB page into
+//! k data and r parity splits with Reed-Solomon and spreads them over k + r nodes chosen by
+//! CodingSets ([`placement`]), so its data survives r lost nodes at 1 + r/k memory cost. Clients
+//! and nodes speak the protocol of [`wire`] over TCP; the cluster file ([`cluster`]) lists the
+//! nodes. See docs/architecture.md for the design.
+
+pub mod bench;
+pub mod client;
+pub mod cluster;
+pub mod embedded;
+pub mod node;
+pub mod placement;
+pub mod status;
+pub mod units;
+pub mod wire;
+
+/// The unit of remote I/O.
+pub const PAGE_SIZE: usize = 4096;

@@ -1,0 +1,281 @@
+//! The node's network front: accepts connections and serves each on its own thread.
+//!
+//! A connection is served strictly in order: read one frame, act, append the reply to an output
+//! buffer, and flush the buffer only when no further request is already buffered. Pipelined
+//! requests therefore get their replies in batches (one write system call for many replies)
+//! while a lone request is answered at once. Blocking threads rather than an event loop because
+//! a node serves few connections (one or two per client) and a blocked thread wakes faster than
+//! an executor hop, which is the latency that matters here.
+//!
+//! A frame that fails to parse ends that connection with a logged reason; the node and its
+//! other connections are unaffected. [`run`] returns when [`Shutdown::trigger`] is called.
+
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use super::Node;
+use crate::wire::{
+    self, ClientId, FrameBuilder, Header, HelloReply, ReplyEntry, Request, Status, WireError,
+    HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
+};
+
+/// Stops a running [`run`]: the accept loop ends and every open connection is shut down.
+#[derive(Default)]
+pub struct Shutdown {
+    stop: AtomicBool,
+    addr: Mutex<Option<SocketAddr>>,
+    conns: Mutex<Vec<TcpStream>>,
+}
+
+impl Shutdown {
+    /// A fresh, untriggered handle.
+    pub fn new() -> Arc<Shutdown> {
+        Arc::new(Shutdown::default())
+    }
+
+    /// Whether shutdown was requested.
+    pub fn is_triggered(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Requests shutdown and wakes the accept loop.
+    pub fn trigger(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(addr) = *self.addr.lock() {
+            // Wakes the blocking accept; it sees the flag and returns.
+            let _ = TcpStream::connect(addr);
+        }
+        for c in self.conns.lock().drain(..) {
+            let _ = c.shutdown(NetShutdown::Both);
+        }
+    }
+}
+
+/// Serves `node` on `listener` until `shutdown` is triggered.
+pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> io::Result<()> {
+    let local = listener.local_addr()?;
+    *shutdown.addr.lock() = Some(local);
+    tracing::info!(addr = %local, node = node.config().id, "memory node serving");
+    for conn in listener.incoming() {
+        if shutdown.is_triggered() {
+            break;
+        }
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                // EMFILE and friends: log, back off briefly, keep serving the others.
+                tracing::warn!(error = %e, "accept failed");
+                std::thread::sleep(std::time::Duration::from_millis(10));
+                continue;
+            }
+        };
+        let peer = stream.peer_addr().ok();
+        let _ = stream.set_nodelay(true);
+        if let Ok(c) = stream.try_clone() {
+            let mut conns = shutdown.conns.lock();
+            conns.retain(|c| c.peer_addr().is_ok());
+            conns.push(c);
+        }
+        let node = node.clone();
+        let spawned = std::thread::Builder::new()
+            .name("hm-conn".into())
+            .spawn(move || {
+                let mut conn = Connection::new(node.clone());
+                match conn.serve(stream) {
+                    Ok(()) => tracing::debug!(?peer, "connection closed by peer"),
+                    Err(ConnError::Protocol(e)) => {
+                        metrics::counter!("hydramem_node_protocol_errors_total").increment(1);
+                        tracing::warn!(?peer, reason = %e, "closing connection: malformed frame")
+                    }
+                    Err(ConnError::Io(e)) => tracing::debug!(?peer, error = %e, "connection ended"),
+                }
+                if conn.counted {
+                    node.client_disconnected();
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "cannot spawn a connection thread; dropping connection");
+        }
+    }
+    tracing::info!(addr = %local, "memory node stopped accepting");
+    Ok(())
+}
+
+#[derive(Debug, thiserror::Error)]
+enum ConnError {
+    #[error(transparent)]
+    Protocol(#[from] WireError),
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Per-connection state: the identity said in HELLO and reusable buffers.
+struct Connection {
+    node: Arc<Node>,
+    client: Option<ClientId>,
+    observer: bool,
+    counted: bool,
+    body: Vec<u8>,
+    out: Vec<u8>,
+}
+
+impl Connection {
+    fn new(node: Arc<Node>) -> Connection {
+        Connection {
+            node,
+            client: None,
+            observer: false,
+            counted: false,
+            body: Vec::with_capacity(64 << 10),
+            out: Vec::with_capacity(256 << 10),
+        }
+    }
+
+    fn serve(&mut self, stream: TcpStream) -> Result<(), ConnError> {
+        let mut reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
+        let mut writer = stream;
+        loop {
+            let mut hb = [0u8; HEADER_LEN];
+            match reader.read_exact(&mut hb) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+            let h = Header::parse(&hb)?;
+            self.body.resize(h.body_len as usize, 0);
+            reader.read_exact(&mut self.body)?;
+            let body = std::mem::take(&mut self.body);
+            let r = self.handle(&h, &body);
+            self.body = body;
+            r?;
+            if reader.buffer().is_empty() || self.out.len() > MAX_BODY {
+                writer.write_all(&self.out)?;
+                self.out.clear();
+            }
+        }
+    }
+
+    fn handle(&mut self, h: &Header, body: &[u8]) -> Result<(), ConnError> {
+        let req = wire::parse_request(h, body)?;
+        let node = self.node.clone();
+        let out = &mut self.out;
+        let client = match (&req, self.client, self.observer) {
+            (Request::Hello(_) | Request::Ping | Request::Stats, _, _) => None,
+            (_, Some(c), false) => Some(c),
+            _ => {
+                let fb = FrameBuilder::begin(out, h.op, true, Status::NotIdentified, h.id);
+                fb.finish(out)?;
+                return Ok(());
+            }
+        };
+        let fb_ok = |out: &mut Vec<u8>| FrameBuilder::begin(out, h.op, true, Status::Ok, h.id);
+        match req {
+            Request::Hello(hello) => {
+                if self.client.is_some() && self.client != Some(hello.client) {
+                    return Err(WireError::Invalid("HELLO with a different identity on one connection").into());
+                }
+                self.observer = hello.flags & HELLO_OBSERVER != 0;
+                self.client = Some(hello.client);
+                if !self.observer && !self.counted {
+                    self.counted = true;
+                    node.client_connected();
+                }
+                tracing::debug!(client = ?hello.client, observer = self.observer, "hello");
+                let fb = fb_ok(out);
+                HelloReply {
+                    node_id: node.config().id,
+                    slab_size: node.config().slab_size,
+                    capacity: node.config().capacity,
+                    max_body: MAX_BODY as u32,
+                }
+                .put(out);
+                fb.finish(out)?;
+            }
+            Request::Ping => fb_ok(out).finish(out)?,
+            Request::Stats => {
+                let fb = fb_ok(out);
+                node.stats().put(out);
+                fb.finish(out)?;
+            }
+            Request::Alloc { tag } => {
+                let c = client.expect("identified");
+                match node.alloc(c, tag) {
+                    Ok(slab) => {
+                        let fb = fb_ok(out);
+                        out.extend_from_slice(&slab.to_le_bytes());
+                        fb.finish(out)?;
+                    }
+                    Err(st) => FrameBuilder::begin(out, h.op, true, st, h.id).finish(out)?,
+                }
+            }
+            Request::Free { slab } => {
+                let st = match node.free(&client.expect("identified"), slab) {
+                    Ok(()) => Status::Ok,
+                    Err(st) => st,
+                };
+                FrameBuilder::begin(out, h.op, true, st, h.id).finish(out)?;
+            }
+            Request::List => {
+                let fb = fb_ok(out);
+                wire::put_list(out, &node.list(&client.expect("identified")));
+                fb.finish(out)?;
+            }
+            Request::WriteV(entries) => {
+                let c = client.expect("identified");
+                let fb = fb_ok(out);
+                out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                for (e, d) in entries.iter() {
+                    let st = if e.len == 0 {
+                        Status::BadRequest
+                    } else {
+                        match node.slab(&c, e.slab).and_then(|s| s.write(e.offset, d)) {
+                            Ok(()) => Status::Ok,
+                            Err(st) => st,
+                        }
+                    };
+                    ReplyEntry::put_write(out, e.cookie, st);
+                }
+                metrics::counter!("hydramem_node_write_entries_total").increment(entries.len() as u64);
+                metrics::counter!("hydramem_node_bytes_written_total").increment(entries.data_len() as u64);
+                fb.finish(out)?;
+            }
+            Request::ReadV(entries) => {
+                let c = client.expect("identified");
+                let frame_start = out.len();
+                let fb = fb_ok(out);
+                out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                let mut bytes = 0u64;
+                for e in entries.iter() {
+                    let len = e.len as usize;
+                    let slab = if e.len == 0 { Err(Status::BadRequest) } else { node.slab(&c, e.slab) };
+                    let head = out.len();
+                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len);
+                    let start = out.len();
+                    // The reply must fit one frame: refuse entries that would overflow it.
+                    let fits = start + len - frame_start - HEADER_LEN <= MAX_BODY;
+                    let r = slab.and_then(|s| {
+                        if !fits {
+                            return Err(Status::BadRequest);
+                        }
+                        out.resize(start + len, 0);
+                        s.read(e.offset, &mut out[start..start + len])
+                    });
+                    if let Err(st) = r {
+                        out.truncate(head);
+                        ReplyEntry::put_read(out, e.cookie, st, 0);
+                    } else {
+                        bytes += len as u64;
+                    }
+                }
+                metrics::counter!("hydramem_node_read_entries_total").increment(entries.len() as u64);
+                metrics::counter!("hydramem_node_bytes_read_total").increment(bytes);
+                fb.finish(out)?;
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,168 @@
+//! Cluster status: asks every node for its STATS over a short-lived observer connection.
+//!
+//! Observer connections say HELLO with [`wire::HELLO_OBSERVER`], so they are not counted as
+//! clients and cannot touch slabs. A node that does not answer within the timeout is reported
+//! down with the reason, and the others are still shown.
+
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::units::human;
+use crate::wire::{self, ClientId, FrameBuilder, Header, Hello, Op, Stats, Status, HEADER_LEN};
+
+/// One node's status.
+#[derive(Debug, Serialize)]
+pub struct NodeStatus {
+    /// Node id from the cluster file.
+    pub id: u32,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Its STATS, or why they could not be had.
+    #[serde(flatten)]
+    pub result: StatusResult,
+}
+
+/// STATS or the error.
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "lowercase", tag = "health")]
+pub enum StatusResult {
+    /// The node answered.
+    Up(Stats),
+    /// It did not.
+    Down {
+        /// Why.
+        error: String,
+    },
+}
+
+fn request(s: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, 1);
+    out.extend_from_slice(body);
+    fb.finish(&mut out).map_err(|e| e.to_string())?;
+    s.write_all(&out).map_err(|e| e.to_string())?;
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb).map_err(|e| e.to_string())?;
+    let h = Header::parse(&hb).map_err(|e| e.to_string())?;
+    let mut b = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut b).map_err(|e| e.to_string())?;
+    if h.status != Status::Ok {
+        return Err(format!("{op:?} refused: {}", h.status));
+    }
+    Ok(b)
+}
+
+/// Fetches STATS from one node.
+pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let mut hello = Vec::new();
+    Hello {
+        client: ClientId::default(),
+        flags: wire::HELLO_OBSERVER,
+    }
+    .put(&mut hello);
+    request(&mut s, Op::Hello, &hello)?;
+    Stats::parse(&request(&mut s, Op::Stats, &[])?).map_err(|e| e.to_string())
+}
+
+/// Status of every node of the cluster, in cluster-file order.
+pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| NodeStatus {
+            id: n.id,
+            addr: n.addr,
+            result: match fetch(n.addr, Duration::from_secs(2)) {
+                Ok(s) => StatusResult::Up(s),
+                Err(error) => StatusResult::Down { error },
+            },
+        })
+        .collect()
+}
+
+/// A human-readable table of the status.
+pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
+    let mut o = String::new();
+    let up = rows.iter().filter(|r| matches!(r.result, StatusResult::Up(_))).count();
+    let _ = writeln!(
+        o,
+        "cluster: {} nodes ({} up), slab size {}",
+        rows.len(),
+        up,
+        human(cluster.slab_size)
+    );
+    let _ = writeln!(
+        o,
+        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12}",
+        "node", "address", "health", "capacity", "used", "slabs", "clients", "rss", "reads", "writes"
+    );
+    let (mut cap, mut used) = (0u64, 0u64);
+    for r in rows {
+        match &r.result {
+            StatusResult::Up(s) => {
+                cap += s.capacity;
+                used += s.used();
+                let reads: u64 = s.slabs.iter().map(|x| x.reads).sum();
+                let writes: u64 = s.slabs.iter().map(|x| x.writes).sum();
+                let _ = writeln!(
+                    o,
+                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12}",
+                    r.id,
+                    r.addr.to_string(),
+                    "up",
+                    human(s.capacity),
+                    human(s.used()),
+                    s.slabs.len(),
+                    s.clients,
+                    human(s.rss),
+                    reads,
+                    writes
+                );
+            }
+            StatusResult::Down { error } => {
+                let _ = writeln!(o, "{:>4}  {:<21} {:<6} {}", r.id, r.addr.to_string(), "DOWN", error);
+            }
+        }
+    }
+    let _ = writeln!(o, "total: {} of {} donated memory in use", human(used), human(cap));
+    let slab_rows: Vec<_> = rows
+        .iter()
+        .filter_map(|r| match &r.result {
+            StatusResult::Up(s) => Some((r.id, s)),
+            _ => None,
+        })
+        .flat_map(|(id, s)| s.slabs.iter().map(move |x| (id, x)))
+        .collect();
+    if !slab_rows.is_empty() {
+        let _ = writeln!(o, "\nslabs (per-slab access counters):");
+        let _ = writeln!(
+            o,
+            "{:>4} {:>6} {:>10} {:>18} {:>12} {:>12} {:>10}",
+            "node", "slab", "client", "tag", "reads", "writes", "holds"
+        );
+        for (id, x) in slab_rows.iter().take(200) {
+            let _ = writeln!(
+                o,
+                "{:>4} {:>6} {:>10} {:>#18x} {:>12} {:>12} {:>10}",
+                id,
+                x.slab,
+                format!("{:08x}", x.owner),
+                x.tag,
+                x.reads,
+                x.writes,
+                human(x.touched)
+            );
+        }
+        if slab_rows.len() > 200 {
+            let _ = writeln!(o, "... and {} more (use --json for all)", slab_rows.len() - 200);
+        }
+    }
+    o
+}

@@ -1,0 +1,978 @@
+//! The memory-node wire protocol: every byte that crosses a connection between a client and a
+//! memory node is defined here and nowhere else.
+//!
+//! A connection carries a stream of frames in both directions. Each frame is a fixed 20-byte
+//! header followed by a body of `body_len` bytes. All integers are little-endian. Requests are
+//! pipelined: a client sends many requests without waiting, and the node answers each with a
+//! reply that carries the request's id and the request's op with the reply bit set. Replies to
+//! the requests of one connection come back in request order (the node serves a connection
+//! sequentially), but clients must not rely on it: they match replies by id and, inside vectored
+//! replies, by the per-entry cookie.
+//!
+//! ## Frame header (20 bytes)
+//!
+//! | offset | size | field      | meaning                                                   |
+//! |--------|------|------------|-----------------------------------------------------------|
+//! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
+//! | 4      | 1    | version    | protocol version, currently 1; a mismatch closes the link |
+//! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
+//! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
+//! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
+//! | 16     | 4    | body_len   | bytes that follow; at most [`MAX_BODY`]                   |
+//!
+//! ## Operations and bodies
+//!
+//! | op   | name    | request body                                   | reply body (status OK)                         |
+//! |------|---------|------------------------------------------------|------------------------------------------------|
+//! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32 |
+//! | 0x02 | PING    | empty                                          | empty                                          |
+//! | 0x03 | ALLOC   | tag u64                                        | slab u32                                       |
+//! | 0x04 | FREE    | slab u32                                       | empty                                          |
+//! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
+//! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
+//! | 0x10 | WRITEV  | count u32, count × (entry (24), then len bytes | count u32, count × (cookie u64, status u32)    |
+//! |      |         | of data)                                       |                                                |
+//! | 0x11 | READV   | count u32, count × entry (24)                  | count u32, count × (cookie u64, status u32,    |
+//! |      |         |                                                | len u32, then len bytes of data)               |
+//!
+//! A vectored entry is 24 bytes: slab u32, len u32, offset u64, cookie u64. The cookie is opaque
+//! to the node and lets the client land each split where it belongs without a lookup table (the
+//! role a work-request id plays in RDMA). In a READV reply an entry that failed carries len 0.
+//! Entries and their data are interleaved in both directions so that a sender can append one
+//! more entry to a frame it has already started: a client merges the splits that many threads
+//! send to one node while a previous frame is still being written into one vectored frame.
+//!
+//! Every request except HELLO and PING requires a prior HELLO on the connection: the client id
+//! given there is the identity that owns slabs. Slabs are visible only to the identity that
+//! allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does not exist and for
+//! one that belongs to someone else alike, so ownership cannot be probed.
+//!
+//! A frame whose magic, version, op or length is wrong, or whose body does not parse, is a
+//! protocol violation: the node logs the reason and closes that one connection.
+
+use std::fmt;
+
+/// The four magic bytes that open every frame.
+pub const MAGIC: [u8; 4] = *b"HYDM";
+/// The protocol version this build speaks.
+pub const VERSION: u8 = 1;
+/// Length of the fixed frame header.
+pub const HEADER_LEN: usize = 20;
+/// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
+/// that a malicious length cannot make a node allocate much.
+pub const MAX_BODY: usize = 4 << 20;
+/// Most entries one vectored request may carry.
+pub const MAX_ENTRIES: usize = 8192;
+/// Length of one vectored entry on the wire.
+pub const ENTRY_LEN: usize = 24;
+/// Bit set in the op byte of replies.
+const REPLY_BIT: u8 = 0x80;
+
+/// Errors found while parsing bytes received from a peer.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    /// The first four bytes of a frame are not "HYDM".
+    #[error("bad magic {0:02x?}: the peer does not speak the hydramem node protocol")]
+    BadMagic([u8; 4]),
+    /// The peer speaks another protocol version.
+    #[error("protocol version {0} is not supported (this build speaks {VERSION}); run the same hydramem release on clients and nodes")]
+    BadVersion(u8),
+    /// The op byte names no known operation.
+    #[error("unknown op 0x{0:02x}")]
+    UnknownOp(u8),
+    /// The status field of a reply names no known status.
+    #[error("unknown status {0}")]
+    UnknownStatus(u16),
+    /// The declared body length exceeds [`MAX_BODY`].
+    #[error("frame body of {0} bytes exceeds the maximum of {MAX_BODY}")]
+    TooLarge(u64),
+    /// A body ended before a field it must contain.
+    #[error("frame body truncated: needed {needed} bytes at offset {at}, body has {len}")]
+    Truncated {
+        /// Offset at which the read started.
+        at: usize,
+        /// Bytes that were needed.
+        needed: usize,
+        /// Length of the body.
+        len: usize,
+    },
+    /// A body had bytes left over after its last field.
+    #[error("frame body has {0} trailing bytes")]
+    Trailing(usize),
+    /// A vectored request declares too many entries.
+    #[error("vectored request with {0} entries exceeds the maximum of {MAX_ENTRIES}")]
+    TooManyEntries(u32),
+    /// A field holds a value that is never valid.
+    #[error("invalid field: {0}")]
+    Invalid(&'static str),
+}
+
+/// Operation codes (without the reply bit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum Op {
+    /// Identify the client; must precede slab operations.
+    Hello = 0x01,
+    /// Liveness probe.
+    Ping = 0x02,
+    /// Allocate a zeroed slab for the caller.
+    Alloc = 0x03,
+    /// Release one of the caller's slabs.
+    Free = 0x04,
+    /// List the caller's slabs with their tags.
+    List = 0x05,
+    /// Node-wide capacity, use and per-slab counters.
+    Stats = 0x06,
+    /// Vectored write of splits.
+    WriteV = 0x10,
+    /// Vectored read of splits.
+    ReadV = 0x11,
+}
+
+impl Op {
+    /// Every operation, for exhaustive tests.
+    pub const ALL: [Op; 8] = [
+        Op::Hello,
+        Op::Ping,
+        Op::Alloc,
+        Op::Free,
+        Op::List,
+        Op::Stats,
+        Op::WriteV,
+        Op::ReadV,
+    ];
+
+    fn from_u8(v: u8) -> Option<Op> {
+        Op::ALL.into_iter().find(|op| *op as u8 == v)
+    }
+}
+
+/// Frame- or entry-level outcome carried in replies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u16)]
+pub enum Status {
+    /// Success.
+    Ok = 0,
+    /// The request was well-formed but asked for something impossible (e.g. zero-length entry).
+    BadRequest = 1,
+    /// No such slab owned by the caller.
+    NoSuchSlab = 2,
+    /// Offset + length falls outside the slab.
+    OutOfRange = 3,
+    /// The node has no free capacity for another slab.
+    NoCapacity = 4,
+    /// A slab operation arrived before HELLO.
+    NotIdentified = 5,
+    /// The node failed internally (e.g. the kernel refused memory).
+    Internal = 6,
+}
+
+impl Status {
+    /// Every status, for exhaustive tests.
+    pub const ALL: [Status; 7] = [
+        Status::Ok,
+        Status::BadRequest,
+        Status::NoSuchSlab,
+        Status::OutOfRange,
+        Status::NoCapacity,
+        Status::NotIdentified,
+        Status::Internal,
+    ];
+
+    fn from_u16(v: u16) -> Option<Status> {
+        Status::ALL.into_iter().find(|s| *s as u16 == v)
+    }
+
+    fn from_u32(v: u32) -> Result<Status, WireError> {
+        u16::try_from(v)
+            .ok()
+            .and_then(Status::from_u16)
+            .ok_or(WireError::UnknownStatus(v.min(u16::MAX as u32) as u16))
+    }
+}
+
+impl fmt::Display for Status {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            Status::Ok => "ok",
+            Status::BadRequest => "bad request",
+            Status::NoSuchSlab => "no such slab for this client",
+            Status::OutOfRange => "offset or length outside the slab",
+            Status::NoCapacity => "node has no free capacity for another slab",
+            Status::NotIdentified => "connection has not said HELLO",
+            Status::Internal => "internal node error",
+        };
+        f.write_str(s)
+    }
+}
+
+/// A parsed frame header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Header {
+    /// The operation.
+    pub op: Op,
+    /// Whether this frame is a reply.
+    pub reply: bool,
+    /// Frame-level status (always [`Status::Ok`] in requests).
+    pub status: Status,
+    /// Request id, echoed by replies.
+    pub id: u64,
+    /// Length of the body that follows.
+    pub body_len: u32,
+}
+
+impl Header {
+    /// Serializes the header into its 20 bytes.
+    pub fn encode(&self) -> [u8; HEADER_LEN] {
+        let mut b = [0u8; HEADER_LEN];
+        b[0..4].copy_from_slice(&MAGIC);
+        b[4] = VERSION;
+        b[5] = self.op as u8 | if self.reply { REPLY_BIT } else { 0 };
+        b[6..8].copy_from_slice(&(self.status as u16).to_le_bytes());
+        b[8..16].copy_from_slice(&self.id.to_le_bytes());
+        b[16..20].copy_from_slice(&self.body_len.to_le_bytes());
+        b
+    }
+
+    /// Parses and validates a header; the body length is checked against [`MAX_BODY`].
+    pub fn parse(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
+        let magic: [u8; 4] = [b[0], b[1], b[2], b[3]];
+        if magic != MAGIC {
+            return Err(WireError::BadMagic(magic));
+        }
+        if b[4] != VERSION {
+            return Err(WireError::BadVersion(b[4]));
+        }
+        let op = Op::from_u8(b[5] & !REPLY_BIT).ok_or(WireError::UnknownOp(b[5]))?;
+        let raw_status = u16::from_le_bytes([b[6], b[7]]);
+        let status = Status::from_u16(raw_status).ok_or(WireError::UnknownStatus(raw_status))?;
+        let body_len = u32::from_le_bytes([b[16], b[17], b[18], b[19]]);
+        if body_len as usize > MAX_BODY {
+            return Err(WireError::TooLarge(body_len as u64));
+        }
+        Ok(Header {
+            op,
+            reply: b[5] & REPLY_BIT != 0,
+            status,
+            id: u64::from_le_bytes(b[8..16].try_into().expect("8 bytes")),
+            body_len,
+        })
+    }
+}
+
+/// One split addressed by a vectored request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Entry {
+    /// Slab id on the node.
+    pub slab: u32,
+    /// Bytes to transfer.
+    pub len: u32,
+    /// Byte offset inside the slab.
+    pub offset: u64,
+    /// Opaque to the node; echoed in the reply entry.
+    pub cookie: u64,
+}
+
+impl Entry {
+    /// Appends the entry's 24 bytes to `out`.
+    pub fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.slab.to_le_bytes());
+        out.extend_from_slice(&self.len.to_le_bytes());
+        out.extend_from_slice(&self.offset.to_le_bytes());
+        out.extend_from_slice(&self.cookie.to_le_bytes());
+    }
+
+    /// Reads one entry.
+    pub fn get(r: &mut Reader<'_>) -> Result<Entry, WireError> {
+        Ok(Entry {
+            slab: r.u32()?,
+            len: r.u32()?,
+            offset: r.u64()?,
+            cookie: r.u64()?,
+        })
+    }
+}
+
+/// Builds one frame in a caller-owned buffer: header placeholder first, body appended, then
+/// [`FrameBuilder::finish`] patches the length. Appending to a `Vec` whose capacity is already
+/// large enough never allocates, which keeps the data path allocation-free.
+pub struct FrameBuilder {
+    start: usize,
+}
+
+impl FrameBuilder {
+    /// Starts a frame at the end of `out`.
+    pub fn begin(out: &mut Vec<u8>, op: Op, reply: bool, status: Status, id: u64) -> FrameBuilder {
+        let start = out.len();
+        let h = Header {
+            op,
+            reply,
+            status,
+            id,
+            body_len: 0,
+        };
+        out.extend_from_slice(&h.encode());
+        FrameBuilder { start }
+    }
+
+    /// Patches the body length into the header. Returns an error (and removes the partial
+    /// frame) if the body grew beyond [`MAX_BODY`].
+    pub fn finish(self, out: &mut Vec<u8>) -> Result<(), WireError> {
+        let body = out.len() - self.start - HEADER_LEN;
+        if body > MAX_BODY {
+            out.truncate(self.start);
+            return Err(WireError::TooLarge(body as u64));
+        }
+        out[self.start + 16..self.start + 20].copy_from_slice(&(body as u32).to_le_bytes());
+        Ok(())
+    }
+}
+
+/// A bounds-checked little-endian reader over a frame body.
+pub struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    /// Reads from the start of `buf`.
+    pub fn new(buf: &'a [u8]) -> Reader<'a> {
+        Reader { buf, pos: 0 }
+    }
+
+    /// Takes the next `n` bytes.
+    pub fn bytes(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        if self.buf.len() - self.pos < n {
+            return Err(WireError::Truncated {
+                at: self.pos,
+                needed: n,
+                len: self.buf.len(),
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    /// Reads a u32.
+    pub fn u32(&mut self) -> Result<u32, WireError> {
+        Ok(u32::from_le_bytes(self.bytes(4)?.try_into().expect("4")))
+    }
+
+    /// Reads a u64.
+    pub fn u64(&mut self) -> Result<u64, WireError> {
+        Ok(u64::from_le_bytes(self.bytes(8)?.try_into().expect("8")))
+    }
+
+    /// Reads an entry count and checks it against [`MAX_ENTRIES`].
+    pub fn count(&mut self) -> Result<usize, WireError> {
+        let n = self.u32()?;
+        if n as usize > MAX_ENTRIES {
+            return Err(WireError::TooManyEntries(n));
+        }
+        Ok(n as usize)
+    }
+
+    /// Bytes not yet read.
+    pub fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    /// Fails if any byte is left unread.
+    pub fn end(&self) -> Result<(), WireError> {
+        match self.remaining() {
+            0 => Ok(()),
+            n => Err(WireError::Trailing(n)),
+        }
+    }
+}
+
+/// The 128-bit identity of a client. It is the capability that owns slabs: whoever presents it
+/// in HELLO reaches that client's slabs, so it is generated at random and kept secret by its
+/// client (it is never shown in full; [`ClientId::fingerprint`] is what status displays).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ClientId(pub [u8; 16]);
+
+impl ClientId {
+    /// A fresh random identity.
+    pub fn random() -> ClientId {
+        ClientId(rand::random())
+    }
+
+    /// A short, non-secret label for logs and status (FNV-1a of the id).
+    pub fn fingerprint(&self) -> u32 {
+        let mut h: u32 = 0x811c_9dc5;
+        for b in self.0 {
+            h ^= b as u32;
+            h = h.wrapping_mul(0x0100_0193);
+        }
+        h
+    }
+
+    /// Parses 32 hex digits.
+    pub fn from_hex(s: &str) -> Result<ClientId, WireError> {
+        let s = s.trim();
+        if s.len() != 32 || !s.is_ascii() {
+            return Err(WireError::Invalid("client id must be 32 hex digits"));
+        }
+        let mut out = [0u8; 16];
+        for (i, o) in out.iter_mut().enumerate() {
+            *o = u8::from_str_radix(&s[2 * i..2 * i + 2], 16)
+                .map_err(|_| WireError::Invalid("client id must be 32 hex digits"))?;
+        }
+        Ok(ClientId(out))
+    }
+
+    /// The 32 hex digits of the id (secret: for the client's own identity file only).
+    pub fn to_hex(&self) -> String {
+        self.0.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Debug for ClientId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "client-{:08x}", self.fingerprint())
+    }
+}
+
+/// HELLO flag: the connection observes only (status tools); it may call PING, STATS and nothing
+/// that touches slabs.
+pub const HELLO_OBSERVER: u32 = 1;
+
+/// HELLO request body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Hello {
+    /// The identity that will own slabs.
+    pub client: ClientId,
+    /// Bit set of `HELLO_*` flags.
+    pub flags: u32,
+}
+
+impl Hello {
+    /// Appends the body.
+    pub fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.client.0);
+        out.extend_from_slice(&self.flags.to_le_bytes());
+    }
+    /// Parses the body.
+    pub fn parse(body: &[u8]) -> Result<Hello, WireError> {
+        let mut r = Reader::new(body);
+        let client = ClientId(r.bytes(16)?.try_into().expect("16"));
+        let flags = r.u32()?;
+        r.end()?;
+        Ok(Hello { client, flags })
+    }
+}
+
+/// HELLO reply body: what a client must know about the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HelloReply {
+    /// The node's id as configured.
+    pub node_id: u32,
+    /// Size of every slab this node hands out.
+    pub slab_size: u64,
+    /// Bytes the node may donate in total.
+    pub capacity: u64,
+    /// Largest frame body the node accepts.
+    pub max_body: u32,
+}
+
+impl HelloReply {
+    /// Appends the body.
+    pub fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.node_id.to_le_bytes());
+        out.extend_from_slice(&self.slab_size.to_le_bytes());
+        out.extend_from_slice(&self.capacity.to_le_bytes());
+        out.extend_from_slice(&self.max_body.to_le_bytes());
+    }
+    /// Parses the body.
+    pub fn parse(body: &[u8]) -> Result<HelloReply, WireError> {
+        let mut r = Reader::new(body);
+        let v = HelloReply {
+            node_id: r.u32()?,
+            slab_size: r.u64()?,
+            capacity: r.u64()?,
+            max_body: r.u32()?,
+        };
+        r.end()?;
+        Ok(v)
+    }
+}
+
+/// Counters of one slab, as reported by STATS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct SlabStats {
+    /// Slab id.
+    pub slab: u32,
+    /// Fingerprint of the owning client ([`ClientId::fingerprint`]).
+    pub owner: u32,
+    /// Tag the client gave at allocation.
+    pub tag: u64,
+    /// Read entries served.
+    pub reads: u64,
+    /// Write entries served.
+    pub writes: u64,
+    /// Bytes read.
+    pub bytes_read: u64,
+    /// Bytes written.
+    pub bytes_written: u64,
+    /// Highest byte offset ever written + 1: the part of the slab that holds data.
+    pub touched: u64,
+}
+
+const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6;
+
+/// STATS reply body: node-wide figures then one record per allocated slab.
+///
+/// | size | field |
+/// |------|-------|
+/// | 4    | node id |
+/// | 8    | capacity (bytes the node may donate) |
+/// | 8    | slab size |
+/// | 8    | resident set size of the node process, bytes |
+/// | 4    | connected clients |
+/// | 4    | count of slab records, then count × 56-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64 |
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
+pub struct Stats {
+    /// Node id.
+    pub node_id: u32,
+    /// Bytes the node may donate.
+    pub capacity: u64,
+    /// Slab size.
+    pub slab_size: u64,
+    /// Resident set size of the node process.
+    pub rss: u64,
+    /// Connections that have said HELLO as a client (not observers).
+    pub clients: u32,
+    /// Every allocated slab.
+    pub slabs: Vec<SlabStats>,
+}
+
+impl Stats {
+    /// Bytes allocated to clients.
+    pub fn used(&self) -> u64 {
+        self.slabs.len() as u64 * self.slab_size
+    }
+
+    /// Appends the body.
+    pub fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.node_id.to_le_bytes());
+        out.extend_from_slice(&self.capacity.to_le_bytes());
+        out.extend_from_slice(&self.slab_size.to_le_bytes());
+        out.extend_from_slice(&self.rss.to_le_bytes());
+        out.extend_from_slice(&self.clients.to_le_bytes());
+        out.extend_from_slice(&(self.slabs.len() as u32).to_le_bytes());
+        for s in &self.slabs {
+            out.extend_from_slice(&s.slab.to_le_bytes());
+            out.extend_from_slice(&s.owner.to_le_bytes());
+            for v in [
+                s.tag,
+                s.reads,
+                s.writes,
+                s.bytes_read,
+                s.bytes_written,
+                s.touched,
+            ] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+
+    /// Parses the body.
+    pub fn parse(body: &[u8]) -> Result<Stats, WireError> {
+        let mut r = Reader::new(body);
+        let node_id = r.u32()?;
+        let capacity = r.u64()?;
+        let slab_size = r.u64()?;
+        let rss = r.u64()?;
+        let clients = r.u32()?;
+        let n = r.u32()? as usize;
+        if n > r.remaining() / SLAB_STATS_LEN {
+            return Err(WireError::Invalid("slab count exceeds the body"));
+        }
+        let mut slabs = Vec::with_capacity(n);
+        for _ in 0..n {
+            slabs.push(SlabStats {
+                slab: r.u32()?,
+                owner: r.u32()?,
+                tag: r.u64()?,
+                reads: r.u64()?,
+                writes: r.u64()?,
+                bytes_read: r.u64()?,
+                bytes_written: r.u64()?,
+                touched: r.u64()?,
+            });
+        }
+        r.end()?;
+        Ok(Stats {
+            node_id,
+            capacity,
+            slab_size,
+            rss,
+            clients,
+            slabs,
+        })
+    }
+}
+
+/// Parses a LIST reply body into (slab, tag) pairs.
+pub fn parse_list(body: &[u8]) -> Result<Vec<(u32, u64)>, WireError> {
+    let mut r = Reader::new(body);
+    let n = r.u32()? as usize;
+    if n > r.remaining() / 12 {
+        return Err(WireError::Invalid("slab count exceeds the body"));
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push((r.u32()?, r.u64()?));
+    }
+    r.end()?;
+    Ok(v)
+}
+
+/// Appends a LIST reply body.
+pub fn put_list(out: &mut Vec<u8>, slabs: &[(u32, u64)]) {
+    out.extend_from_slice(&(slabs.len() as u32).to_le_bytes());
+    for (slab, tag) in slabs {
+        out.extend_from_slice(&slab.to_le_bytes());
+        out.extend_from_slice(&tag.to_le_bytes());
+    }
+}
+
+/// One reply entry of a WRITEV or READV as parsed by a client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplyEntry {
+    /// The cookie of the request entry.
+    pub cookie: u64,
+    /// Its outcome.
+    pub status: Status,
+    /// Data bytes that follow (READV only).
+    pub len: u32,
+}
+
+impl ReplyEntry {
+    /// Appends a WRITEV reply entry (12 bytes).
+    pub fn put_write(out: &mut Vec<u8>, cookie: u64, status: Status) {
+        out.extend_from_slice(&cookie.to_le_bytes());
+        out.extend_from_slice(&(status as u32).to_le_bytes());
+    }
+    /// Parses a WRITEV reply entry.
+    pub fn get_write(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
+        Ok(ReplyEntry {
+            cookie: r.u64()?,
+            status: Status::from_u32(r.u32()?)?,
+            len: 0,
+        })
+    }
+    /// Appends a READV reply entry header (16 bytes); the caller appends `len` data bytes.
+    pub fn put_read(out: &mut Vec<u8>, cookie: u64, status: Status, len: u32) {
+        out.extend_from_slice(&cookie.to_le_bytes());
+        out.extend_from_slice(&(status as u32).to_le_bytes());
+        out.extend_from_slice(&len.to_le_bytes());
+    }
+    /// Parses a READV reply entry header; the data follows in the reader.
+    pub fn get_read(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
+        let e = ReplyEntry {
+            cookie: r.u64()?,
+            status: Status::from_u32(r.u32()?)?,
+            len: r.u32()?,
+        };
+        if e.status != Status::Ok && e.len != 0 {
+            return Err(WireError::Invalid("failed read entry carries data"));
+        }
+        Ok(e)
+    }
+}
+
+/// A complete request as a node sees it after parsing; borrowed from the receive buffer so that
+/// write payloads are copied once, from the buffer into the slab.
+#[derive(Debug)]
+pub enum Request<'a> {
+    /// HELLO.
+    Hello(Hello),
+    /// PING.
+    Ping,
+    /// ALLOC with its tag.
+    Alloc {
+        /// Client-chosen label stored with the slab (returned by LIST).
+        tag: u64,
+    },
+    /// FREE of a slab.
+    Free {
+        /// The slab.
+        slab: u32,
+    },
+    /// LIST.
+    List,
+    /// STATS.
+    Stats,
+    /// WRITEV: entries, each with its data.
+    WriteV(WriteList<'a>),
+    /// READV: entries.
+    ReadV(EntryList<'a>),
+}
+
+/// The entries of a vectored request, still in wire form (decoded lazily, no allocation).
+#[derive(Debug, Clone, Copy)]
+pub struct EntryList<'a> {
+    raw: &'a [u8],
+}
+
+impl<'a> EntryList<'a> {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.raw.len() / ENTRY_LEN
+    }
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+    /// Iterates the entries.
+    pub fn iter(&self) -> impl Iterator<Item = Entry> + 'a {
+        self.raw.chunks_exact(ENTRY_LEN).map(|c| {
+            let mut r = Reader::new(c);
+            Entry::get(&mut r).expect("chunk holds exactly one entry")
+        })
+    }
+}
+
+/// The entries of a WRITEV, each followed by its data, validated at parse time.
+#[derive(Debug, Clone, Copy)]
+pub struct WriteList<'a> {
+    raw: &'a [u8],
+    count: usize,
+}
+
+impl<'a> WriteList<'a> {
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+    /// Whether there are no entries.
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+    /// Total data bytes.
+    pub fn data_len(&self) -> usize {
+        self.raw.len() - self.count * ENTRY_LEN
+    }
+    /// Iterates (entry, data) pairs.
+    pub fn iter(&self) -> impl Iterator<Item = (Entry, &'a [u8])> + 'a {
+        let mut r = Reader::new(self.raw);
+        (0..self.count).map(move |_| {
+            let e = Entry::get(&mut r).expect("validated at parse time");
+            let d = r.bytes(e.len as usize).expect("validated at parse time");
+            (e, d)
+        })
+    }
+}
+
+/// Parses a request body for the op in `h`. Vectored writes are checked to carry exactly the
+/// data their entries declare.
+pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, WireError> {
+    if h.reply {
+        return Err(WireError::Invalid("a reply frame was sent to a node"));
+    }
+    if h.status != Status::Ok {
+        return Err(WireError::Invalid("request frame carries a status"));
+    }
+    let mut r = Reader::new(body);
+    let req = match h.op {
+        Op::Hello => return Ok(Request::Hello(Hello::parse(body)?)),
+        Op::Ping => Request::Ping,
+        Op::Alloc => Request::Alloc { tag: r.u64()? },
+        Op::Free => Request::Free { slab: r.u32()? },
+        Op::List => Request::List,
+        Op::Stats => Request::Stats,
+        Op::ReadV => {
+            let n = r.count()?;
+            Request::ReadV(EntryList {
+                raw: r.bytes(n * ENTRY_LEN)?,
+            })
+        }
+        Op::WriteV => {
+            let n = r.count()?;
+            let start = r.pos;
+            for _ in 0..n {
+                let e = Entry::get(&mut r)?;
+                r.bytes(e.len as usize)?;
+            }
+            Request::WriteV(WriteList {
+                raw: &body[start..r.pos],
+                count: n,
+            })
+        }
+    };
+    r.end()?;
+    Ok(req)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn frame(op: Op, id: u64, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+        let mut out = Vec::new();
+        let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, id);
+        body(&mut out);
+        fb.finish(&mut out).unwrap();
+        out
+    }
+
+    fn split(buf: &[u8]) -> (Header, &[u8]) {
+        let h = Header::parse(buf[..HEADER_LEN].try_into().unwrap()).unwrap();
+        assert_eq!(h.body_len as usize, buf.len() - HEADER_LEN);
+        (h, &buf[HEADER_LEN..])
+    }
+
+    #[test]
+    fn header_layout_matches_the_byte_table() {
+        let h = Header {
+            op: Op::ReadV,
+            reply: true,
+            status: Status::NoSuchSlab,
+            id: 0x0102_0304_0506_0708,
+            body_len: 0x0A0B,
+        };
+        let b = h.encode();
+        assert_eq!(&b[0..4], b"HYDM");
+        assert_eq!(b[4], 1);
+        assert_eq!(b[5], 0x91);
+        assert_eq!(&b[6..8], &[2, 0]);
+        assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
+        assert_eq!(&b[16..20], &[0x0B, 0x0A, 0, 0]);
+        assert_eq!(Header::parse(&b).unwrap(), h);
+    }
+
+    #[test]
+    fn bad_headers_are_rejected_with_reasons() {
+        let good = Header {
+            op: Op::Ping,
+            reply: false,
+            status: Status::Ok,
+            id: 1,
+            body_len: 0,
+        }
+        .encode();
+        let mut b = good;
+        b[0] = b'X';
+        assert!(matches!(Header::parse(&b), Err(WireError::BadMagic(_))));
+        let mut b = good;
+        b[4] = 9;
+        assert_eq!(Header::parse(&b), Err(WireError::BadVersion(9)));
+        let mut b = good;
+        b[5] = 0x7f;
+        assert_eq!(Header::parse(&b), Err(WireError::UnknownOp(0x7f)));
+        let mut b = good;
+        b[16..20].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
+        assert!(matches!(Header::parse(&b), Err(WireError::TooLarge(_))));
+    }
+
+    #[test]
+    fn writev_checks_data_length() {
+        let e = Entry {
+            slab: 1,
+            len: 4,
+            offset: 0,
+            cookie: 9,
+        };
+        let ok = frame(Op::WriteV, 1, |o| {
+            o.extend_from_slice(&1u32.to_le_bytes());
+            e.put(o);
+            o.extend_from_slice(&[1, 2, 3, 4]);
+        });
+        let (h, body) = split(&ok);
+        match parse_request(&h, body).unwrap() {
+            Request::WriteV(es) => {
+                assert_eq!(es.iter().collect::<Vec<_>>(), vec![(e, &[1u8, 2, 3, 4][..])]);
+            }
+            other => panic!("parsed as {other:?}"),
+        }
+        let short = frame(Op::WriteV, 1, |o| {
+            o.extend_from_slice(&1u32.to_le_bytes());
+            e.put(o);
+            o.extend_from_slice(&[1, 2, 3]);
+        });
+        let (h, body) = split(&short);
+        assert!(parse_request(&h, body).is_err());
+    }
+
+    #[test]
+    fn client_id_hex_round_trip() {
+        let id = ClientId::random();
+        assert_eq!(ClientId::from_hex(&id.to_hex()).unwrap(), id);
+        assert!(ClientId::from_hex("xyz").is_err());
+        assert!(ClientId::from_hex(&"é".repeat(16)).is_err());
+    }
+
+    fn arb_entry() -> impl Strategy<Value = Entry> {
+        (any::<u32>(), 0u32..2048, any::<u64>(), any::<u64>()).prop_map(
+            |(slab, len, offset, cookie)| Entry {
+                slab,
+                len,
+                offset,
+                cookie,
+            },
+        )
+    }
+
+    proptest! {
+        #[test]
+        fn header_round_trips(op in 0usize..8, reply: bool, st in 0usize..7, id: u64, len in 0u32..=MAX_BODY as u32) {
+            let h = Header { op: Op::ALL[op], reply, status: Status::ALL[st], id, body_len: len };
+            prop_assert_eq!(Header::parse(&h.encode()).unwrap(), h);
+        }
+
+        #[test]
+        fn vectored_requests_round_trip(entries in proptest::collection::vec(arb_entry(), 0..40), write: bool, id: u64) {
+            let op = if write { Op::WriteV } else { Op::ReadV };
+            let buf = frame(op, id, |o| {
+                o.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+                for e in &entries {
+                    e.put(o);
+                    if write { o.extend(std::iter::repeat_n(e.cookie as u8, e.len as usize)); }
+                }
+            });
+            let (h, body) = split(&buf);
+            prop_assert_eq!(h.id, id);
+            match parse_request(&h, body).unwrap() {
+                Request::WriteV(es) => {
+                    prop_assert!(write);
+                    let got: Vec<_> = es.iter().collect();
+                    prop_assert_eq!(got.len(), entries.len());
+                    for ((ge, gd), e) in got.iter().zip(&entries) {
+                        prop_assert_eq!(ge, e);
+                        prop_assert!(gd.len() == e.len as usize && gd.iter().all(|b| *b == e.cookie as u8));
+                    }
+                }
+                Request::ReadV(es) => {
+                    prop_assert!(!write);
+                    prop_assert_eq!(es.iter().collect::<Vec<_>>(), entries.clone());
+                }
+                other => prop_assert!(false, "parsed as {:?}", other),
+            }
+        }
+
+        #[test]
+        fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
+            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5 }).collect();
+            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, slabs };
+            let mut out = Vec::new();
+            s.put(&mut out);
+            prop_assert_eq!(Stats::parse(&out).unwrap(), s);
+        }
+
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..300)) {
+            if bytes.len() >= HEADER_LEN {
+                if let Ok(h) = Header::parse(bytes[..HEADER_LEN].try_into().unwrap()) {
+                    let _ = parse_request(&h, &bytes[HEADER_LEN..]);
+                }
+            }
+            let _ = Stats::parse(&bytes);
+            let _ = parse_list(&bytes);
+            let _ = HelloReply::parse(&bytes);
+        }
+    }
+}
