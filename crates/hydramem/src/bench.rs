@@ -108,7 +108,10 @@ pub type Progress<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
 /// Fills `page` with bytes determined by (seed, addr, version): cheap, and different for every
 /// page and every overwrite, so a misplaced or stale split shows up as a mismatch.
 pub fn fill_page(page: &mut Page, seed: u64, addr: u64, version: u64) {
-    let mut x = seed ^ addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ version.wrapping_mul(0xD1B5_4A32_D192_ED03) | 1;
+    let mut x = seed
+        ^ addr.wrapping_mul(0x9E37_79B9_7F4A_7C15)
+        ^ version.wrapping_mul(0xD1B5_4A32_D192_ED03)
+        | 1;
     for c in page.chunks_exact_mut(8) {
         x ^= x << 13;
         x ^= x >> 7;
@@ -215,7 +218,12 @@ pub fn run_scheme(
     let mut held = 0u64;
     for n in &cluster.nodes {
         if let Ok(st) = status::fetch(n.addr, Duration::from_secs(2)) {
-            held += st.slabs.iter().filter(|s| s.owner == fp).map(|s| s.touched).sum::<u64>();
+            held += st
+                .slabs
+                .iter()
+                .filter(|s| s.owner == fp)
+                .map(|s| s.touched)
+                .sum::<u64>();
         }
     }
     let remote_bytes_per_data_byte = held as f64 / (o.pages * PAGE_SIZE as u64) as f64;
@@ -234,7 +242,8 @@ pub fn run_scheme(
         let p = next() % o.pages;
         fill_page(&mut page, seed, p, 0);
         let t = Instant::now();
-        mem.write_page(p * PAGE_SIZE as u64, &page).map_err(io_err)?;
+        mem.write_page(p * PAGE_SIZE as u64, &page)
+            .map_err(io_err)?;
         wh.record(t.elapsed().as_nanos() as u64).ok();
         if i % 256 == 0 {
             progress("write latency", i, o.latency_ops);
@@ -245,7 +254,8 @@ pub fn run_scheme(
     for i in 0..o.latency_ops {
         let p = next() % o.pages;
         let t = Instant::now();
-        mem.read_page(p * PAGE_SIZE as u64, &mut page).map_err(io_err)?;
+        mem.read_page(p * PAGE_SIZE as u64, &mut page)
+            .map_err(io_err)?;
         rh.record(t.elapsed().as_nanos() as u64).ok();
         fill_page(&mut expect, seed, p, 0);
         if page != expect {

@@ -34,7 +34,11 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = 50)]
     poll_us: u64,
     /// Schemes to run (comma separated): hydra-8+2-d1, hydra-8+2-d0, rep2, rep3, single.
-    #[arg(long, value_delimiter = ',', default_value = "hydra-8+2-d1,hydra-8+2-d0,rep2,rep3,single")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "hydra-8+2-d1,hydra-8+2-d0,rep2,rep3,single"
+    )]
     schemes: Vec<String>,
     /// Where to write the JSON results.
     #[arg(long, default_value = "bench-results/bench.json")]
@@ -46,12 +50,16 @@ pub struct BenchArgs {
 
 /// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
 pub fn parse_scheme(s: &str) -> Result<Resilience> {
-    let bad = || anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1, add -ec for EC-only), repN or single");
+    let bad = || {
+        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1, add -ec for EC-only), repN or single")
+    };
     if s == "single" {
         return Ok(Resilience::Replication { copies: 1 });
     }
     if let Some(n) = s.strip_prefix("rep") {
-        return Ok(Resilience::Replication { copies: n.parse().map_err(|_| bad())? });
+        return Ok(Resilience::Replication {
+            copies: n.parse().map_err(|_| bad())?,
+        });
     }
     let rest = s.strip_prefix("hydra-").ok_or_else(bad)?;
     let (rest, mode) = match rest.strip_suffix("-ec") {
@@ -69,7 +77,11 @@ pub fn parse_scheme(s: &str) -> Result<Resilience> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
-    let schemes: Vec<Resilience> = a.schemes.iter().map(|s| parse_scheme(s)).collect::<Result<_>>()?;
+    let schemes: Vec<Resilience> = a
+        .schemes
+        .iter()
+        .map(|s| parse_scheme(s))
+        .collect::<Result<_>>()?;
     let mut _embedded = None;
     let cluster = match &a.cluster {
         Some(p) => Cluster::load(p)?,
@@ -153,7 +165,13 @@ pub fn table(results: &[SchemeResult]) -> String {
     let _ = writeln!(
         o,
         "\n{:<18} | {:>23} | {:>23} | {:>15} | {:>15} | {:>11} | {:>6}",
-        "scheme", "write µs p50/p99/p99.9", "read µs p50/p99/p99.9", "write kpg/s GB/s", "read kpg/s GB/s", "cpu µs/page", "bytes"
+        "scheme",
+        "write µs p50/p99/p99.9",
+        "read µs p50/p99/p99.9",
+        "write kpg/s GB/s",
+        "read kpg/s GB/s",
+        "cpu µs/page",
+        "bytes"
     );
     let _ = writeln!(o, "{}", "-".repeat(136));
     for r in results {
@@ -172,7 +190,10 @@ pub fn table(results: &[SchemeResult]) -> String {
             r.remote_bytes_per_data_byte
         );
     }
-    let _ = writeln!(o, "(cpu µs/page: write, read; bytes: remote bytes held per byte of data)");
+    let _ = writeln!(
+        o,
+        "(cpu µs/page: write, read; bytes: remote bytes held per byte of data)"
+    );
     if let Some(rep2) = results.iter().find(|r| r.scheme == "replication ×2") {
         for r in results.iter().filter(|r| r.scheme.starts_with("hydra")) {
             let _ = writeln!(
@@ -197,14 +218,30 @@ mod tests {
     fn scheme_names_parse() {
         assert_eq!(
             parse_scheme("hydra-8+2-d1").unwrap(),
-            Resilience::Hydra { k: 8, r: 2, delta: 1, mode: Mode::FailureRecovery }
+            Resilience::Hydra {
+                k: 8,
+                r: 2,
+                delta: 1,
+                mode: Mode::FailureRecovery
+            }
         );
         assert_eq!(
             parse_scheme("hydra-4+2-d0-ec").unwrap(),
-            Resilience::Hydra { k: 4, r: 2, delta: 0, mode: Mode::EcOnly }
+            Resilience::Hydra {
+                k: 4,
+                r: 2,
+                delta: 0,
+                mode: Mode::EcOnly
+            }
         );
-        assert_eq!(parse_scheme("rep3").unwrap(), Resilience::Replication { copies: 3 });
-        assert_eq!(parse_scheme("single").unwrap(), Resilience::Replication { copies: 1 });
+        assert_eq!(
+            parse_scheme("rep3").unwrap(),
+            Resilience::Replication { copies: 3 }
+        );
+        assert_eq!(
+            parse_scheme("single").unwrap(),
+            Resilience::Replication { copies: 1 }
+        );
         assert!(parse_scheme("raid5").is_err());
     }
 }

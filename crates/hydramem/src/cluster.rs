@@ -87,7 +87,8 @@ impl Cluster {
             path: p.clone(),
             reason: e.to_string(),
         })?;
-        c.validate().map_err(|reason| ClusterError::Invalid { path: p, reason })?;
+        c.validate()
+            .map_err(|reason| ClusterError::Invalid { path: p, reason })?;
         Ok(c)
     }
 
@@ -145,8 +146,16 @@ mod tests {
         let c = Cluster {
             slab_size: 1 << 20,
             nodes: vec![
-                NodeEntry { id: 0, addr: "127.0.0.1:1".parse().unwrap(), domain: None },
-                NodeEntry { id: 1, addr: "127.0.0.1:2".parse().unwrap(), domain: Some("r1".into()) },
+                NodeEntry {
+                    id: 0,
+                    addr: "127.0.0.1:1".parse().unwrap(),
+                    domain: None,
+                },
+                NodeEntry {
+                    id: 1,
+                    addr: "127.0.0.1:2".parse().unwrap(),
+                    domain: Some("r1".into()),
+                },
             ],
         };
         c.save(&path).unwrap();
@@ -158,7 +167,10 @@ mod tests {
         let e = Cluster::load(&path).unwrap_err().to_string();
         assert!(e.contains("multiple of 4096"), "{e}");
         std::fs::write(&path, "garbage = [").unwrap();
-        assert!(matches!(Cluster::load(&path), Err(ClusterError::Parse { .. })));
+        assert!(matches!(
+            Cluster::load(&path),
+            Err(ClusterError::Parse { .. })
+        ));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

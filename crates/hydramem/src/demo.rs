@@ -92,8 +92,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
     if pages == 0 {
         bail!("--size must be at least one page (4096 bytes)");
     }
-    println!("hydramem demo: Hydra 8+2 erasure-coded remote memory on {} local memory nodes\n", a.nodes);
-    println!("1. starting {} memory nodes on loopback (16 MiB slabs)", a.nodes);
+    println!(
+        "hydramem demo: Hydra 8+2 erasure-coded remote memory on {} local memory nodes\n",
+        a.nodes
+    );
+    println!(
+        "1. starting {} memory nodes on loopback (16 MiB slabs)",
+        a.nodes
+    );
     let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
         binary: std::env::current_exe()?,
         nodes: a.nodes,
@@ -101,12 +107,22 @@ pub fn run(a: DemoArgs) -> Result<()> {
         capacity: 1 << 30,
         extra_args: vec!["--log".into(), "error".into()],
     })?;
-    let resilience = Resilience::Hydra { k: 8, r: 2, delta: 1, mode: Mode::FailureRecovery };
+    let resilience = Resilience::Hydra {
+        k: 8,
+        r: 2,
+        delta: 1,
+        mode: Mode::FailureRecovery,
+    };
     let cfg = ClientConfig::new(resilience, pages * PAGE_SIZE as u64);
     let me = cfg.client_id.fingerprint();
     let mem = RemoteMemory::connect(cluster.cluster(), cfg)?;
 
-    println!("2. writing {} ({} pages) as {}", human(pages * PAGE_SIZE as u64), pages, resilience.label());
+    println!(
+        "2. writing {} ({} pages) as {}",
+        human(pages * PAGE_SIZE as u64),
+        pages,
+        resilience.label()
+    );
     let pb = bar(pages, "write");
     let t0 = Instant::now();
     let threads = 8u64;
@@ -140,7 +156,12 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut held = 0u64;
     for n in &cluster.cluster().nodes {
         let st = status::fetch(n.addr, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
-        let mine: u64 = st.slabs.iter().filter(|s| s.owner == me).map(|s| s.touched).sum();
+        let mine: u64 = st
+            .slabs
+            .iter()
+            .filter(|s| s.owner == me)
+            .map(|s| s.touched)
+            .sum();
         held += mine;
         per_node.push((n.id as usize, mine));
     }
@@ -167,7 +188,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
     }
     std::thread::sleep(Duration::from_millis(100));
     let decodes0 = mem.stats().decodes.load(Ordering::Relaxed);
-    println!("5. reading everything back from the {} surviving nodes", a.nodes - 2);
+    println!(
+        "5. reading everything back from the {} surviving nodes",
+        a.nodes - 2
+    );
     let (degraded_rate, bad2) = read_all(&mem, pages, 8, "read (2 nodes dead)")?;
     let degraded_p50 = qd1_read_p50(&mem, pages, 2000)?;
     let decoded = mem.stats().decodes.load(Ordering::Relaxed) - decodes0;
@@ -175,13 +199,20 @@ pub fn run(a: DemoArgs) -> Result<()> {
     cluster.shutdown();
 
     println!("\nsummary");
-    println!("  data written             {} in {} pages of 8 data + 2 parity splits", human(pages * PAGE_SIZE as u64), pages);
+    println!(
+        "  data written             {} in {} pages of 8 data + 2 parity splits",
+        human(pages * PAGE_SIZE as u64),
+        pages
+    );
     println!("  remote memory used       {overhead:.3}× the data (measured on the nodes)");
     println!("  write throughput         {write_rate:.0} pages/s (8 threads)");
     println!("  read, all nodes up       {healthy_rate:.0} pages/s, QD1 p50 {healthy_p50:.1} µs, wrong pages: {bad1}");
     println!("  read, 2 nodes killed     {degraded_rate:.0} pages/s, QD1 p50 {degraded_p50:.1} µs, wrong pages: {bad2}, decoded {decoded} pages");
     println!("  slab regeneration        not yet: the lost slabs stay lost until background regeneration lands");
-    println!("  total time               {:.1} s", started.elapsed().as_secs_f64());
+    println!(
+        "  total time               {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
     if bad1 + bad2 > 0 {
         bail!("{} pages read back wrong", bad1 + bad2);
     }

@@ -90,7 +90,11 @@ impl EmbeddedCluster {
         Ok(c)
     }
 
-    fn spawn(&self, i: usize, listen: &str) -> Result<(Child, std::net::SocketAddr), EmbeddedError> {
+    fn spawn(
+        &self,
+        i: usize,
+        listen: &str,
+    ) -> Result<(Child, std::net::SocketAddr), EmbeddedError> {
         let o = &self.options;
         let err = |reason: String| EmbeddedError::Start {
             node: i,
@@ -127,7 +131,9 @@ impl EmbeddedCluster {
         let stdout = child.stdout.take().expect("piped");
         let mut line = String::new();
         let mut reader = BufReader::new(stdout);
-        reader.read_line(&mut line).map_err(|e| err(e.to_string()))?;
+        reader
+            .read_line(&mut line)
+            .map_err(|e| err(e.to_string()))?;
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut sink = String::new();
@@ -141,7 +147,10 @@ impl EmbeddedCluster {
             .and_then(|a| a.parse().ok())
             .ok_or_else(|| {
                 let _ = child.kill();
-                err(format!("expected 'listening ADDR' on stdout, got {:?}", line.trim()))
+                err(format!(
+                    "expected 'listening ADDR' on stdout, got {:?}",
+                    line.trim()
+                ))
             })?;
         Ok((child, addr))
     }
@@ -172,7 +181,9 @@ impl EmbeddedCluster {
     }
 
     fn signal(&self, i: usize, sig: i32) -> Result<(), EmbeddedError> {
-        let Some(pid) = self.pid(i) else { return Ok(()) };
+        let Some(pid) = self.pid(i) else {
+            return Ok(());
+        };
         // SAFETY: kill(2) with a pid we spawned and have not reaped; no memory is involved.
         if unsafe { libc::kill(pid as i32, sig) } != 0 {
             return Err(EmbeddedError::Signal {

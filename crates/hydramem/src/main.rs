@@ -20,7 +20,11 @@ use hydramem::node::{server, Node, NodeConfig};
 use hydramem::units::{human, parse_size, Size};
 
 #[derive(Parser)]
-#[command(name = "hydramem", version, about = "Resilient, highly available erasure-coded remote memory")]
+#[command(
+    name = "hydramem",
+    version,
+    about = "Resilient, highly available erasure-coded remote memory"
+)]
 struct Cli {
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, global = true, env = "HYDRAMEM_LOG", default_value = "info")]
@@ -71,7 +75,11 @@ struct UpArgs {
     #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
     nodes: usize,
     /// Where to write the cluster file.
-    #[arg(long, env = "HYDRAMEM_CLUSTER", default_value = "hydramem.cluster.toml")]
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
     cluster: PathBuf,
     /// Slab size of the cluster.
     #[arg(long, env = "HYDRAMEM_SLAB_SIZE", default_value = "64MiB", value_parser = parse_size)]
@@ -84,7 +92,11 @@ struct UpArgs {
 #[derive(clap::Args)]
 struct StatusArgs {
     /// The cluster file.
-    #[arg(long, env = "HYDRAMEM_CLUSTER", default_value = "hydramem.cluster.toml")]
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
     cluster: PathBuf,
     /// Print JSON instead of a table.
     #[arg(long)]
@@ -129,14 +141,19 @@ fn run_node(a: NodeArgs) -> Result<()> {
     };
     let node = Node::new(config)?;
     if let Some(m) = &a.metrics {
-        let addr: std::net::SocketAddr = m.parse().with_context(|| format!("--metrics {m:?} is not an address"))?;
+        let addr: std::net::SocketAddr = m
+            .parse()
+            .with_context(|| format!("--metrics {m:?} is not an address"))?;
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
             .install()
             .with_context(|| format!("starting the metrics endpoint on {addr}"))?;
     }
     let listener = TcpListener::bind(&a.listen).with_context(|| {
-        format!("cannot listen on {}: is another node using it? pick another --listen", a.listen)
+        format!(
+            "cannot listen on {}: is another node using it? pick another --listen",
+            a.listen
+        )
     })?;
     let local = listener.local_addr()?;
     tracing::info!(

@@ -60,7 +60,8 @@ fn request(s: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, String> {
 /// Fetches STATS from one node.
 pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, String> {
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
     let mut hello = Vec::new();
     Hello {
         client: ClientId::default(),
@@ -90,7 +91,10 @@ pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
 /// A human-readable table of the status.
 pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
     let mut o = String::new();
-    let up = rows.iter().filter(|r| matches!(r.result, StatusResult::Up(_))).count();
+    let up = rows
+        .iter()
+        .filter(|r| matches!(r.result, StatusResult::Up(_)))
+        .count();
     let _ = writeln!(
         o,
         "cluster: {} nodes ({} up), slab size {}",
@@ -101,7 +105,16 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
     let _ = writeln!(
         o,
         "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12}",
-        "node", "address", "health", "capacity", "used", "slabs", "clients", "rss", "reads", "writes"
+        "node",
+        "address",
+        "health",
+        "capacity",
+        "used",
+        "slabs",
+        "clients",
+        "rss",
+        "reads",
+        "writes"
     );
     let (mut cap, mut used) = (0u64, 0u64);
     for r in rows {
@@ -127,11 +140,23 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                 );
             }
             StatusResult::Down { error } => {
-                let _ = writeln!(o, "{:>4}  {:<21} {:<6} {}", r.id, r.addr.to_string(), "DOWN", error);
+                let _ = writeln!(
+                    o,
+                    "{:>4}  {:<21} {:<6} {}",
+                    r.id,
+                    r.addr.to_string(),
+                    "DOWN",
+                    error
+                );
             }
         }
     }
-    let _ = writeln!(o, "total: {} of {} donated memory in use", human(used), human(cap));
+    let _ = writeln!(
+        o,
+        "total: {} of {} donated memory in use",
+        human(used),
+        human(cap)
+    );
     let slab_rows: Vec<_> = rows
         .iter()
         .filter_map(|r| match &r.result {
@@ -161,7 +186,11 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
             );
         }
         if slab_rows.len() > 200 {
-            let _ = writeln!(o, "... and {} more (use --json for all)", slab_rows.len() - 200);
+            let _ = writeln!(
+                o,
+                "... and {} more (use --json for all)",
+                slab_rows.len() - 200
+            );
         }
     }
     o

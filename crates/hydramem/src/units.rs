@@ -26,7 +26,10 @@ impl Size {
 pub fn parse_size(s: &str) -> Result<Size, String> {
     let t = s.trim();
     if let Some(p) = t.strip_suffix('%') {
-        let v: f64 = p.trim().parse().map_err(|_| format!("bad percentage {s:?}"))?;
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad percentage {s:?}"))?;
         if !(v > 0.0 && v <= 100.0) {
             return Err(format!("percentage {s:?} must be in (0, 100]"));
         }

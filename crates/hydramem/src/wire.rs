@@ -885,7 +885,10 @@ mod tests {
         let (h, body) = split(&ok);
         match parse_request(&h, body).unwrap() {
             Request::WriteV(es) => {
-                assert_eq!(es.iter().collect::<Vec<_>>(), vec![(e, &[1u8, 2, 3, 4][..])]);
+                assert_eq!(
+                    es.iter().collect::<Vec<_>>(),
+                    vec![(e, &[1u8, 2, 3, 4][..])]
+                );
             }
             other => panic!("parsed as {other:?}"),
         }

@@ -51,14 +51,14 @@ struct Line([u8; 64]);
 /// stay valid when the owner is moved (a `Box` move asserts uniqueness).
 pub(crate) struct Tables {
     lines: Vec<Line>,
-    len: usize,
 }
 
 impl Tables {
     /// Zeroed storage of at least `len` bytes.
     pub(crate) fn zeroed(len: usize) -> Tables {
-        let lines = vec![Line([0; 64]); len.div_ceil(64).max(1)];
-        Tables { lines, len }
+        Tables {
+            lines: vec![Line([0; 64]); len.div_ceil(64).max(1)],
+        }
     }
 
     /// Pointer for ISA-L to write the tables through (`ec_init_tables`).
@@ -74,11 +74,6 @@ impl Tables {
 
     fn as_non_null(&self) -> NonNull<u8> {
         NonNull::from(self.lines.as_slice()).cast()
-    }
-
-    /// Size in bytes that was requested.
-    pub(crate) fn len(&self) -> usize {
-        self.len
     }
 }
 
@@ -244,7 +239,6 @@ mod tests {
             let t = Tables::zeroed(len);
             assert_eq!(t.as_ptr() as usize % 64, 0);
             assert!(t.lines.len() * 64 >= len);
-            assert_eq!(t.len(), len);
         }
     }
 

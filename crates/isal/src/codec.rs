@@ -287,7 +287,8 @@ impl Codec {
     ///
     /// The first call for a given (present set, missing set) inverts a
     /// matrix and builds ISA-L tables (allocates, microseconds); later calls
-    /// with the same sets reuse them and do not allocate. On error nothing
+    /// with the same sets reuse them and do not allocate. Passing both lists
+    /// in ascending index order saves a re-sorting pass. On error nothing
     /// is written.
     pub fn reconstruct(
         &self,
@@ -307,24 +308,29 @@ impl Codec {
         // rank if the input turned out to be unsorted. The arrays are left
         // uninitialised for speed (see `encode`); only the first k (rows)
         // entries are written and read.
+        //
+        // This loop is most of the wrapper's cost, so it keeps the checks
+        // lean: one branch for range and length, and the duplicate test
+        // only for out-of-order input (ascending order rules duplicates
+        // out). Any problem goes to `argument_error`, which rescans the
+        // arguments to report the first one precisely. Nothing is written
+        // to the caller's buffers before the ISA-L call.
         let mut src = [UNSET; MAX_SPLITS];
         let mut present_mask = 0u32;
         let mut sorted = true;
-        for (position, (&(index, split), slot)) in present.iter().zip(src.iter_mut()).enumerate() {
-            let bit = self.bit(index, "present")?;
+        let n = self.k + self.r;
+        for (&(index, split), slot) in present.iter().zip(src.iter_mut()) {
+            if (index >= n) | (split.len() != len) {
+                return Err(self.argument_error(present, missing, len));
+            }
+            let bit = 1u32 << index;
             // Ascending so far iff every earlier index is below this one,
             // which also rules out a duplicate.
             if present_mask >= bit {
                 if present_mask & bit != 0 {
-                    return Err(CodecError::DuplicateIndex {
-                        what: "present",
-                        index,
-                    });
+                    return Err(self.argument_error(present, missing, len));
                 }
                 sorted = false;
-            }
-            if split.len() != len {
-                return Err(mismatch(OP, "present", position, split.len(), len));
             }
             present_mask |= bit;
             // ISA-L takes `unsigned char **` but only reads the sources.
@@ -333,34 +339,28 @@ impl Codec {
 
         let mut dst = [UNSET; MAX_SPLITS];
         let mut missing_mask = 0u32;
-        let mut rows = 0usize;
-        for (position, ((index, split), slot)) in missing.iter_mut().zip(dst.iter_mut()).enumerate()
-        {
+        for ((index, split), slot) in missing.iter_mut().zip(dst.iter_mut()) {
             let index = *index;
-            let bit = self.bit(index, "missing")?;
+            if (index >= n) | (split.len() != len) {
+                return Err(self.argument_error(present, missing, len));
+            }
+            let bit = 1u32 << index;
             if present_mask & bit != 0 {
                 return Err(CodecError::PresentAndMissing { index });
             }
             if missing_mask >= bit {
                 if missing_mask & bit != 0 {
-                    return Err(CodecError::DuplicateIndex {
-                        what: "missing",
-                        index,
-                    });
+                    return Err(self.argument_error(present, missing, len));
                 }
                 sorted = false;
             }
-            if split.len() != len {
-                return Err(mismatch(OP, "missing", position, split.len(), len));
-            }
             missing_mask |= bit;
-            rows += 1;
             *slot = MaybeUninit::new(split.as_mut_ptr());
         }
-        if rows != missing.len() {
-            // More entries than splits: at least one index repeats or is out
-            // of range; run the checks on the rest to report which.
-            return Err(self.excess_missing(present_mask, missing_mask, &missing[rows..]));
+        let rows = missing.len();
+        if rows > MAX_SPLITS {
+            // Cannot be valid: there are only k + r <= MAX_SPLITS splits.
+            return Err(self.argument_error(present, missing, len));
         }
         if missing_mask == 0 {
             return Ok(());
@@ -378,21 +378,8 @@ impl Codec {
             );
         }
 
-        let key = pattern_key(present_mask, missing_mask);
-        // Owns the tables when the cache is full (see `DecodeCache`).
-        let uncached: Tables;
-        let tables = match self.cache.get(key) {
-            Some(cached) => cached.as_ptr(),
-            None => {
-                let built = self.decode_tables(present_mask, missing_mask)?;
-                match self.cache.insert(key, built) {
-                    Ok(cached) => cached.as_ptr(),
-                    Err(built) => {
-                        uncached = built;
-                        uncached.as_ptr()
-                    }
-                }
-            }
+        let Some(tables) = self.cache.get(pattern_key(present_mask, missing_mask)) else {
+            return self.reconstruct_uncached(c_len, present_mask, missing_mask, &src, &dst);
         };
         // SAFETY: `src[..k]` were all written (the validation loop covered
         // all k = present.len() entries, and re-placing by rank writes each
@@ -400,19 +387,64 @@ impl Codec {
         // likewise `dst[..rows]` to the `rows` missing output slices (`&mut`,
         // so unaliased); all are live and `len` >= 1 bytes long, each array
         // is in ascending split index order, and ISA-L reads no further
-        // entries. `tables` points to tables built by the dispatched
-        // `ec_init_tables` for (k, rows) from exactly this present/missing
-        // pattern in that same order, 32 * k * rows bytes that live in the
-        // cache (borrowed through `&self`) or in `uncached` until the end of
-        // this function, and are only read. k, rows <= 32 fit in `int`.
+        // entries. `tables` were built by the dispatched `ec_init_tables`
+        // for (k, rows) from exactly this present/missing pattern in that
+        // same order (see `decode_tables`), are 32 * k * rows bytes that the
+        // cache keeps alive while `self` is borrowed, and are only read.
+        // k, rows <= 32 fit in `int`.
         unsafe {
             ffi::ec_encode_data(
                 c_len,
                 self.k as c_int,
                 rows as c_int,
+                tables.as_ptr(),
+                src.as_ptr().cast_mut().cast(),
+                dst.as_ptr().cast_mut().cast(),
+            )
+        };
+        Ok(())
+    }
+
+    /// The cache-miss half of [`Codec::reconstruct`]: builds the decode
+    /// tables for the pattern, caches them (or, if the cache is full, keeps
+    /// them just for this call) and runs the decode. Kept out of line so
+    /// the hit path stays small.
+    #[cold]
+    #[inline(never)]
+    fn reconstruct_uncached(
+        &self,
+        c_len: c_int,
+        present_mask: u32,
+        missing_mask: u32,
+        src: &[MaybeUninit<*mut u8>; MAX_SPLITS],
+        dst: &[MaybeUninit<*mut u8>; MAX_SPLITS],
+    ) -> Result<(), CodecError> {
+        let built = self.decode_tables(present_mask, missing_mask)?;
+        let uncached: Tables;
+        let tables = match self
+            .cache
+            .insert(pattern_key(present_mask, missing_mask), built)
+        {
+            Ok(cached) => cached.as_ptr(),
+            Err(built) => {
+                uncached = built;
+                uncached.as_ptr()
+            }
+        };
+        // SAFETY: as in `reconstruct`, which passes `src` with its first k
+        // and `dst` with its first `rows` = popcount(missing_mask) entries
+        // written, pointing to live, unaliased slices of `c_len` >= 1 bytes
+        // in ascending split index order. `tables` were just built for this
+        // pattern (32 * k * rows bytes) and live in the cache (borrowed via
+        // `&self`) or in `uncached` until the end of this function.
+        unsafe {
+            ffi::ec_encode_data(
+                c_len,
+                self.k as c_int,
+                missing_mask.count_ones() as c_int,
                 tables,
-                src.as_mut_ptr().cast(),
-                dst.as_mut_ptr().cast(),
+                src.as_ptr().cast_mut().cast(),
+                dst.as_ptr().cast_mut().cast(),
             )
         };
         Ok(())
@@ -450,18 +482,38 @@ impl Codec {
         }
     }
 
-    /// The error for a `missing` list longer than `MAX_SPLITS`: validates
-    /// the entries past the first `MAX_SPLITS` the same way, one of which
-    /// must fail (there are only `k + r <= MAX_SPLITS` distinct indices, k
-    /// of them present).
+    /// Finds the first problem with `reconstruct`'s arguments, checking
+    /// `present` then `missing` in order: index range, repeats, overlap with
+    /// `present`, length. Only called once the fast scan saw a problem.
     #[cold]
-    fn excess_missing(
+    #[inline(never)]
+    fn argument_error(
         &self,
-        present_mask: u32,
-        mut missing_mask: u32,
-        rest: &[(usize, &mut [u8])],
+        present: &[(usize, &[u8])],
+        missing: &[(usize, &mut [u8])],
+        len: usize,
     ) -> CodecError {
-        for &(index, _) in rest {
+        const OP: &str = "reconstruct";
+        let mut present_mask = 0u32;
+        for (position, &(index, split)) in present.iter().enumerate() {
+            let bit = match self.bit(index, "present") {
+                Ok(bit) => bit,
+                Err(e) => return e,
+            };
+            if present_mask & bit != 0 {
+                return CodecError::DuplicateIndex {
+                    what: "present",
+                    index,
+                };
+            }
+            if split.len() != len {
+                return mismatch(OP, "present", position, split.len(), len);
+            }
+            present_mask |= bit;
+        }
+        let mut missing_mask = 0u32;
+        for (position, (index, split)) in missing.iter().enumerate() {
+            let index = *index;
             let bit = match self.bit(index, "missing") {
                 Ok(bit) => bit,
                 Err(e) => return e,
@@ -475,11 +527,15 @@ impl Codec {
                     index,
                 };
             }
+            if split.len() != len {
+                return mismatch(OP, "missing", position, split.len(), len);
+            }
             missing_mask |= bit;
         }
-        // Unreachable: no more than k + r <= MAX_SPLITS distinct indices
-        // pass the checks. Still answer with an error rather than panic.
-        self.wrong_count("reconstruct", "missing", self.r, rest.len() + MAX_SPLITS)
+        // Unreachable: the fast scan only flags what the checks above find
+        // (more than MAX_SPLITS missing entries must repeat an index or hit
+        // a present or out-of-range one). Still answer rather than panic.
+        self.wrong_count(OP, "missing", self.r, missing.len())
     }
 
     /// Row `index` of the generator.

@@ -159,7 +159,9 @@ impl Layout {
         let full_data = if matches!(resilience, Resilience::Replication { .. }) {
             1
         } else {
-            (0..k).take_while(|j| (j + 1) * split_len <= PAGE_SIZE).count()
+            (0..k)
+                .take_while(|j| (j + 1) * split_len <= PAGE_SIZE)
+                .count()
         };
         Ok(Layout {
             resilience,
@@ -284,16 +286,36 @@ mod tests {
     #[test]
     fn replication_shares_one_region() {
         let l = Layout::new(Resilience::Replication { copies: 3 }, 1 << 20).unwrap();
-        assert_eq!((l.width, l.split_len, l.write_need, l.read_need), (3, 4096, 3, 1));
+        assert_eq!(
+            (l.width, l.split_len, l.write_need, l.read_need),
+            (3, 4096, 3, 1)
+        );
         assert_eq!(l.region(2), 0);
         assert_eq!(l.place(2), Place::Page(0));
     }
 
     #[test]
     fn bad_parameters_are_refused() {
-        let e = Layout::new(Resilience::Hydra { k: 8, r: 1, delta: 2, mode: Mode::EcOnly }, 1 << 20);
+        let e = Layout::new(
+            Resilience::Hydra {
+                k: 8,
+                r: 1,
+                delta: 2,
+                mode: Mode::EcOnly,
+            },
+            1 << 20,
+        );
         assert!(e.unwrap_err().to_string().contains("delta 2 exceeds r 1"));
-        assert!(Layout::new(Resilience::Hydra { k: 0, r: 1, delta: 0, mode: Mode::EcOnly }, 1 << 20).is_err());
+        assert!(Layout::new(
+            Resilience::Hydra {
+                k: 0,
+                r: 1,
+                delta: 0,
+                mode: Mode::EcOnly
+            },
+            1 << 20
+        )
+        .is_err());
         assert!(Layout::new(Resilience::Replication { copies: 0 }, 1 << 20).is_err());
     }
 

@@ -38,8 +38,8 @@ use crate::cluster::Cluster;
 use crate::placement::{NodeView, Placer, Policy};
 use crate::wire::{self, ClientId, Entry, Hello, Op, Status};
 use crate::PAGE_SIZE;
-pub use layout::{Layout, Mode, Resilience};
 use layout::MAX_WIDTH;
+pub use layout::{Layout, Mode, Resilience};
 use slots::{Progress, Slots};
 use tcp::{TcpOptions, TcpTransport};
 use transport::{Completions, Transport, TransportError};
@@ -60,6 +60,9 @@ pub struct ClientConfig {
     pub poll: Duration,
     /// How long one page operation may take before it fails.
     pub op_timeout: Duration,
+    /// A read still short of k splits after this long asks the splits it has not asked yet
+    /// (a straggler or a silently stalled node must not hold the page up).
+    pub straggler_after: Duration,
     /// Page operations in flight at once (callers beyond it wait).
     pub max_in_flight: usize,
     /// CodingSets load-balancing factor l.
@@ -79,6 +82,7 @@ impl ClientConfig {
             client_id: ClientId::random(),
             poll: Duration::from_micros(50),
             op_timeout: Duration::from_secs(10),
+            straggler_after: Duration::from_millis(5),
             max_in_flight: 1024,
             placement_l: 2,
             seed: None,
@@ -141,6 +145,14 @@ pub enum ClientError {
         range: u64,
         /// Why.
         source: crate::placement::PlacementError,
+    },
+    /// Every node that could host the range is full.
+    #[error("cannot map address range {range}: the memory nodes are out of capacity ({full}); add nodes or give them more --capacity")]
+    OutOfCapacity {
+        /// The range.
+        range: u64,
+        /// The nodes that refused for lack of capacity.
+        full: String,
     },
     /// A node refused or failed a control request.
     #[error(transparent)]
@@ -301,7 +313,11 @@ impl RemoteMemory {
                 needed: layout.width,
                 up,
                 total: outcomes.len(),
-                down: if down.is_empty() { "none down".into() } else { down.join("; ") },
+                down: if down.is_empty() {
+                    "none down".into()
+                } else {
+                    down.join("; ")
+                },
             });
         }
         let n_ranges = config.size.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
@@ -361,12 +377,22 @@ impl RemoteMemory {
             ranges[range as usize].store(Some(Arc::new(g)));
         }
         if recovered > 0 {
-            tracing::info!(ranges = recovered, "found this identity's existing address ranges");
+            tracing::info!(
+                ranges = recovered,
+                "found this identity's existing address ranges"
+            );
         }
         let views = node_views(&transport, &loads, &domains);
         let seed = config.seed.unwrap_or_else(rand::random);
-        let placer = Placer::new(Policy::CodingSets { l: config.placement_l }, layout.width, &views, seed)
-            .map_err(|source| ClientError::Placement { range: 0, source })?;
+        let placer = Placer::new(
+            Policy::CodingSets {
+                l: config.placement_l,
+            },
+            layout.width,
+            &views,
+            seed,
+        )
+        .map_err(|source| ClientError::Placement { range: 0, source })?;
         Ok(RemoteMemory {
             layout,
             config,
@@ -487,7 +513,11 @@ impl RemoteMemory {
                 // is alive, so this shared view cannot alias a mutable one.
                 let side = unsafe { std::slice::from_raw_parts(side_ptr, side_len) };
                 for j in l.full_data..l.width {
-                    post(&op, j, &side[(j - l.full_data) * s..(j - l.full_data + 1) * s]);
+                    post(
+                        &op,
+                        j,
+                        &side[(j - l.full_data) * s..(j - l.full_data + 1) * s],
+                    );
                 }
             }
         }
@@ -575,16 +605,31 @@ impl RemoteMemory {
         };
         post_more(&op, l.read_fanout);
         let start = Instant::now();
+        let mut straggler_check = start + self.config.straggler_after;
         let result = self.wait(&op, start, |p| {
             let got = p.landed.count_ones() as usize;
             if got >= l.read_need {
                 return Some(Ok(()));
             }
             let pending = p.outstanding().count_ones() as usize;
+            let now = Instant::now();
+            if now >= straggler_check {
+                // Late binding did not hide the straggler: widen the request by what is missing.
+                straggler_check = now + self.config.straggler_after;
+                let more = post_more(&op, l.read_need - got);
+                self.stats
+                    .reissued
+                    .fetch_add(more as u64, Ordering::Relaxed);
+                if more > 0 {
+                    return None;
+                }
+            }
             if got + pending < l.read_need {
                 let more = post_more(&op, l.read_need - got - pending);
                 if more > 0 {
-                    self.stats.reissued.fetch_add(more as u64, Ordering::Relaxed);
+                    self.stats
+                        .reissued
+                        .fetch_add(more as u64, Ordering::Relaxed);
                     return None;
                 }
                 return Some(Err(()));
@@ -636,7 +681,8 @@ impl RemoteMemory {
                 parts[l.full_data + t] = Some(c);
             }
             let mut present: [(usize, &[u8]); MAX_WIDTH] = [(0, &[]); MAX_WIDTH];
-            let mut missing: [(usize, &mut [u8]); MAX_WIDTH] = std::array::from_fn(|_| (0, &mut [][..]));
+            let mut missing: [(usize, &mut [u8]); MAX_WIDTH] =
+                std::array::from_fn(|_| (0, &mut [][..]));
             let (mut np, mut nm) = (0, 0);
             for (j, part) in parts.iter_mut().enumerate().take(l.width) {
                 let is_landed = landed & (1 << j) != 0;
@@ -686,7 +732,9 @@ impl RemoteMemory {
                     std::hint::spin_loop();
                 }
             } else {
-                std::thread::park_timeout((deadline - now).min(Duration::from_millis(100)));
+                // Wake at least every straggler interval: a stalled node sends no completion
+                // that would wake us, and the read must re-issue past it.
+                std::thread::park_timeout((deadline - now).min(self.config.straggler_after));
             }
         }
     }
@@ -728,7 +776,11 @@ impl RemoteMemory {
         if node == slots::NO_NODE {
             "unknown node (its slab was not found)".into()
         } else {
-            let up = if self.transport.is_up(node) { "up" } else { "down" };
+            let up = if self.transport.is_up(node) {
+                "up"
+            } else {
+                "down"
+            };
             format!("node {node} at {} ({up})", self.transport.addr(node))
         }
     }
@@ -741,18 +793,31 @@ impl RemoteMemory {
         }
         let l = &self.layout;
         let mut excluded: Vec<u16> = Vec::new();
+        let mut full: Vec<u16> = Vec::new();
         loop {
             let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
             for n in &excluded {
                 views[*n as usize].available = false;
             }
-            let chosen = pl
-                .placer
-                .place(&views)
-                .map_err(|source| ClientError::Placement {
-                    range: range as u64,
-                    source,
-                })?;
+            let chosen = match pl.placer.place(&views) {
+                Ok(c) => c,
+                Err(_) if !full.is_empty() => {
+                    return Err(ClientError::OutOfCapacity {
+                        range: range as u64,
+                        full: full
+                            .iter()
+                            .map(|n| self.node_label(*n))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
+                }
+                Err(source) => {
+                    return Err(ClientError::Placement {
+                        range: range as u64,
+                        source,
+                    })
+                }
+            };
             let mut g = Group {
                 nodes: [slots::NO_NODE; MAX_WIDTH],
                 slabs: [0; MAX_WIDTH],
@@ -789,17 +854,29 @@ impl RemoteMemory {
                     // Give back what this attempt took, avoid the refusing node, try again.
                     for j in 0..l.width {
                         if g.nodes[j] != slots::NO_NODE {
-                            let _ = self.transport.call(g.nodes[j], Op::Free, &g.slabs[j].to_le_bytes());
+                            let _ = self.transport.call(
+                                g.nodes[j],
+                                Op::Free,
+                                &g.slabs[j].to_le_bytes(),
+                            );
                             pl.loads[g.nodes[j] as usize] -= 1;
                         }
                     }
                     tracing::warn!(node, error = ?err, "slab allocation failed; trying other nodes");
                     excluded.push(node);
-                    if let Some(TransportError::Refused { status: Status::NoCapacity, .. }) = err {
+                    if let Some(TransportError::Refused {
+                        status: Status::NoCapacity,
+                        ..
+                    }) = err
+                    {
+                        full.push(node);
                         continue;
                     }
                     if let Some(e) = err {
-                        if !matches!(e, TransportError::Down { .. } | TransportError::Timeout { .. }) {
+                        if !matches!(
+                            e,
+                            TransportError::Down { .. } | TransportError::Timeout { .. }
+                        ) {
                             return Err(e.into());
                         }
                     }
@@ -816,7 +893,8 @@ impl RemoteMemory {
                 for j in 0..self.layout.width {
                     let node = g.nodes[j];
                     if node != slots::NO_NODE && self.transport.is_up(node) {
-                        self.transport.call(node, Op::Free, &g.slabs[j].to_le_bytes())?;
+                        self.transport
+                            .call(node, Op::Free, &g.slabs[j].to_le_bytes())?;
                         pl.loads[node as usize] = pl.loads[node as usize].saturating_sub(1);
                     }
                 }

@@ -193,14 +193,24 @@ impl Slots {
 
     fn fail(s: &Slot, split: usize, status: Status) {
         s.failed.fetch_or(1 << split, SeqCst);
-        let _ = s.first_status.compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
+        let _ = s
+            .first_status
+            .compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
     }
 
     /// Delivers a read reply. Data of a stale, closed or duplicate split is dropped unread.
     pub fn read_done(&self, c: u64, status: Status, data: &[u8]) {
         let Some((s, j)) = self.enter(c) else { return };
         if status != Status::Ok || data.len() != self.layout.split_len {
-            Self::fail(s, j, if status == Status::Ok { Status::Internal } else { status });
+            Self::fail(
+                s,
+                j,
+                if status == Status::Ok {
+                    Status::Internal
+                } else {
+                    status
+                },
+            );
         } else {
             let bit = 1u32 << self.layout.region(j);
             if s.claimed.fetch_or(bit, SeqCst) & bit == 0 {
@@ -351,7 +361,12 @@ mod tests {
 
     fn layout() -> Layout {
         Layout::new(
-            Resilience::Hydra { k: 8, r: 2, delta: 1, mode: Mode::FailureRecovery },
+            Resilience::Hydra {
+                k: 8,
+                r: 2,
+                delta: 1,
+                mode: Mode::FailureRecovery,
+            },
             1 << 20,
         )
         .unwrap()
@@ -374,7 +389,10 @@ mod tests {
         assert_eq!(op.side()[512..1024], [9; 512]);
         drop(op);
         assert!(page[1536..2048].iter().all(|b| *b == 3));
-        assert!(page[2048..2560].iter().all(|b| *b == 0), "late split touched the page");
+        assert!(
+            page[2048..2560].iter().all(|b| *b == 0),
+            "late split touched the page"
+        );
         // A reply to the previous generation of a reused slot is ignored.
         let mut page2 = [0u8; 4096];
         let op2 = slots.acquire(page2.as_mut_ptr());

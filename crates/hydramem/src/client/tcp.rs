@@ -18,12 +18,11 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
@@ -81,12 +80,16 @@ struct Shared {
     next_id: AtomicU64,
     stop: AtomicBool,
     options: TcpOptions,
+    /// Wakes the receiver thread (stop, or a connection that needs write readiness).
+    waker: Waker,
+    /// Nodes whose socket refused more bytes: the receiver thread waits for them to become
+    /// writable and flushes them, so no caller ever blocks on a stalled node.
+    want_write: Mutex<Vec<u16>>,
 }
 
 /// The TCP transport. Dropping it stops its receiver thread and closes the connections.
 pub struct TcpTransport {
     shared: Arc<Shared>,
-    waker: Arc<Waker>,
     receiver: Option<JoinHandle<()>>,
 }
 
@@ -103,7 +106,7 @@ impl TcpTransport {
         options: TcpOptions,
     ) -> io::Result<(TcpTransport, Vec<HelloOutcome>)> {
         let poll = Poll::new()?;
-        let waker = Arc::new(Waker::new(poll.registry(), WAKER)?);
+        let waker = Waker::new(poll.registry(), WAKER)?;
         let mut conns = Vec::with_capacity(addrs.len());
         let mut outcomes = Vec::with_capacity(addrs.len());
         let mut rx = Vec::with_capacity(addrs.len());
@@ -111,7 +114,8 @@ impl TcpTransport {
             match handshake(*addr, hello, options) {
                 Ok((stream, reply)) => {
                     let mut m = mio::net::TcpStream::from_std(stream.try_clone()?);
-                    poll.registry().register(&mut m, Token(i), Interest::READABLE)?;
+                    poll.registry()
+                        .register(&mut m, Token(i), Interest::READABLE)?;
                     rx.push(Some(Rx::new(m)));
                     conns.push(Conn {
                         addr: *addr,
@@ -141,6 +145,8 @@ impl TcpTransport {
             next_id: AtomicU64::new(1),
             stop: AtomicBool::new(false),
             options,
+            waker,
+            want_write: Mutex::new(Vec::new()),
         });
         let s2 = shared.clone();
         let receiver = std::thread::Builder::new()
@@ -149,7 +155,6 @@ impl TcpTransport {
         Ok((
             TcpTransport {
                 shared,
-                waker,
                 receiver: Some(receiver),
             },
             outcomes,
@@ -160,7 +165,7 @@ impl TcpTransport {
 impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
-        let _ = self.waker.wake();
+        let _ = self.shared.waker.wake();
         if let Some(h) = self.receiver.take() {
             let _ = h.join();
         }
@@ -218,9 +223,12 @@ impl Shared {
     fn append(&self, st: &mut SendState, op: Op, e: &Entry, data: &[u8]) {
         let extra = ENTRY_LEN + data.len();
         match st.open {
-            Some((start, o)) if o == op && st.buf.len() - start - HEADER_LEN + extra <= MERGE_LIMIT => {
+            Some((start, o))
+                if o == op && st.buf.len() - start - HEADER_LEN + extra <= MERGE_LIMIT =>
+            {
                 let count_at = start + HEADER_LEN;
-                let count = u32::from_le_bytes(st.buf[count_at..count_at + 4].try_into().expect("4"));
+                let count =
+                    u32::from_le_bytes(st.buf[count_at..count_at + 4].try_into().expect("4"));
                 st.buf[count_at..count_at + 4].copy_from_slice(&(count + 1).to_le_bytes());
                 e.put(&mut st.buf);
                 st.buf.extend_from_slice(data);
@@ -240,7 +248,14 @@ impl Shared {
         }
     }
 
-    fn post(&self, node: u16, op: Op, e: &Entry, data: &[u8], flush: bool) -> Result<(), TransportError> {
+    fn post(
+        &self,
+        node: u16,
+        op: Op,
+        e: &Entry,
+        data: &[u8],
+        flush: bool,
+    ) -> Result<(), TransportError> {
         let c = self.conn(node)?;
         let mut st = c.send.lock();
         self.append(&mut st, op, e, data);
@@ -252,6 +267,8 @@ impl Shared {
     }
 
     /// Writes the send buffer unless another thread already is (it will pick our bytes up).
+    /// Never blocks: bytes the socket does not take now stay queued and the receiver thread
+    /// flushes them when the socket becomes writable.
     fn flush_locked<'a>(
         &self,
         node: u16,
@@ -267,55 +284,53 @@ impl Shared {
             std::mem::swap(&mut out, &mut st.buf);
             st.open = None;
             drop(st);
-            let r = self.write_out(c, &out);
-            out.clear();
+            let r = write_some(c, &out);
             st = c.send.lock();
-            st.spare = out;
-            if let Err(e) = r {
-                st.flushing = false;
-                st.buf.clear();
-                st.open = None;
-                drop(st);
-                tracing::warn!(node, addr = %c.addr, error = %e, "send to memory node failed");
-                self.mark_down(node);
-                return Err(TransportError::Down {
-                    node,
-                    addr: c.addr.to_string(),
-                });
-            }
-            if st.buf.is_empty() {
-                st.flushing = false;
-                return Ok(());
+            match r {
+                Ok(n) if n == out.len() => {
+                    out.clear();
+                    st.spare = out;
+                    if st.buf.is_empty() {
+                        st.flushing = false;
+                        return Ok(());
+                    }
+                }
+                Ok(n) => {
+                    // The socket is full (a slow or stalled node): keep the rest, in order,
+                    // ahead of whatever was queued meanwhile.
+                    out.drain(..n);
+                    out.extend_from_slice(&st.buf);
+                    st.buf.clear();
+                    // Offsets into the buffer moved: nothing may merge into an old frame.
+                    st.open = None;
+                    std::mem::swap(&mut st.buf, &mut out);
+                    st.spare = out;
+                    st.flushing = false;
+                    drop(st);
+                    self.want_write.lock().push(node);
+                    let _ = self.waker.wake();
+                    return Ok(());
+                }
+                Err(e) => {
+                    st.flushing = false;
+                    st.buf.clear();
+                    st.open = None;
+                    drop(st);
+                    tracing::warn!(node, addr = %c.addr, error = %e, "send to memory node failed");
+                    self.mark_down(node);
+                    return Err(TransportError::Down {
+                        node,
+                        addr: c.addr.to_string(),
+                    });
+                }
             }
         }
     }
 
-    fn write_out(&self, c: &Conn, mut buf: &[u8]) -> io::Result<()> {
-        let s = c.stream.as_ref().ok_or_else(|| io::Error::other("not connected"))?;
-        let deadline = Instant::now() + self.options.call_timeout;
-        while !buf.is_empty() {
-            match (&*s).write(buf) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => buf = &buf[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let now = Instant::now();
-                    if now >= deadline {
-                        return Err(io::Error::new(io::ErrorKind::TimedOut, "send blocked too long"));
-                    }
-                    let mut pfd = libc::pollfd {
-                        fd: s.as_raw_fd(),
-                        events: libc::POLLOUT,
-                        revents: 0,
-                    };
-                    let ms = (deadline - now).as_millis().min(100) as i32;
-                    // SAFETY: `pfd` is a valid pollfd for the duration of the call, count 1.
-                    unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
-                }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
+    fn flush_node(&self, node: u16) -> Result<(), TransportError> {
+        let c = self.conn(node)?;
+        let st = c.send.lock();
+        self.flush_locked(node, c, st)
     }
 
     fn mark_down(&self, node: u16) {
@@ -344,7 +359,13 @@ impl Transport for TcpTransport {
             .is_some_and(|c| c.up.load(Ordering::Acquire))
     }
 
-    fn post_write(&self, node: u16, e: Entry, data: &[u8], flush: bool) -> Result<(), TransportError> {
+    fn post_write(
+        &self,
+        node: u16,
+        e: Entry,
+        data: &[u8],
+        flush: bool,
+    ) -> Result<(), TransportError> {
         self.shared.post(node, Op::WriteV, &e, data, flush)
     }
 
@@ -353,9 +374,7 @@ impl Transport for TcpTransport {
     }
 
     fn flush(&self, node: u16) -> Result<(), TransportError> {
-        let c = self.shared.conn(node)?;
-        let st = c.send.lock();
-        self.shared.flush_locked(node, c, st)
+        self.shared.flush_node(node)
     }
 
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError> {
@@ -369,11 +388,12 @@ impl Transport for TcpTransport {
             st.open = None;
             let fb = FrameBuilder::begin(&mut st.buf, op, false, Status::Ok, id);
             st.buf.extend_from_slice(body);
-            fb.finish(&mut st.buf).map_err(|e| TransportError::Protocol {
-                node,
-                addr: c.addr.to_string(),
-                reason: e.to_string(),
-            })?;
+            fb.finish(&mut st.buf)
+                .map_err(|e| TransportError::Protocol {
+                    node,
+                    addr: c.addr.to_string(),
+                    reason: e.to_string(),
+                })?;
             sh.flush_locked(node, c, st)?;
         }
         let waited = sh.options.call_timeout;
@@ -410,6 +430,25 @@ impl Transport for TcpTransport {
     }
 }
 
+/// Writes as much of `buf` as the socket takes without blocking; returns the count.
+fn write_some(c: &Conn, buf: &[u8]) -> io::Result<usize> {
+    let s = c
+        .stream
+        .as_ref()
+        .ok_or_else(|| io::Error::other("not connected"))?;
+    let mut done = 0;
+    while done < buf.len() {
+        match (&*s).write(&buf[done..]) {
+            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
 /// Receive state of one connection: the socket and a buffer of bytes not yet parsed.
 struct Rx {
     stream: mio::net::TcpStream,
@@ -439,12 +478,28 @@ fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
         }
         for ev in events.iter() {
             if ev.token() == WAKER {
+                let want: Vec<u16> = std::mem::take(&mut *sh.want_write.lock());
+                for n in want {
+                    if let Some(r) = rx.get_mut(n as usize).and_then(|r| r.as_mut()) {
+                        let _ = poll.registry().reregister(
+                            &mut r.stream,
+                            Token(n as usize),
+                            Interest::READABLE | Interest::WRITABLE,
+                        );
+                    }
+                }
                 continue;
             }
             let node = ev.token().0;
             let Some(r) = rx.get_mut(node).and_then(|r| r.as_mut()) else {
                 continue;
             };
+            if ev.is_writable() {
+                let _ = poll
+                    .registry()
+                    .reregister(&mut r.stream, ev.token(), Interest::READABLE);
+                let _ = sh.flush_node(node as u16);
+            }
             if let Err(reason) = drain(&sh, node as u16, r) {
                 tracing::debug!(node, reason = %reason, "closing connection");
                 let _ = poll.registry().deregister(&mut r.stream);
@@ -460,7 +515,8 @@ fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<(), String> {
     loop {
         if r.filled == r.buf.len() {
             // Only a frame larger than the buffer gets here: grow to the protocol maximum.
-            r.buf.resize((r.buf.len() * 2).min(MAX_BODY + HEADER_LEN), 0);
+            r.buf
+                .resize((r.buf.len() * 2).min(MAX_BODY + HEADER_LEN), 0);
         }
         match r.stream.read(&mut r.buf[r.filled..]) {
             Ok(0) => return Err("node closed the connection".into()),

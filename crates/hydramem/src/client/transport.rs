@@ -79,7 +79,13 @@ pub trait Transport: Send + Sync {
     fn is_up(&self, node: u16) -> bool;
     /// Posts a split write. With `flush == false` the request may wait for a later post or
     /// [`Transport::flush`] to the same node, so that many splits share one vectored frame.
-    fn post_write(&self, node: u16, e: Entry, data: &[u8], flush: bool) -> Result<(), TransportError>;
+    fn post_write(
+        &self,
+        node: u16,
+        e: Entry,
+        data: &[u8],
+        flush: bool,
+    ) -> Result<(), TransportError>;
     /// Posts a split read (same batching rule as [`Transport::post_write`]).
     fn post_read(&self, node: u16, e: Entry, flush: bool) -> Result<(), TransportError>;
     /// Sends whatever is queued for `node`.

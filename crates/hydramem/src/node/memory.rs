@@ -70,7 +70,9 @@ impl SlabMemory {
         let off = self.check(offset, out.len())?;
         // SAFETY: `off + out.len() <= self.len` was checked, the mapping is live while `self`
         // is, and `out` cannot overlap the private mapping.
-        unsafe { std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len())
+        };
         Some(())
     }
 
@@ -79,7 +81,9 @@ impl SlabMemory {
         let off = self.check(offset, data.len())?;
         // SAFETY: bounds checked as in `read`; the caller holds the slab's write lock, so no
         // other access to these bytes runs concurrently.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len()) };
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
+        };
         Some(())
     }
 }

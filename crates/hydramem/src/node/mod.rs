@@ -69,7 +69,8 @@ impl Slab {
         let _g = self.lock.read();
         self.memory.read(offset, out).ok_or(Status::OutOfRange)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
-        self.bytes_read.fetch_add(out.len() as u64, Ordering::Relaxed);
+        self.bytes_read
+            .fetch_add(out.len() as u64, Ordering::Relaxed);
         Ok(())
     }
 
@@ -78,7 +79,8 @@ impl Slab {
         let _g = self.lock.write();
         self.memory.write(offset, data).ok_or(Status::OutOfRange)?;
         self.writes.fetch_add(1, Ordering::Relaxed);
-        self.bytes_written.fetch_add(data.len() as u64, Ordering::Relaxed);
+        self.bytes_written
+            .fetch_add(data.len() as u64, Ordering::Relaxed);
         self.touched
             .fetch_max(offset + data.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -299,7 +301,17 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused() {
-        assert!(Node::new(NodeConfig { id: 0, capacity: 1 << 20, slab_size: 1000 }).is_err());
-        assert!(Node::new(NodeConfig { id: 0, capacity: 4096, slab_size: 8192 }).is_err());
+        assert!(Node::new(NodeConfig {
+            id: 0,
+            capacity: 1 << 20,
+            slab_size: 1000
+        })
+        .is_err());
+        assert!(Node::new(NodeConfig {
+            id: 0,
+            capacity: 4096,
+            slab_size: 8192
+        })
+        .is_err());
     }
 }

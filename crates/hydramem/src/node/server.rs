@@ -10,9 +10,10 @@
 //! A frame that fails to parse ends that connection with a logged reason; the node and its
 //! other connections are unaffected. [`run`] returns when [`Shutdown::trigger`] is called.
 
+use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
 use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -28,7 +29,11 @@ use crate::wire::{
 pub struct Shutdown {
     stop: AtomicBool,
     addr: Mutex<Option<SocketAddr>>,
-    conns: Mutex<Vec<TcpStream>>,
+    /// A clone of every open connection, so that `trigger` can shut them down; each
+    /// connection removes its own entry when it ends (otherwise the clone would keep the
+    /// socket open after the connection thread is gone).
+    conns: Mutex<HashMap<u64, TcpStream>>,
+    next: AtomicU64,
 }
 
 impl Shutdown {
@@ -49,7 +54,7 @@ impl Shutdown {
             // Wakes the blocking accept; it sees the flag and returns.
             let _ = TcpStream::connect(addr);
         }
-        for c in self.conns.lock().drain(..) {
+        for (_, c) in self.conns.lock().drain() {
             let _ = c.shutdown(NetShutdown::Both);
         }
     }
@@ -75,12 +80,12 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
         };
         let peer = stream.peer_addr().ok();
         let _ = stream.set_nodelay(true);
+        let key = shutdown.next.fetch_add(1, Ordering::Relaxed);
         if let Ok(c) = stream.try_clone() {
-            let mut conns = shutdown.conns.lock();
-            conns.retain(|c| c.peer_addr().is_ok());
-            conns.push(c);
+            shutdown.conns.lock().insert(key, c);
         }
         let node = node.clone();
+        let sd = shutdown.clone();
         let spawned = std::thread::Builder::new()
             .name("hm-conn".into())
             .spawn(move || {
@@ -95,6 +100,9 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
                 }
                 if conn.counted {
                     node.client_disconnected();
+                }
+                if let Some(c) = sd.conns.lock().remove(&key) {
+                    let _ = c.shutdown(NetShutdown::Both);
                 }
             });
         if let Err(e) = spawned {
@@ -140,11 +148,17 @@ impl Connection {
         let mut writer = stream;
         loop {
             let mut hb = [0u8; HEADER_LEN];
-            match reader.read_exact(&mut hb) {
+            // The magic first, so that a peer speaking another protocol is turned away at once
+            // instead of holding the connection while we wait for a full header.
+            match reader.read_exact(&mut hb[..4]) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e.into()),
             }
+            if hb[..4] != wire::MAGIC {
+                return Err(WireError::BadMagic([hb[0], hb[1], hb[2], hb[3]]).into());
+            }
+            reader.read_exact(&mut hb[4..])?;
             let h = Header::parse(&hb)?;
             self.body.resize(h.body_len as usize, 0);
             reader.read_exact(&mut self.body)?;
@@ -176,7 +190,10 @@ impl Connection {
         match req {
             Request::Hello(hello) => {
                 if self.client.is_some() && self.client != Some(hello.client) {
-                    return Err(WireError::Invalid("HELLO with a different identity on one connection").into());
+                    return Err(WireError::Invalid(
+                        "HELLO with a different identity on one connection",
+                    )
+                    .into());
                 }
                 self.observer = hello.flags & HELLO_OBSERVER != 0;
                 self.client = Some(hello.client);
@@ -239,8 +256,10 @@ impl Connection {
                     };
                     ReplyEntry::put_write(out, e.cookie, st);
                 }
-                metrics::counter!("hydramem_node_write_entries_total").increment(entries.len() as u64);
-                metrics::counter!("hydramem_node_bytes_written_total").increment(entries.data_len() as u64);
+                metrics::counter!("hydramem_node_write_entries_total")
+                    .increment(entries.len() as u64);
+                metrics::counter!("hydramem_node_bytes_written_total")
+                    .increment(entries.data_len() as u64);
                 fb.finish(out)?;
             }
             Request::ReadV(entries) => {
@@ -251,7 +270,11 @@ impl Connection {
                 let mut bytes = 0u64;
                 for e in entries.iter() {
                     let len = e.len as usize;
-                    let slab = if e.len == 0 { Err(Status::BadRequest) } else { node.slab(&c, e.slab) };
+                    let slab = if e.len == 0 {
+                        Err(Status::BadRequest)
+                    } else {
+                        node.slab(&c, e.slab)
+                    };
                     let head = out.len();
                     ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len);
                     let start = out.len();
@@ -271,7 +294,8 @@ impl Connection {
                         bytes += len as u64;
                     }
                 }
-                metrics::counter!("hydramem_node_read_entries_total").increment(entries.len() as u64);
+                metrics::counter!("hydramem_node_read_entries_total")
+                    .increment(entries.len() as u64);
                 metrics::counter!("hydramem_node_bytes_read_total").increment(bytes);
                 fb.finish(out)?;
             }

@@ -486,6 +486,37 @@ fn reconstruct_rejects_bad_arguments_without_writing() {
         }
     ));
 
+    let err = codec
+        .reconstruct(&[(usize::MAX, &s[0]), p(1), p(3)], &mut [(2, &mut out)])
+        .expect_err("huge present index");
+    assert!(matches!(
+        err,
+        CodecError::IndexOutOfRange {
+            what: "present",
+            index: usize::MAX,
+            ..
+        }
+    ));
+
+    // More missing entries than a code can have splits.
+    let mut many: Vec<Vec<u8>> = vec![vec![0xAAu8; 8]; MAX_SPLITS + 8];
+    let mut too_many: Vec<(usize, &mut [u8])> = many
+        .iter_mut()
+        .enumerate()
+        .map(|(i, b)| (i % 2 + 3, b.as_mut_slice()))
+        .collect();
+    let err = codec
+        .reconstruct(&[p(0), p(1), p(2)], &mut too_many)
+        .expect_err("too many missing");
+    assert_eq!(
+        err,
+        CodecError::DuplicateIndex {
+            what: "missing",
+            index: 3
+        }
+    );
+    assert!(many.iter().all(|b| b.iter().all(|&x| x == 0xAA)));
+
     let empty: &[u8] = &[];
     let err = codec
         .reconstruct(&[(0, empty), (1, empty), (3, empty)], &mut [])

@@ -1,0 +1,62 @@
+//! Shared helpers of the integration tests: real node processes on loopback port 0.
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+
+use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
+use hydramem::wire::{ClientId, FrameBuilder, Header, Hello, Op, Status, HEADER_LEN};
+
+/// Starts `nodes` memory node processes with small slabs.
+pub fn cluster(nodes: usize, slab_size: u64, slabs_per_node: u64) -> EmbeddedCluster {
+    EmbeddedCluster::start(EmbeddedOptions {
+        binary: env!("CARGO_BIN_EXE_hydramem").into(),
+        nodes,
+        slab_size,
+        capacity: slab_size * slabs_per_node,
+        extra_args: vec!["--log".into(), "warn".into()],
+    })
+    .expect("start memory nodes")
+}
+
+/// A raw protocol connection for tests that speak to a node directly.
+pub struct Raw {
+    pub s: TcpStream,
+    id: u64,
+}
+
+impl Raw {
+    pub fn connect(addr: SocketAddr) -> Raw {
+        let s = TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(5)))
+            .unwrap();
+        Raw { s, id: 0 }
+    }
+
+    /// Sends one frame and returns the reply header and body.
+    pub fn call(&mut self, op: Op, body: &[u8]) -> (Header, Vec<u8>) {
+        self.id += 1;
+        let mut out = Vec::new();
+        let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, self.id);
+        out.extend_from_slice(body);
+        fb.finish(&mut out).unwrap();
+        self.s.write_all(&out).unwrap();
+        self.read_reply()
+    }
+
+    pub fn read_reply(&mut self) -> (Header, Vec<u8>) {
+        let mut hb = [0u8; HEADER_LEN];
+        self.s.read_exact(&mut hb).unwrap();
+        let h = Header::parse(&hb).unwrap();
+        let mut body = vec![0u8; h.body_len as usize];
+        self.s.read_exact(&mut body).unwrap();
+        (h, body)
+    }
+
+    pub fn hello(&mut self, client: ClientId) {
+        let mut b = Vec::new();
+        Hello { client, flags: 0 }.put(&mut b);
+        let (h, _) = self.call(Op::Hello, &b);
+        assert_eq!(h.status, Status::Ok);
+    }
+}

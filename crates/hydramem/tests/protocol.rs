@@ -1,0 +1,143 @@
+//! The node protocol spoken directly: isolation between clients, range checks, and malformed
+//! frames that close only their own connection.
+
+mod common;
+
+use std::io::Write;
+
+use common::Raw;
+use hydramem::wire::{self, ClientId, Entry, Op, Reader, ReplyEntry, Status};
+
+fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
+    let mut b = 1u32.to_le_bytes().to_vec();
+    Entry {
+        slab,
+        len,
+        offset,
+        cookie: 77,
+    }
+    .put(&mut b);
+    let (h, body) = raw.call(Op::ReadV, &b);
+    assert_eq!(h.status, Status::Ok);
+    let mut r = Reader::new(&body);
+    assert_eq!(r.count().unwrap(), 1);
+    let e = ReplyEntry::get_read(&mut r).unwrap();
+    assert_eq!(e.cookie, 77);
+    (e.status, r.bytes(e.len as usize).unwrap().to_vec())
+}
+
+fn writev(raw: &mut Raw, slab: u32, offset: u64, data: &[u8]) -> Status {
+    let mut b = 1u32.to_le_bytes().to_vec();
+    Entry {
+        slab,
+        len: data.len() as u32,
+        offset,
+        cookie: 5,
+    }
+    .put(&mut b);
+    b.extend_from_slice(data);
+    let (_, body) = raw.call(Op::WriteV, &b);
+    let mut r = Reader::new(&body);
+    r.count().unwrap();
+    ReplyEntry::get_write(&mut r).unwrap().status
+}
+
+#[test]
+fn slabs_are_private_zeroed_and_range_checked() {
+    let c = common::cluster(1, 1 << 20, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let (a, b) = (ClientId::random(), ClientId::random());
+    let mut ra = Raw::connect(addr);
+    ra.hello(a);
+    let (h, body) = ra.call(Op::Alloc, &1u64.to_le_bytes());
+    assert_eq!(h.status, Status::Ok);
+    let slab = u32::from_le_bytes(body.try_into().unwrap());
+    let (st, data) = readv(&mut ra, slab, 0, 512);
+    assert_eq!(st, Status::Ok);
+    assert!(data.iter().all(|x| *x == 0), "fresh slab not zeroed");
+    assert_eq!(writev(&mut ra, slab, 4096, &[0xAB; 512]), Status::Ok);
+
+    // Another identity can neither read, write nor free it.
+    let mut rb = Raw::connect(addr);
+    rb.hello(b);
+    assert_eq!(readv(&mut rb, slab, 4096, 512).0, Status::NoSuchSlab);
+    assert_eq!(writev(&mut rb, slab, 0, &[1; 8]), Status::NoSuchSlab);
+    assert_eq!(
+        rb.call(Op::Free, &slab.to_le_bytes()).0.status,
+        Status::NoSuchSlab
+    );
+    assert!(wire::parse_list(&rb.call(Op::List, &[]).1)
+        .unwrap()
+        .is_empty());
+
+    // Out of range is an error reply, and the connection stays usable.
+    assert_eq!(
+        readv(&mut ra, slab, (1 << 20) - 100, 512).0,
+        Status::OutOfRange
+    );
+    assert_eq!(
+        writev(&mut ra, slab, u64::MAX - 10, &[1; 64]),
+        Status::OutOfRange
+    );
+    assert_eq!(readv(&mut ra, slab, 4096, 512).1, vec![0xAB; 512]);
+
+    // The same identity on a new connection finds the slab again.
+    let mut ra2 = Raw::connect(addr);
+    ra2.hello(a);
+    assert_eq!(
+        wire::parse_list(&ra2.call(Op::List, &[]).1).unwrap(),
+        vec![(slab, 1)]
+    );
+
+    // Slab operations before HELLO are refused.
+    let mut anon = Raw::connect(addr);
+    assert_eq!(anon.call(Op::List, &[]).0.status, Status::NotIdentified);
+}
+
+#[test]
+fn malformed_frames_close_only_their_connection() {
+    let c = common::cluster(1, 1 << 20, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let mut good = Raw::connect(addr);
+    good.hello(ClientId::random());
+    for garbage in [
+        b"GET / HTTP/1.1\r\n\r\n".to_vec(),
+        vec![0xFF; 64],
+        // Valid magic and version, absurd length.
+        [
+            b"HYDM".as_slice(),
+            &[1, 0x10, 0, 0],
+            &[0; 8],
+            &u32::MAX.to_le_bytes(),
+        ]
+        .concat(),
+        // A WRITEV whose entry claims more data than the frame holds.
+        {
+            let mut b = 1u32.to_le_bytes().to_vec();
+            Entry {
+                slab: 0,
+                len: 4000,
+                offset: 0,
+                cookie: 1,
+            }
+            .put(&mut b);
+            let mut f = Vec::new();
+            let fb = wire::FrameBuilder::begin(&mut f, Op::WriteV, false, Status::Ok, 1);
+            f.extend_from_slice(&b);
+            fb.finish(&mut f).unwrap();
+            f
+        },
+    ] {
+        let mut bad = Raw::connect(addr);
+        bad.s.write_all(&garbage).unwrap();
+        let mut buf = [0u8; 16];
+        use std::io::Read;
+        // The node closes the connection: read returns 0 (or an error), never a reply.
+        match bad.s.read(&mut buf) {
+            Ok(0) | Err(_) => {}
+            Ok(n) => panic!("node answered {n} bytes to garbage"),
+        }
+        // The other connection and the node are unaffected.
+        assert_eq!(good.call(Op::Ping, &[]).0.status, Status::Ok);
+    }
+}
