@@ -113,7 +113,7 @@ fn main() {
         .init();
     let r = match cli.cmd {
         Cmd::Node(a) => run_node(a),
-        Cmd::Up(a) => run_up(a),
+        Cmd::Up(a) => run_up(a, &cli.log),
         Cmd::Status(a) => run_status(a),
         Cmd::Bench(a) => bench_cli::run(a),
         Cmd::Demo(a) => demo::run(a),
@@ -180,7 +180,7 @@ fn run_node(a: NodeArgs) -> Result<()> {
     Ok(())
 }
 
-fn run_up(a: UpArgs) -> Result<()> {
+fn run_up(a: UpArgs, log: &str) -> Result<()> {
     if a.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
@@ -189,7 +189,7 @@ fn run_up(a: UpArgs) -> Result<()> {
         nodes: a.nodes,
         slab_size: a.slab_size.bytes(),
         capacity: a.capacity.bytes(),
-        extra_args: vec![],
+        extra_args: vec!["--log".into(), log.into()],
     };
     let stop = stop_flag()?;
     let mut cluster = EmbeddedCluster::start(opts)?;

@@ -684,6 +684,40 @@ impl ReplyEntry {
     }
 }
 
+/// Parses the body of a WRITEV or READV reply with status OK, calling `f(cookie, status, data)`
+/// for every entry in order (`data` is empty for writes and for failed reads). Stops at the
+/// first malformed entry; entries before it have been delivered.
+pub fn parse_vectored_reply<'a>(
+    h: &Header,
+    body: &'a [u8],
+    mut f: impl FnMut(u64, Status, &'a [u8]),
+) -> Result<(), WireError> {
+    if !h.reply {
+        return Err(WireError::Invalid("expected a reply frame"));
+    }
+    if h.status != Status::Ok {
+        return Err(WireError::Invalid("vectored request refused as a whole"));
+    }
+    let mut r = Reader::new(body);
+    let n = r.count()?;
+    match h.op {
+        Op::WriteV => {
+            for _ in 0..n {
+                let e = ReplyEntry::get_write(&mut r)?;
+                f(e.cookie, e.status, &[]);
+            }
+        }
+        Op::ReadV => {
+            for _ in 0..n {
+                let e = ReplyEntry::get_read(&mut r)?;
+                f(e.cookie, e.status, r.bytes(e.len as usize)?);
+            }
+        }
+        _ => return Err(WireError::Invalid("not a vectored op")),
+    }
+    r.end()
+}
+
 /// A complete request as a node sees it after parsing; borrowed from the receive buffer so that
 /// write payloads are copied once, from the buffer into the slab.
 #[derive(Debug)]

@@ -29,8 +29,8 @@ use parking_lot::Mutex;
 
 use super::transport::{Completions, Transport, TransportError};
 use crate::wire::{
-    Entry, FrameBuilder, Header, Hello, HelloReply, Op, Reader, ReplyEntry, Status, WireError,
-    ENTRY_LEN, HEADER_LEN, MAX_BODY,
+    self, Entry, FrameBuilder, Header, Hello, HelloReply, Op, Status, WireError, ENTRY_LEN,
+    HEADER_LEN, MAX_BODY,
 };
 
 /// Largest body the client lets one merged vectored frame grow to.
@@ -546,26 +546,12 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
         return Err(WireError::Invalid("node sent a request frame"));
     }
     match h.op {
-        Op::WriteV | Op::ReadV if h.status != Status::Ok => {
-            Err(WireError::Invalid("vectored request refused as a whole"))
-        }
-        Op::WriteV => {
-            let mut r = Reader::new(body);
-            for _ in 0..r.count()? {
-                let e = ReplyEntry::get_write(&mut r)?;
-                sh.completions.write_done(e.cookie, e.status);
-            }
-            r.end()
-        }
-        Op::ReadV => {
-            let mut r = Reader::new(body);
-            for _ in 0..r.count()? {
-                let e = ReplyEntry::get_read(&mut r)?;
-                let data = r.bytes(e.len as usize)?;
-                sh.completions.read_done(e.cookie, e.status, data);
-            }
-            r.end()
-        }
+        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, _| {
+            sh.completions.write_done(cookie, status)
+        }),
+        Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, data| {
+            sh.completions.read_done(cookie, status, data)
+        }),
         _ => {
             let waiter = sh.calls.lock().remove(&h.id);
             match waiter {

@@ -1,0 +1,166 @@
+//! The command line as a user runs it: `up` starts nodes and writes the cluster file, `status`
+//! reads it, `up` cleans up on SIGTERM and its nodes die with it on SIGKILL, `demo` finishes on
+//! its own, and bad input gets a clear error.
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use hydramem::cluster::Cluster;
+
+const BIN: &str = env!("CARGO_BIN_EXE_hydramem");
+
+fn start_up(nodes: usize, file: &Path) -> Child {
+    let mut child = Command::new(BIN)
+        .args([
+            "up",
+            "--nodes",
+            &nodes.to_string(),
+            "--slab-size",
+            "1MiB",
+            "--capacity",
+            "8MiB",
+        ])
+        .arg("--cluster")
+        .arg(file)
+        .args(["--log", "warn"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait for the "Ctrl-C stops them all." line: the cluster file is written by then.
+    let out = child.stdout.take().unwrap();
+    let mut lines = BufReader::new(out).lines();
+    for l in lines.by_ref() {
+        if l.unwrap().contains("Ctrl-C") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    child
+}
+
+fn wait_gone(addrs: &[std::net::SocketAddr]) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for a in addrs {
+        while TcpStream::connect_timeout(a, Duration::from_millis(200)).is_ok() {
+            assert!(Instant::now() < deadline, "node {a} still serving");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn tmp(name: &str) -> std::path::PathBuf {
+    let d = std::env::temp_dir().join(format!("hm-cli-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join("cluster.toml")
+}
+
+#[test]
+fn up_status_and_clean_sigterm() {
+    let file = tmp("term");
+    let mut up = start_up(3, &file);
+    let cluster = Cluster::load(&file).unwrap();
+    assert_eq!(cluster.nodes.len(), 3);
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg("--cluster")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("3 nodes (3 up)"), "{text}");
+    let json = Command::new(BIN)
+        .args(["status", "--json", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 3);
+    assert_eq!(v[0]["health"], "up");
+
+    // SIGTERM: the nodes stop and the cluster file is removed.
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(up.id() as i32, libc::SIGTERM) };
+    let st = up.wait().unwrap();
+    assert!(st.success(), "up exited with {st}");
+    let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
+    wait_gone(&addrs);
+    assert!(!file.exists(), "cluster file left behind");
+
+    // status on a dead cluster names the nodes that are down and does not hang.
+    cluster.save(&file).unwrap();
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg("--cluster")
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("DOWN") && text.contains("(0 up)"), "{text}");
+}
+
+#[test]
+fn nodes_die_with_a_killed_up() {
+    let file = tmp("kill");
+    let mut up = start_up(2, &file);
+    let cluster = Cluster::load(&file).unwrap();
+    up.kill().unwrap();
+    up.wait().unwrap();
+    wait_gone(&cluster.nodes.iter().map(|n| n.addr).collect::<Vec<_>>());
+}
+
+#[test]
+fn demo_finishes_with_a_summary() {
+    let out = Command::new(BIN)
+        .args(["demo", "--size", "4MiB", "--log", "error"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("summary"), "{text}");
+    assert!(text.contains("wrong pages: 0, decoded"), "{text}");
+    assert!(text.contains("every page read back exactly"), "{text}");
+}
+
+#[test]
+fn bad_input_gets_clear_errors() {
+    let out = Command::new(BIN)
+        .args([
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--capacity",
+            "1MiB",
+            "--slab-size",
+            "4MiB",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("capacity") && err.contains("smaller than one slab"),
+        "{err}"
+    );
+    let out = Command::new(BIN)
+        .args(["node", "--capacity", "12X"])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad size unit"));
+    let out = Command::new(BIN)
+        .args(["status", "--cluster", "/nonexistent/c.toml"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read cluster file /nonexistent/c.toml"),
+        "{err}"
+    );
+}
