@@ -4,9 +4,10 @@
 //! 1. populate: every page of the working set written by `depth` threads (write throughput);
 //! 2. page write latency at queue depth 1 (one thread, random pages);
 //! 3. page read latency at queue depth 1;
-//! 4. read throughput with `depth` threads for a fixed time;
-//! and around 1 and 4 the process CPU time (user + system, all threads) per page, and after 1
-//! the bytes the nodes hold for this client per byte of data, read from the nodes' per-slab
+//! 4. read throughput with `depth` threads for a fixed time.
+//!
+//! Around 1 and 4 it takes the process CPU time (user + system, all threads) per page, and
+//! after 1 the bytes the nodes hold for this client per byte of data, read from the nodes' per-slab
 //! counters (`touched`), not computed from k and r. Every page read is checked against the
 //! bytes written; mismatches are counted and reported (they must be 0).
 //!

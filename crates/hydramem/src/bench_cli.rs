@@ -110,7 +110,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput",
         cluster.nodes.len(),
         o.pages,
-        o.pages * 4096 >> 20,
+        (o.pages * 4096) >> 20,
         o.latency_ops,
         o.depth,
         a.seconds

@@ -94,7 +94,7 @@ impl Cluster {
 
     /// Checks the invariants listed in the module doc.
     pub fn validate(&self) -> Result<(), String> {
-        if self.slab_size == 0 || self.slab_size % 4096 != 0 {
+        if self.slab_size == 0 || !self.slab_size.is_multiple_of(4096) {
             return Err(format!(
                 "slab_size {} must be a positive multiple of 4096",
                 self.slab_size

@@ -1,7 +1,9 @@
 //! The `hydramem` command line: memory nodes, the embedded cluster, status, benchmark, demo.
 //!
-//! Every option can also come from the environment (`HYDRAMEM_<OPTION>`); defaults are shown
-//! by `--help`.
+//! Precedence of settings: command-line flags, then the environment (`HYDRAMEM_<OPTION>`), then
+//! an optional TOML file given with `--config FILE` (or `HYDRAMEM_CONFIG`), whose tables are
+//! named after the subcommands (`[node]`, `[up]`, `[bench]`, ...) and whose keys are the long
+//! flag names; defaults are shown by `--help`.
 
 mod bench_cli;
 mod demo;
@@ -26,6 +28,10 @@ use hydramem::units::{human, parse_size, Size};
     about = "Resilient, highly available erasure-coded remote memory"
 )]
 struct Cli {
+    /// TOML file with defaults per subcommand ([node], [up], [bench], ...); flags and the
+    /// environment take precedence over it.
+    #[arg(long, global = true, env = "HYDRAMEM_CONFIG")]
+    config: Option<PathBuf>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, global = true, env = "HYDRAMEM_LOG", default_value = "info")]
     log: String,
@@ -103,8 +109,86 @@ struct StatusArgs {
     json: bool,
 }
 
+const SUBCOMMANDS: [&str; 5] = ["node", "up", "status", "bench", "demo"];
+
+/// The command line with the config file's settings for the subcommand inserted right after
+/// it, only for options given neither as a flag nor in the environment (both beat the file).
+fn args_with_config() -> Result<Vec<String>> {
+    let mut args: Vec<String> = std::env::args().collect();
+    let mut path = std::env::var("HYDRAMEM_CONFIG").ok().map(PathBuf::from);
+    for (i, a) in args.iter().enumerate() {
+        if let Some(p) = a.strip_prefix("--config=") {
+            path = Some(p.into());
+        } else if a == "--config" {
+            path = args.get(i + 1).map(PathBuf::from);
+        }
+    }
+    let Some(path) = path else { return Ok(args) };
+    let Some(sub_at) = args.iter().position(|a| SUBCOMMANDS.contains(&a.as_str())) else {
+        return Ok(args);
+    };
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    let doc: toml::Table = toml::from_str(&text)
+        .with_context(|| format!("config file {} is not valid TOML", path.display()))?;
+    let Some(section) = doc.get(&args[sub_at]) else {
+        return Ok(args);
+    };
+    let table = section.as_table().with_context(|| {
+        format!(
+            "[{}] in {} must be a table of flag = value",
+            args[sub_at],
+            path.display()
+        )
+    })?;
+    let mut extra = Vec::new();
+    for (key, value) in table {
+        let env = format!("HYDRAMEM_{}", key.to_uppercase().replace('-', "_"));
+        let flag = format!("--{key}");
+        let on_command_line = args[sub_at..]
+            .iter()
+            .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
+        if on_command_line || std::env::var_os(&env).is_some() {
+            continue;
+        }
+        let v = match value {
+            toml::Value::String(s) => s.clone(),
+            toml::Value::Integer(i) => i.to_string(),
+            toml::Value::Float(f) => f.to_string(),
+            toml::Value::Boolean(true) => {
+                extra.push(format!("--{key}"));
+                continue;
+            }
+            toml::Value::Boolean(false) => continue,
+            toml::Value::Array(a) => a
+                .iter()
+                .map(|x| {
+                    x.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| x.to_string())
+                })
+                .collect::<Vec<_>>()
+                .join(","),
+            other => bail!(
+                "{key} = {other} in {}: use a string, number or boolean",
+                path.display()
+            ),
+        };
+        extra.push(format!("--{key}={v}"));
+    }
+    args.splice(sub_at + 1..sub_at + 1, extra);
+    Ok(args)
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let args = match args_with_config() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::exit(2);
+        }
+    };
+    let cli = Cli::parse_from(args);
     let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()

@@ -14,8 +14,9 @@
 //! - split pointers handed to ISA-L live in fixed `[_; MAX_SPLITS]` stack
 //!   arrays, ordered by ascending split index (the order the cached decode
 //!   tables were built in), so the hot paths never touch the heap;
-//! - decode tables are cached per `(present mask, missing mask)` in a
-//!   lock-free insert-only cache that lives as long as the `Codec`.
+//! - decode tables are cached per `(present mask, missing mask)` in an
+//!   insert-only cache with lock-free lookups that lives as long as the
+//!   `Codec`.
 
 use std::mem::MaybeUninit;
 use std::os::raw::c_int;
@@ -287,9 +288,12 @@ impl Codec {
     ///
     /// The first call for a given (present set, missing set) inverts a
     /// matrix and builds ISA-L tables (allocates, microseconds); later calls
-    /// with the same sets reuse them and do not allocate. Passing both lists
-    /// in ascending index order saves a re-sorting pass. On error nothing
-    /// is written.
+    /// with the same sets reuse them and do not allocate. The cache holds
+    /// every pattern of small codes (8+2 has 135); only wide codes exceed
+    /// its 12,288 entries (16+4 has 72,675 patterns), and patterns beyond
+    /// that are rebuilt, allocating, on every call. Passing both lists in
+    /// ascending index order saves a re-sorting pass. On error nothing is
+    /// written.
     pub fn reconstruct(
         &self,
         present: &[(usize, &[u8])],

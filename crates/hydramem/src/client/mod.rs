@@ -433,7 +433,7 @@ impl RemoteMemory {
     }
 
     fn locate(&self, addr: u64) -> Result<(usize, u64), IoError> {
-        if addr % PAGE_SIZE as u64 != 0 {
+        if !addr.is_multiple_of(PAGE_SIZE as u64) {
             return Err(IoError::Unaligned { addr });
         }
         if addr >= self.config.size {
@@ -725,7 +725,7 @@ impl RemoteMemory {
             }
             if now < poll_until {
                 spins += 1;
-                if spins % 16 == 0 {
+                if spins.is_multiple_of(16) {
                     // Two cores serve the nodes too: yield rather than monopolize one.
                     std::thread::yield_now();
                 } else {

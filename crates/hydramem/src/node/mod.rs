@@ -112,7 +112,7 @@ pub struct Node {
 impl Node {
     /// Validates the configuration and creates an empty node.
     pub fn new(config: NodeConfig) -> Result<Arc<Node>, NodeError> {
-        if config.slab_size == 0 || config.slab_size % 4096 != 0 {
+        if config.slab_size == 0 || !config.slab_size.is_multiple_of(4096) {
             return Err(NodeError::Config(format!(
                 "slab size {} must be a positive multiple of 4096",
                 config.slab_size
