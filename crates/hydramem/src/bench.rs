@@ -1,19 +1,18 @@
 //! The data-path benchmark behind `hydramem bench` (and the figures of `hydramem demo`).
 //!
-//! For one resilience scheme against a running cluster it measures, in this order:
-//! 1. populate: every page of the working set written by `depth` threads (write throughput);
-//! 2. page write latency at queue depth 1 (one thread, random pages);
-//! 3. page read latency at queue depth 1;
-//! 4. read throughput with `depth` threads for a fixed time.
+//! Every scheme gets its own client (fresh identity) against the same nodes, and the phases are
+//! interleaved across schemes so that the machine's noise falls on all of them alike:
+//! 1. populate: each scheme writes its whole working set with `depth` threads (write
+//!    throughput), then the nodes' per-slab counters (`touched`) give the bytes they hold for it
+//!    per byte of data — measured, not computed from k and r — and their resident memory;
+//! 2. `rounds` rounds, each running every scheme in turn for `latency_ops / rounds` page writes
+//!    then as many page reads at queue depth 1 (one thread, random pages);
+//! 3. `rounds` rounds of read throughput with `depth` threads, `duration / rounds` per scheme.
 //!
-//! Around 1 and 4 it takes the process CPU time (user + system, all threads) per page, and
-//! after 1 the bytes the nodes hold for this client per byte of data, read from the nodes' per-slab
-//! counters (`touched`), not computed from k and r. Every page read is checked against the
-//! bytes written; mismatches are counted and reported (they must be 0).
-//!
-//! Latencies are recorded per operation in HDR histograms (1 ns resolution, 3 significant
-//! digits). The caller runs schemes one after another against the same nodes; each scheme uses
-//! a fresh client identity and frees its slabs at the end.
+//! Throughput phases also take the process CPU time (user + system, all threads) per page.
+//! Every page read is checked against the bytes written; mismatches are counted and reported
+//! (they must be 0). Latencies go to HDR histograms (1 ns resolution, 3 significant digits).
+//! Each client frees its slabs at the end.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -35,8 +34,10 @@ pub struct BenchOptions {
     pub latency_ops: u64,
     /// Threads for the throughput phases.
     pub depth: usize,
-    /// Duration of the read-throughput phase.
+    /// Duration of the read-throughput phase per scheme.
     pub duration: Duration,
+    /// Rounds the latency and throughput phases are cut into, schemes interleaved per round.
+    pub rounds: u64,
     /// How long a waiting thread polls before sleeping.
     pub poll: Duration,
     /// Seed of the page contents and access order.
@@ -97,6 +98,12 @@ pub struct SchemeResult {
     pub read_throughput: Throughput,
     /// Bytes held by the nodes for this client per byte of page data.
     pub remote_bytes_per_data_byte: f64,
+    /// Largest resident set of a node after populating, bytes.
+    pub node_rss_max: u64,
+    /// Largest (resident set − bytes of slab memory written) over the nodes: the node's own
+    /// overhead beyond the data it holds (stricter than the target "resident ≤ allocated slabs
+    /// + 64 MiB", since slabs are mapped lazily and only written bytes are resident).
+    pub node_overhead_max: i64,
     /// Reads that returned bytes other than those written (must be 0).
     pub verify_errors: u64,
     /// Reads that had to decode.
@@ -155,48 +162,27 @@ pub enum BenchError {
     },
 }
 
-/// Runs all phases for one scheme.
-pub fn run_scheme(
-    cluster: &Cluster,
-    resilience: Resilience,
-    o: &BenchOptions,
-    progress: Progress<'_>,
-) -> Result<SchemeResult, BenchError> {
-    let scheme = resilience.label();
-    let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
-    cfg.poll = o.poll;
-    let client_id = cfg.client_id;
-    let mem = RemoteMemory::connect(cluster, cfg).map_err(|source| BenchError::Client {
-        scheme: scheme.clone(),
-        source,
-    })?;
-    let io_err = |source| BenchError::Io {
-        scheme: scheme.clone(),
-        source,
-    };
-    let seed = o.seed;
-    let verify_errors = AtomicU64::new(0);
-
-    // 1. Populate with `depth` threads: write throughput.
+/// Populates the working set of one scheme with `depth` threads; returns the throughput.
+fn populate(mem: &RemoteMemory, o: &BenchOptions, label: &str, progress: Progress<'_>) -> Result<Throughput, IoError> {
     let done = AtomicU64::new(0);
     let cpu0 = cpu_time();
     let t0 = Instant::now();
     let first_err = parking_lot::Mutex::new(None);
     std::thread::scope(|s| {
         for t in 0..o.depth as u64 {
-            let (mem, done, first_err) = (&mem, &done, &first_err);
+            let (done, first_err) = (&done, &first_err);
             s.spawn(move || {
                 let mut page = [0u8; PAGE_SIZE];
                 let mut p = t;
                 while p < o.pages {
-                    fill_page(&mut page, seed, p, 0);
+                    fill_page(&mut page, o.seed, p, 0);
                     if let Err(e) = mem.write_page(p * PAGE_SIZE as u64, &page) {
                         first_err.lock().get_or_insert(e);
                         return;
                     }
                     let d = done.fetch_add(1, Ordering::Relaxed) + 1;
                     if d % 1024 == 0 {
-                        progress("populate", d, o.pages);
+                        progress(&format!("populate {label}"), d, o.pages);
                     }
                     p += o.depth as u64;
                 }
@@ -204,82 +190,37 @@ pub fn run_scheme(
         }
     });
     if let Some(e) = first_err.into_inner() {
-        return Err(io_err(e));
+        return Err(e);
     }
     let wall = t0.elapsed().as_secs_f64();
     let cpu = (cpu_time() - cpu0).as_secs_f64();
-    let write_throughput = Throughput {
+    Ok(Throughput {
         pages_per_s: o.pages as f64 / wall,
         gb_per_s: o.pages as f64 * PAGE_SIZE as f64 / wall / 1e9,
         cpu_us_per_page: cpu * 1e6 / o.pages as f64,
-    };
+    })
+}
 
-    // Remote bytes per data byte, from the nodes' own counters.
-    let fp = client_id.fingerprint();
-    let mut held = 0u64;
-    for n in &cluster.nodes {
-        if let Ok(st) = status::fetch(n.addr, Duration::from_secs(2)) {
-            held += st
-                .slabs
-                .iter()
-                .filter(|s| s.owner == fp)
-                .map(|s| s.touched)
-                .sum::<u64>();
-        }
-    }
-    let remote_bytes_per_data_byte = held as f64 / (o.pages * PAGE_SIZE as u64) as f64;
-
-    // 2 and 3. Queue-depth-1 latency.
-    let mut rng = o.seed | 1;
-    let mut next = move || {
-        rng ^= rng << 13;
-        rng ^= rng >> 7;
-        rng ^= rng << 17;
-        rng
-    };
-    let mut page = [0u8; PAGE_SIZE];
-    let mut wh = hist();
-    for i in 0..o.latency_ops {
-        let p = next() % o.pages;
-        fill_page(&mut page, seed, p, 0);
-        let t = Instant::now();
-        mem.write_page(p * PAGE_SIZE as u64, &page)
-            .map_err(io_err)?;
-        wh.record(t.elapsed().as_nanos() as u64).ok();
-        if i % 256 == 0 {
-            progress("write latency", i, o.latency_ops);
-        }
-    }
-    let mut rh = hist();
-    let mut expect = [0u8; PAGE_SIZE];
-    for i in 0..o.latency_ops {
-        let p = next() % o.pages;
-        let t = Instant::now();
-        mem.read_page(p * PAGE_SIZE as u64, &mut page)
-            .map_err(io_err)?;
-        rh.record(t.elapsed().as_nanos() as u64).ok();
-        fill_page(&mut expect, seed, p, 0);
-        if page != expect {
-            verify_errors.fetch_add(1, Ordering::Relaxed);
-        }
-        if i % 256 == 0 {
-            progress("read latency", i, o.latency_ops);
-        }
-    }
-
-    // 4. Read throughput at depth.
+/// Reads random pages with `depth` threads for `duration`; returns (pages, wall s, cpu s).
+fn read_load(
+    mem: &RemoteMemory,
+    o: &BenchOptions,
+    duration: Duration,
+    salt: u64,
+    verify_errors: &AtomicU64,
+) -> Result<(u64, f64, f64), IoError> {
     let done = AtomicU64::new(0);
     let cpu0 = cpu_time();
     let t0 = Instant::now();
     let first_err = parking_lot::Mutex::new(None);
     std::thread::scope(|s| {
         for t in 0..o.depth as u64 {
-            let (mem, done, first_err, verify_errors) = (&mem, &done, &first_err, &verify_errors);
+            let (done, first_err) = (&done, &first_err);
             s.spawn(move || {
                 let mut page = [0u8; PAGE_SIZE];
                 let mut expect = [0u8; PAGE_SIZE];
-                let mut x = seed ^ (t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-                while t0.elapsed() < o.duration {
+                let mut x = o.seed ^ (salt * 64 + t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+                while t0.elapsed() < duration {
                     x ^= x << 13;
                     x ^= x >> 7;
                     x ^= x << 17;
@@ -288,43 +229,155 @@ pub fn run_scheme(
                         first_err.lock().get_or_insert(e);
                         return;
                     }
-                    fill_page(&mut expect, seed, p, 0);
+                    fill_page(&mut expect, o.seed, p, 0);
                     if page != expect {
                         verify_errors.fetch_add(1, Ordering::Relaxed);
                     }
-                    let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    if d % 1024 == 0 {
-                        let ms = t0.elapsed().as_millis() as u64;
-                        progress("read throughput", ms, o.duration.as_millis() as u64);
-                    }
+                    done.fetch_add(1, Ordering::Relaxed);
                 }
             });
         }
     });
     if let Some(e) = first_err.into_inner() {
-        return Err(io_err(e));
+        return Err(e);
     }
-    let wall = t0.elapsed().as_secs_f64();
-    let cpu = (cpu_time() - cpu0).as_secs_f64();
-    let reads = done.load(Ordering::Relaxed);
-    let read_throughput = Throughput {
-        pages_per_s: reads as f64 / wall,
-        gb_per_s: reads as f64 * PAGE_SIZE as f64 / wall / 1e9,
-        cpu_us_per_page: cpu * 1e6 / reads.max(1) as f64,
+    Ok((
+        done.load(Ordering::Relaxed),
+        t0.elapsed().as_secs_f64(),
+        (cpu_time() - cpu0).as_secs_f64(),
+    ))
+}
+
+/// Per-scheme state while the interleaved phases run.
+struct Run {
+    scheme: String,
+    mem: RemoteMemory,
+    write_throughput: Throughput,
+    remote_bytes_per_data_byte: f64,
+    node_rss_max: u64,
+    node_overhead_max: i64,
+    wh: Histogram<u64>,
+    rh: Histogram<u64>,
+    reads: (u64, f64, f64),
+    verify_errors: AtomicU64,
+}
+
+/// Runs every scheme against `cluster`, interleaving the measurements (see the module doc).
+pub fn run(
+    cluster: &Cluster,
+    schemes: &[Resilience],
+    o: &BenchOptions,
+    progress: Progress<'_>,
+) -> Result<Vec<SchemeResult>, BenchError> {
+    let mut runs = Vec::new();
+    for &resilience in schemes {
+        let scheme = resilience.label();
+        let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
+        cfg.poll = o.poll;
+        let fp = cfg.client_id.fingerprint();
+        let mem = RemoteMemory::connect(cluster, cfg).map_err(|source| BenchError::Client {
+            scheme: scheme.clone(),
+            source,
+        })?;
+        let write_throughput = populate(&mem, o, &scheme, progress).map_err(|source| BenchError::Io {
+            scheme: scheme.clone(),
+            source,
+        })?;
+        // Bytes held, from the nodes' own counters; node memory beyond the data it holds.
+        let mut held = 0u64;
+        let (mut node_rss_max, mut node_overhead_max) = (0u64, i64::MIN);
+        for n in &cluster.nodes {
+            if let Ok(st) = status::fetch(n.addr, Duration::from_secs(2)) {
+                held += st.slabs.iter().filter(|s| s.owner == fp).map(|s| s.touched).sum::<u64>();
+                let data: u64 = st.slabs.iter().map(|s| s.touched).sum();
+                node_rss_max = node_rss_max.max(st.rss);
+                node_overhead_max = node_overhead_max.max(st.rss as i64 - data as i64);
+            }
+        }
+        runs.push(Run {
+            scheme,
+            mem,
+            write_throughput,
+            remote_bytes_per_data_byte: held as f64 / (o.pages * PAGE_SIZE as u64) as f64,
+            node_rss_max,
+            node_overhead_max,
+            wh: hist(),
+            rh: hist(),
+            reads: (0, 0.0, 0.0),
+            verify_errors: AtomicU64::new(0),
+        });
+    }
+
+    let rounds = o.rounds.max(1);
+    let per_round = o.latency_ops.div_ceil(rounds);
+    let mut x = o.seed | 1;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
     };
-    let decodes = mem.stats().decodes.load(Ordering::Relaxed);
-    mem.free_all().map_err(|source| BenchError::Client {
-        scheme: scheme.clone(),
-        source,
-    })?;
-    Ok(SchemeResult {
-        scheme,
-        write_latency: Latency::from(&wh),
-        read_latency: Latency::from(&rh),
-        write_throughput,
-        read_throughput,
-        remote_bytes_per_data_byte,
-        verify_errors: verify_errors.load(Ordering::Relaxed),
-        decodes,
-    })
+    let mut page = [0u8; PAGE_SIZE];
+    let mut expect = [0u8; PAGE_SIZE];
+    let nruns = runs.len() as u64;
+    let total = rounds * nruns;
+    for round in 0..rounds {
+        for (i, r) in runs.iter_mut().enumerate() {
+            progress("QD1 latency, all schemes interleaved", round * nruns + i as u64, total);
+            let err = |source| BenchError::Io { scheme: r.scheme.clone(), source };
+            for _ in 0..per_round {
+                let p = next() % o.pages;
+                fill_page(&mut page, o.seed, p, 0);
+                let t = Instant::now();
+                r.mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
+                r.wh.record(t.elapsed().as_nanos() as u64).ok();
+            }
+            for _ in 0..per_round {
+                let p = next() % o.pages;
+                let t = Instant::now();
+                r.mem.read_page(p * PAGE_SIZE as u64, &mut page).map_err(err)?;
+                r.rh.record(t.elapsed().as_nanos() as u64).ok();
+                fill_page(&mut expect, o.seed, p, 0);
+                if page != expect {
+                    r.verify_errors.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+    let slice = o.duration / rounds as u32;
+    for round in 0..rounds {
+        for (i, r) in runs.iter_mut().enumerate() {
+            progress("read throughput, all schemes interleaved", round * nruns + i as u64, total);
+            let (n, wall, cpu) = read_load(&r.mem, o, slice, round, &r.verify_errors)
+                .map_err(|source| BenchError::Io { scheme: r.scheme.clone(), source })?;
+            r.reads = (r.reads.0 + n, r.reads.1 + wall, r.reads.2 + cpu);
+        }
+    }
+    progress("done", total, total);
+    let mut out = Vec::new();
+    for r in runs {
+        let (n, wall, cpu) = r.reads;
+        let decodes = r.mem.stats().decodes.load(Ordering::Relaxed);
+        r.mem.free_all().map_err(|source| BenchError::Client {
+            scheme: r.scheme.clone(),
+            source,
+        })?;
+        out.push(SchemeResult {
+            scheme: r.scheme,
+            write_latency: Latency::from(&r.wh),
+            read_latency: Latency::from(&r.rh),
+            write_throughput: r.write_throughput,
+            read_throughput: Throughput {
+                pages_per_s: n as f64 / wall,
+                gb_per_s: n as f64 * PAGE_SIZE as f64 / wall / 1e9,
+                cpu_us_per_page: cpu * 1e6 / n.max(1) as f64,
+            },
+            remote_bytes_per_data_byte: r.remote_bytes_per_data_byte,
+            node_rss_max: r.node_rss_max,
+            node_overhead_max: r.node_overhead_max,
+            verify_errors: r.verify_errors.load(Ordering::Relaxed),
+            decodes,
+        });
+    }
+    Ok(out)
 }

@@ -30,6 +30,9 @@ pub struct BenchArgs {
     /// Seconds of the read-throughput phase.
     #[arg(long, default_value_t = 3.0)]
     seconds: f64,
+    /// Rounds the measurements are cut into (schemes interleaved within each round).
+    #[arg(long, default_value_t = 10)]
+    rounds: u64,
     /// Microseconds a waiting thread polls before it sleeps.
     #[arg(long, default_value_t = 50)]
     poll_us: u64,
@@ -103,39 +106,32 @@ pub fn run(a: BenchArgs) -> Result<()> {
         latency_ops: a.latency_ops,
         depth: a.depth,
         duration: Duration::from_secs_f64(a.seconds),
+        rounds: a.rounds,
         poll: Duration::from_micros(a.poll_us),
         seed: a.seed,
     };
     println!(
-        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput",
+        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput, {} interleaved rounds",
         cluster.nodes.len(),
         o.pages,
         (o.pages * 4096) >> 20,
         o.latency_ops,
         o.depth,
-        a.seconds
+        a.seconds,
+        o.rounds
     );
-    let mut results: Vec<SchemeResult> = Vec::new();
-    for s in schemes {
-        let pb = ProgressBar::new(100);
-        pb.set_style(
-            ProgressStyle::with_template("{prefix:>18} [{bar:30}] {pos:>3}% {msg}")
-                .expect("template")
-                .progress_chars("=> "),
-        );
-        pb.set_prefix(s.label());
-        let progress = |phase: &str, done: u64, total: u64| {
-            pb.set_message(phase.to_string());
-            pb.set_position(done * 100 / total.max(1));
-        };
-        let r = bench::run_scheme(&cluster, s, &o, &progress)
-            .with_context(|| format!("benchmarking {}", s.label()))?;
-        pb.finish_with_message(format!(
-            "done: read p50 {:.1} µs, write p50 {:.1} µs",
-            r.read_latency.p50_us, r.write_latency.p50_us
-        ));
-        results.push(r);
-    }
+    let pb = ProgressBar::new(100);
+    pb.set_style(
+        ProgressStyle::with_template("[{bar:30}] {pos:>3}% {msg}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let progress = |phase: &str, done: u64, total: u64| {
+        pb.set_message(phase.to_string());
+        pb.set_position(done * 100 / total.max(1));
+    };
+    let results: Vec<SchemeResult> = bench::run(&cluster, &schemes, &o, &progress)?;
+    pb.finish_and_clear();
     print!("{}", table(&results));
     if let Some(dir) = a.json.parent() {
         std::fs::create_dir_all(dir).ok();
@@ -146,6 +142,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "latency_ops": o.latency_ops,
         "depth": o.depth,
         "seconds": a.seconds,
+        "rounds": a.rounds,
         "poll_us": a.poll_us,
         "results": results,
     });
