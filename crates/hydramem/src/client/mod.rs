@@ -705,10 +705,7 @@ impl RemoteMemory {
         }
     }
 
-    /// Waits until `check` decides, or the operation times out (`None`). The thread receives
-    /// completions itself when no other thread is (run-to-completion, polling for `poll` before
-    /// blocking); otherwise it spins, then parks until its completions arrive. It re-runs
-    /// `check` at least every `straggler_after`, so a read can re-ask past a silent node.
+    /// Polls, then parks, until `check` decides or the operation times out (`None`).
     fn wait<T>(
         &self,
         op: &slots::Op<'_>,
@@ -726,31 +723,18 @@ impl RemoteMemory {
             if now >= deadline {
                 return None;
             }
-            let wake_at = deadline.min(now + self.config.straggler_after);
-            let mut result = None;
-            let drove = self.transport.drive(
-                &mut || {
-                    result = check(op.progress());
-                    result.is_some()
-                },
-                poll_until,
-                wake_at,
-            );
-            if result.is_some() {
-                return result;
-            }
-            if drove {
-                continue;
-            }
-            if Instant::now() < poll_until {
+            if now < poll_until {
                 spins += 1;
                 if spins.is_multiple_of(16) {
+                    // Two cores serve the nodes too: yield rather than monopolize one.
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
                 }
             } else {
-                self.transport.park(wake_at);
+                // Wake at least every straggler interval: a stalled node sends no completion
+                // that would wake us, and the read must re-issue past it.
+                std::thread::park_timeout((deadline - now).min(self.config.straggler_after));
             }
         }
     }

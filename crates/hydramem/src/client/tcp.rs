@@ -7,15 +7,10 @@
 //! splits for one node travel in one frame and one system call, with no extra thread hop at low
 //! load. Buffers are swapped, never reallocated, once they have grown to the working size.
 //!
-//! Receiving is run-to-completion, with no receiver thread (paper 4.1.3): a thread that waits
-//! for its own completions becomes the *receiver* if nobody else is (leader/follower). The
-//! receiver waits on all sockets with epoll (mio) — busy-polling first, then blocking — parses
-//! reply frames in place in a per-connection buffer and hands each split to [`Completions`],
-//! which copies it straight to its landing place and wakes that split's waiter. Other waiters
-//! (followers) spin, then park; when the receiver's own operation completes it hands the role
-//! to a parked follower. So at queue depth 1 a reply travels from the socket to the page on the
-//! thread that asked for it, with no thread hop. Control replies (ALLOC, LIST, ...) go to the
-//! caller of [`Transport::call`] through a channel keyed by request id.
+//! Receiving: one receiver thread waits on all sockets with epoll (mio), parses reply frames in
+//! place in a per-connection buffer, and hands each split to [`Completions`], which copies it
+//! straight to its landing place. Control replies (ALLOC, LIST, ...) go to the thread waiting in
+//! [`Transport::call`] through a channel keyed by request id.
 //!
 //! A connection that fails (EOF, reset, malformed reply) is marked down; its outstanding splits
 //! are failed through [`Completions::node_down`] and its pending calls return errors.
@@ -24,10 +19,10 @@ use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{sync_channel, SyncSender, TryRecvError};
+use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
-use std::thread::Thread;
-use std::time::{Duration, Instant};
+use std::thread::JoinHandle;
+use std::time::Duration;
 
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
@@ -83,28 +78,19 @@ struct Shared {
     completions: Arc<dyn Completions>,
     calls: Mutex<HashMap<u64, (u16, SyncSender<CallReply>)>>,
     next_id: AtomicU64,
+    stop: AtomicBool,
     options: TcpOptions,
-    /// Interrupts a receiver blocked in epoll (a connection needs write readiness).
+    /// Wakes the receiver thread (stop, or a connection that needs write readiness).
     waker: Waker,
-    /// Nodes whose socket refused more bytes: the receiver waits for them to become writable
-    /// and flushes them, so no caller ever blocks on a stalled node.
+    /// Nodes whose socket refused more bytes: the receiver thread waits for them to become
+    /// writable and flushes them, so no caller ever blocks on a stalled node.
     want_write: Mutex<Vec<u16>>,
-    /// The receive side; whoever holds the lock is the receiver.
-    rx: Mutex<RxSet>,
-    /// Waiters parked while another thread receives; one is woken when the receiver leaves.
-    followers: Mutex<Vec<Thread>>,
 }
 
-/// Everything the receiver needs: the epoll instance and each connection's receive buffer.
-struct RxSet {
-    poll: Poll,
-    events: Events,
-    conns: Vec<Option<Rx>>,
-}
-
-/// The TCP transport. Dropping it closes the connections.
+/// The TCP transport. Dropping it stops its receiver thread and closes the connections.
 pub struct TcpTransport {
     shared: Arc<Shared>,
+    receiver: Option<JoinHandle<()>>,
 }
 
 /// The outcome of connecting to one node.
@@ -157,22 +143,32 @@ impl TcpTransport {
             completions,
             calls: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
+            stop: AtomicBool::new(false),
             options,
             waker,
             want_write: Mutex::new(Vec::new()),
-            rx: Mutex::new(RxSet {
-                poll,
-                events: Events::with_capacity(64),
-                conns: rx,
-            }),
-            followers: Mutex::new(Vec::with_capacity(1024)),
         });
-        Ok((TcpTransport { shared }, outcomes))
+        let s2 = shared.clone();
+        let receiver = std::thread::Builder::new()
+            .name("hm-recv".into())
+            .spawn(move || receive_loop(s2, poll, rx))?;
+        Ok((
+            TcpTransport {
+                shared,
+                receiver: Some(receiver),
+            },
+            outcomes,
+        ))
     }
 }
 
 impl Drop for TcpTransport {
     fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        let _ = self.shared.waker.wake();
+        if let Some(h) = self.receiver.take() {
+            let _ = h.join();
+        }
         for c in self.shared.conns.iter() {
             if let Some(s) = &c.stream {
                 let _ = s.shutdown(std::net::Shutdown::Both);
@@ -401,44 +397,15 @@ impl Transport for TcpTransport {
             sh.flush_locked(node, c, st)?;
         }
         let waited = sh.options.call_timeout;
-        let deadline = Instant::now() + waited;
-        let mut got = None;
-        loop {
-            let mut check = || match rx.try_recv() {
-                Ok(v) => {
-                    got = Some(Some(v));
-                    true
-                }
-                Err(TryRecvError::Disconnected) => {
-                    got = Some(None);
-                    true
-                }
-                Err(TryRecvError::Empty) => false,
-            };
-            if check() {
-                break;
-            }
-            let now = Instant::now();
-            if now >= deadline {
-                break;
-            }
-            // Receive ourselves if nobody is; otherwise the receiver delivers our reply.
-            if !sh.drive(&mut check, now, deadline) {
-                sh.park(deadline.min(now + Duration::from_millis(1)));
-            }
-            if got.is_some() {
-                break;
-            }
-        }
-        match got {
-            Some(Some((Status::Ok, body))) => Ok(body),
-            Some(Some((status, _))) => Err(TransportError::Refused {
+        match rx.recv_timeout(waited) {
+            Ok((Status::Ok, body)) => Ok(body),
+            Ok((status, _)) => Err(TransportError::Refused {
                 node,
                 addr: c.addr.to_string(),
                 op,
                 status,
             }),
-            None => {
+            Err(RecvTimeoutError::Timeout) => {
                 sh.calls.lock().remove(&id);
                 Err(TransportError::Timeout {
                     node,
@@ -447,19 +414,11 @@ impl Transport for TcpTransport {
                     waited,
                 })
             }
-            Some(None) => Err(TransportError::Down {
+            Err(RecvTimeoutError::Disconnected) => Err(TransportError::Down {
                 node,
                 addr: c.addr.to_string(),
             }),
         }
-    }
-
-    fn drive(&self, done: &mut dyn FnMut() -> bool, spin_until: Instant, until: Instant) -> bool {
-        self.shared.drive(done, spin_until, until)
-    }
-
-    fn park(&self, until: Instant) {
-        self.shared.park(until)
     }
 
     fn addr(&self, node: u16) -> String {
@@ -507,22 +466,22 @@ impl Rx {
     }
 }
 
-impl RxSet {
-    /// One round of receiving: wait up to `timeout` for readiness, then drain and dispatch
-    /// every ready connection (and flush the ones that became writable).
-    fn poll_once(&mut self, sh: &Shared, timeout: Duration) {
-        if let Err(e) = self.poll.poll(&mut self.events, Some(timeout)) {
-            if e.kind() != io::ErrorKind::Interrupted {
-                tracing::error!(error = %e, "client receive poll failed");
+fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
+    let mut events = Events::with_capacity(64);
+    while !sh.stop.load(Ordering::SeqCst) {
+        if let Err(e) = poll.poll(&mut events, None) {
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
             }
-            return;
+            tracing::error!(error = %e, "client receiver poll failed");
+            break;
         }
-        for ev in self.events.iter() {
+        for ev in events.iter() {
             if ev.token() == WAKER {
                 let want: Vec<u16> = std::mem::take(&mut *sh.want_write.lock());
                 for n in want {
-                    if let Some(r) = self.conns.get_mut(n as usize).and_then(|r| r.as_mut()) {
-                        let _ = self.poll.registry().reregister(
+                    if let Some(r) = rx.get_mut(n as usize).and_then(|r| r.as_mut()) {
+                        let _ = poll.registry().reregister(
                             &mut r.stream,
                             Token(n as usize),
                             Interest::READABLE | Interest::WRITABLE,
@@ -532,76 +491,22 @@ impl RxSet {
                 continue;
             }
             let node = ev.token().0;
-            let Some(r) = self.conns.get_mut(node).and_then(|r| r.as_mut()) else {
+            let Some(r) = rx.get_mut(node).and_then(|r| r.as_mut()) else {
                 continue;
             };
             if ev.is_writable() {
-                let _ =
-                    self.poll
-                        .registry()
-                        .reregister(&mut r.stream, ev.token(), Interest::READABLE);
+                let _ = poll
+                    .registry()
+                    .reregister(&mut r.stream, ev.token(), Interest::READABLE);
                 let _ = sh.flush_node(node as u16);
             }
-            if let Err(reason) = drain(sh, node as u16, r) {
+            if let Err(reason) = drain(&sh, node as u16, r) {
                 tracing::debug!(node, reason = %reason, "closing connection");
-                let _ = self.poll.registry().deregister(&mut r.stream);
-                self.conns[node] = None;
+                let _ = poll.registry().deregister(&mut r.stream);
+                rx[node] = None;
                 sh.mark_down(node as u16);
             }
         }
-    }
-}
-
-impl Shared {
-    /// See [`Transport::drive`].
-    fn drive(&self, done: &mut dyn FnMut() -> bool, spin_until: Instant, until: Instant) -> bool {
-        let Some(mut rx) = self.rx.try_lock() else {
-            return false;
-        };
-        let mut spins = 0u32;
-        loop {
-            if done() {
-                break;
-            }
-            let now = Instant::now();
-            if now >= until {
-                break;
-            }
-            let timeout = if now < spin_until {
-                spins += 1;
-                if spins.is_multiple_of(8) {
-                    // Small machines run the nodes on the same cores: let them in.
-                    std::thread::yield_now();
-                }
-                Duration::ZERO
-            } else {
-                until - now
-            };
-            rx.poll_once(self, timeout);
-        }
-        drop(rx);
-        // Hand the receiver role to a parked waiter, if any.
-        if let Some(t) = self.followers.lock().pop() {
-            t.unpark();
-        }
-        true
-    }
-
-    /// See [`Transport::park`].
-    fn park(&self, until: Instant) {
-        let me = std::thread::current();
-        let id = me.id();
-        self.followers.lock().push(me);
-        // The receiver may have left between our failed attempt and the registration above:
-        // then nobody would wake us, so look once more before sleeping.
-        let free = self.rx.try_lock().is_some();
-        if !free {
-            let now = Instant::now();
-            if until > now {
-                std::thread::park_timeout(until - now);
-            }
-        }
-        self.followers.lock().retain(|t| t.id() != id);
     }
 }
 

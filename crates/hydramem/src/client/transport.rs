@@ -10,7 +10,7 @@
 //! node's status, or failed through [`Completions::node_down`] when the connection is lost), or
 //! its post returns an error and no completion will follow.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::wire::{Entry, Op, Status};
 
@@ -92,13 +92,6 @@ pub trait Transport: Send + Sync {
     fn flush(&self, node: u16) -> Result<(), TransportError>;
     /// A blocking control request (HELLO, ALLOC, FREE, LIST, STATS, PING); returns the reply body.
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError>;
-    /// Receives completions on the calling thread while `done()` is false: busy-polling until
-    /// `spin_until`, then blocking in the kernel, never past `until`. Returns `false` at once if
-    /// another thread is receiving; that thread delivers the caller's completions (and wakes
-    /// it), so the caller should then [`Transport::park`].
-    fn drive(&self, done: &mut dyn FnMut() -> bool, spin_until: Instant, until: Instant) -> bool;
-    /// Sleeps until a completion or the receiver's departure wakes the caller, or `until`.
-    fn park(&self, until: Instant);
     /// A printable address of the node, for messages.
     fn addr(&self, node: u16) -> String;
 }
