@@ -163,7 +163,12 @@ pub enum BenchError {
 }
 
 /// Populates the working set of one scheme with `depth` threads; returns the throughput.
-fn populate(mem: &RemoteMemory, o: &BenchOptions, label: &str, progress: Progress<'_>) -> Result<Throughput, IoError> {
+fn populate(
+    mem: &RemoteMemory,
+    o: &BenchOptions,
+    label: &str,
+    progress: Progress<'_>,
+) -> Result<Throughput, IoError> {
     let done = AtomicU64::new(0);
     let cpu0 = cpu_time();
     let t0 = Instant::now();
@@ -279,16 +284,22 @@ pub fn run(
             scheme: scheme.clone(),
             source,
         })?;
-        let write_throughput = populate(&mem, o, &scheme, progress).map_err(|source| BenchError::Io {
-            scheme: scheme.clone(),
-            source,
-        })?;
+        let write_throughput =
+            populate(&mem, o, &scheme, progress).map_err(|source| BenchError::Io {
+                scheme: scheme.clone(),
+                source,
+            })?;
         // Bytes held, from the nodes' own counters; node memory beyond the data it holds.
         let mut held = 0u64;
         let (mut node_rss_max, mut node_overhead_max) = (0u64, i64::MIN);
         for n in &cluster.nodes {
             if let Ok(st) = status::fetch(n.addr, Duration::from_secs(2)) {
-                held += st.slabs.iter().filter(|s| s.owner == fp).map(|s| s.touched).sum::<u64>();
+                held += st
+                    .slabs
+                    .iter()
+                    .filter(|s| s.owner == fp)
+                    .map(|s| s.touched)
+                    .sum::<u64>();
                 let data: u64 = st.slabs.iter().map(|s| s.touched).sum();
                 node_rss_max = node_rss_max.max(st.rss);
                 node_overhead_max = node_overhead_max.max(st.rss as i64 - data as i64);
@@ -323,8 +334,15 @@ pub fn run(
     let total = rounds * nruns;
     for round in 0..rounds {
         for (i, r) in runs.iter_mut().enumerate() {
-            progress("QD1 latency, all schemes interleaved", round * nruns + i as u64, total);
-            let err = |source| BenchError::Io { scheme: r.scheme.clone(), source };
+            progress(
+                "QD1 latency, all schemes interleaved",
+                round * nruns + i as u64,
+                total,
+            );
+            let err = |source| BenchError::Io {
+                scheme: r.scheme.clone(),
+                source,
+            };
             for _ in 0..per_round {
                 let p = next() % o.pages;
                 fill_page(&mut page, o.seed, p, 0);
@@ -335,7 +353,9 @@ pub fn run(
             for _ in 0..per_round {
                 let p = next() % o.pages;
                 let t = Instant::now();
-                r.mem.read_page(p * PAGE_SIZE as u64, &mut page).map_err(err)?;
+                r.mem
+                    .read_page(p * PAGE_SIZE as u64, &mut page)
+                    .map_err(err)?;
                 r.rh.record(t.elapsed().as_nanos() as u64).ok();
                 fill_page(&mut expect, o.seed, p, 0);
                 if page != expect {
@@ -347,9 +367,18 @@ pub fn run(
     let slice = o.duration / rounds as u32;
     for round in 0..rounds {
         for (i, r) in runs.iter_mut().enumerate() {
-            progress("read throughput, all schemes interleaved", round * nruns + i as u64, total);
-            let (n, wall, cpu) = read_load(&r.mem, o, slice, round, &r.verify_errors)
-                .map_err(|source| BenchError::Io { scheme: r.scheme.clone(), source })?;
+            progress(
+                "read throughput, all schemes interleaved",
+                round * nruns + i as u64,
+                total,
+            );
+            let (n, wall, cpu) =
+                read_load(&r.mem, o, slice, round, &r.verify_errors).map_err(|source| {
+                    BenchError::Io {
+                        scheme: r.scheme.clone(),
+                        source,
+                    }
+                })?;
             r.reads = (r.reads.0 + n, r.reads.1 + wall, r.reads.2 + cpu);
         }
     }

@@ -6,6 +6,20 @@
 //! CodingSets ([`placement`]), so its data survives r lost nodes at 1 + r/k memory cost. Clients
 //! and nodes speak the protocol of [`wire`] over TCP; the cluster file ([`cluster`]) lists the
 //! nodes. See docs/architecture.md for the design.
+//!
+//! ```no_run
+//! use hydramem::client::{ClientConfig, Mode, RemoteMemory, Resilience};
+//! use hydramem::cluster::Cluster;
+//!
+//! let cluster = Cluster::load("hydramem.cluster.toml".as_ref())?;
+//! let scheme = Resilience::Hydra { k: 8, r: 2, delta: 1, mode: Mode::FailureRecovery };
+//! let mem = RemoteMemory::connect(&cluster, ClientConfig::new(scheme, 1 << 30))?;
+//! mem.write_page(0x2000, &[7u8; 4096])?; // once all 10 splits are acknowledged
+//! let mut page = [0u8; 4096];
+//! mem.read_page(0x2000, &mut page)?; // any 8 of the 9 splits asked suffice
+//! assert_eq!(page, [7u8; 4096]);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 pub mod bench;
 pub mod client;

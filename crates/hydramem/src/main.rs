@@ -189,7 +189,12 @@ fn main() {
         }
     };
     let cli = Cli::parse_from(args);
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+    // The demo narrates what happens itself; unless asked, keep the log to errors there.
+    let log = match (&cli.cmd, cli.log.as_str(), std::env::var_os("HYDRAMEM_LOG")) {
+        (Cmd::Demo(_), "info", None) => "error",
+        (_, l, _) => l,
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -125,7 +125,11 @@ fn demo_finishes_with_a_summary() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(text.contains("summary"), "{text}");
-    assert!(text.contains("wrong pages: 0, decoded"), "{text}");
+    assert!(
+        text.contains("read, 2 nodes killed") && text.contains("wrong pages: 0"),
+        "{text}"
+    );
+    assert!(text.contains("rebuilt the missing splits of"), "{text}");
     assert!(text.contains("every page read back exactly"), "{text}");
 }
 
