@@ -113,6 +113,15 @@ pub struct SchemeResult {
 /// A progress callback: phase name, done, total.
 pub type Progress<'a> = &'a (dyn Fn(&str, u64, u64) + Sync);
 
+/// One step of xorshift64: a fast, seedable sequence for page contents and access order
+/// (statistical quality is irrelevant here; reproducibility from a seed is what matters).
+fn xorshift(x: &mut u64) -> u64 {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    *x
+}
+
 /// Fills `page` with bytes determined by (seed, addr, version): cheap, and different for every
 /// page and every overwrite, so a misplaced or stale split shows up as a mismatch.
 pub fn fill_page(page: &mut Page, seed: u64, addr: u64, version: u64) {
@@ -121,10 +130,7 @@ pub fn fill_page(page: &mut Page, seed: u64, addr: u64, version: u64) {
         ^ version.wrapping_mul(0xD1B5_4A32_D192_ED03)
         | 1;
     for c in page.chunks_exact_mut(8) {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        c.copy_from_slice(&x.to_le_bytes());
+        c.copy_from_slice(&xorshift(&mut x).to_le_bytes());
     }
 }
 
@@ -226,10 +232,7 @@ fn read_load(
                 let mut expect = [0u8; PAGE_SIZE];
                 let mut x = o.seed ^ (salt * 64 + t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                 while t0.elapsed() < duration {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    let p = x % o.pages;
+                    let p = xorshift(&mut x) % o.pages;
                     if let Err(e) = mem.read_page(p * PAGE_SIZE as u64, &mut page) {
                         first_err.lock().get_or_insert(e);
                         return;
@@ -322,12 +325,7 @@ pub fn run(
     let rounds = o.rounds.max(1);
     let per_round = o.latency_ops.div_ceil(rounds);
     let mut x = o.seed | 1;
-    let mut next = move || {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        x
-    };
+    let mut next = move || xorshift(&mut x);
     let mut page = [0u8; PAGE_SIZE];
     let mut expect = [0u8; PAGE_SIZE];
     let nruns = runs.len() as u64;
