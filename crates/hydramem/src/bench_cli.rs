@@ -16,38 +16,43 @@ pub struct BenchArgs {
     #[arg(long, env = "HYDRAMEM_CLUSTER")]
     cluster: Option<PathBuf>,
     /// Nodes of the embedded cluster (when no --cluster is given).
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
     nodes: usize,
     /// Pages in the working set of each scheme.
-    #[arg(long, default_value_t = 16384)]
+    #[arg(long, env = "HYDRAMEM_PAGES", default_value_t = 16384)]
     pages: u64,
     /// Operations per queue-depth-1 latency phase.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, env = "HYDRAMEM_LATENCY_OPS", default_value_t = 5000)]
     latency_ops: u64,
     /// Threads (pages in flight) for the throughput phases.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, env = "HYDRAMEM_DEPTH", default_value_t = 16)]
     depth: usize,
     /// Seconds of the read-throughput phase.
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(long, env = "HYDRAMEM_SECONDS", default_value_t = 3.0)]
     seconds: f64,
     /// Rounds the measurements are cut into (schemes interleaved within each round).
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, env = "HYDRAMEM_ROUNDS", default_value_t = 10)]
     rounds: u64,
     /// Microseconds a waiting thread polls before it sleeps.
-    #[arg(long, default_value_t = 50)]
+    #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
     /// Schemes to run (comma separated): hydra-8+2-d1, hydra-8+2-d0, rep2, rep3, single.
     #[arg(
         long,
+        env = "HYDRAMEM_SCHEMES",
         value_delimiter = ',',
         default_value = "hydra-8+2-d1,hydra-8+2-d0,rep2,rep3,single"
     )]
     schemes: Vec<String>,
     /// Where to write the JSON results.
-    #[arg(long, default_value = "bench-results/bench.json")]
+    #[arg(
+        long,
+        env = "HYDRAMEM_JSON",
+        default_value = "bench-results/bench.json"
+    )]
     json: PathBuf,
     /// Seed of page contents and access order.
-    #[arg(long, default_value_t = 42)]
+    #[arg(long, env = "HYDRAMEM_SEED", default_value_t = 42)]
     seed: u64,
 }
 

@@ -19,10 +19,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 #[derive(clap::Args)]
 pub struct DemoArgs {
     /// Memory nodes to start.
-    #[arg(long, default_value_t = 12)]
+    #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
     nodes: usize,
     /// Size of the working set.
-    #[arg(long, default_value = "64MiB", value_parser = hydramem::units::parse_size)]
+    #[arg(long, env = "HYDRAMEM_SIZE", default_value = "64MiB", value_parser = hydramem::units::parse_size)]
     size: hydramem::units::Size,
 }
 
