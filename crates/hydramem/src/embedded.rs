@@ -222,6 +222,15 @@ impl EmbeddedCluster {
         Ok(())
     }
 
+    /// Injects a fault into node `i` (its nodes must run with `--allow-fault-injection`).
+    pub fn inject(&self, i: usize, fault: crate::wire::Fault) -> Result<(), String> {
+        crate::status::inject(
+            self.nodes[i].entry.addr,
+            fault,
+            std::time::Duration::from_secs(5),
+        )
+    }
+
     /// Waits for any node to exit on its own; returns its index and status.
     pub fn try_wait_any(&mut self) -> Option<(usize, std::process::ExitStatus)> {
         for (i, n) in self.nodes.iter_mut().enumerate() {

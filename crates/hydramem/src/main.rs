@@ -70,6 +70,10 @@ struct NodeArgs {
     /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400).
     #[arg(long, env = "HYDRAMEM_METRICS")]
     metrics: Option<String>,
+    /// Obey FAULT requests (delay, stall, drop connections, refuse allocation, crash). For
+    /// tests only: never on a node that holds data anyone needs.
+    #[arg(long, env = "HYDRAMEM_ALLOW_FAULT_INJECTION")]
+    allow_fault_injection: bool,
     /// Print "listening ADDR" on stdout once ready (used by `up`).
     #[arg(long, hide = true)]
     announce: bool,
@@ -227,8 +231,12 @@ fn run_node(a: NodeArgs) -> Result<()> {
         id: a.id,
         capacity: a.capacity.bytes(),
         slab_size: a.slab_size.bytes(),
+        allow_faults: a.allow_fault_injection,
     };
     let node = Node::new(config)?;
+    if a.allow_fault_injection {
+        tracing::warn!("fault injection is ENABLED: this node obeys FAULT requests (tests only)");
+    }
     if let Some(m) = &a.metrics {
         let addr: std::net::SocketAddr = m
             .parse()

@@ -72,6 +72,16 @@ pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, String> {
     Stats::parse(&request(&mut s, Op::Stats, &[])?).map_err(|e| e.to_string())
 }
 
+/// Asks the node at `addr` to inject `fault` (refused unless it allows fault injection).
+pub fn inject(addr: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result<(), String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let mut body = Vec::new();
+    fault.put(&mut body);
+    request(&mut s, Op::Fault, &body).map(|_| ())
+}
+
 /// Status of every node of the cluster, in cluster-file order.
 pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
     cluster

@@ -34,6 +34,7 @@
 //! |      |         | of data)                                       |                                                |
 //! | 0x11 | READV   | count u32, count × entry (24)                  | count u32, count × (cookie u64, status u32,    |
 //! |      |         |                                                | len u32, then len bytes of data)               |
+//! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! A vectored entry is 24 bytes: slab u32, len u32, offset u64, cookie u64. The cookie is opaque
 //! to the node and lets the client land each split where it belongs without a lookup table (the
@@ -127,11 +128,13 @@ pub enum Op {
     WriteV = 0x10,
     /// Vectored read of splits.
     ReadV = 0x11,
+    /// Inject a fault (testing only; refused unless the node was started to allow it).
+    Fault = 0x20,
 }
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 8] = [
+    pub const ALL: [Op; 9] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -140,6 +143,7 @@ impl Op {
         Op::Stats,
         Op::WriteV,
         Op::ReadV,
+        Op::Fault,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -165,11 +169,13 @@ pub enum Status {
     NotIdentified = 5,
     /// The node failed internally (e.g. the kernel refused memory).
     Internal = 6,
+    /// The request is not allowed on this node (fault injection on a production node).
+    Forbidden = 7,
 }
 
 impl Status {
     /// Every status, for exhaustive tests.
-    pub const ALL: [Status; 7] = [
+    pub const ALL: [Status; 8] = [
         Status::Ok,
         Status::BadRequest,
         Status::NoSuchSlab,
@@ -177,6 +183,7 @@ impl Status {
         Status::NoCapacity,
         Status::NotIdentified,
         Status::Internal,
+        Status::Forbidden,
     ];
 
     fn from_u16(v: u16) -> Option<Status> {
@@ -201,6 +208,7 @@ impl fmt::Display for Status {
             Status::NoCapacity => "node has no free capacity for another slab",
             Status::NotIdentified => "connection has not said HELLO",
             Status::Internal => "internal node error",
+            Status::Forbidden => "not allowed on this node",
         };
         f.write_str(s)
     }
@@ -718,6 +726,58 @@ pub fn parse_vectored_reply<'a>(
     r.end()
 }
 
+/// A fault a test asks a node to inject (FAULT request). Nodes refuse them with
+/// [`Status::Forbidden`] unless started with `--allow-fault-injection`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// Remove every injected fault.
+    Clear,
+    /// Hold every reply (on every connection) this many microseconds before sending it.
+    DelayReplies(u64),
+    /// Stop answering: requests are read but not served until `Clear` (the connections stay
+    /// open, as with a process that hangs).
+    StopAnswering,
+    /// Close every connection except the one that asked.
+    DropConnections,
+    /// Refuse every ALLOC as if the node were full.
+    RefuseAlloc,
+    /// Abort the node process at once.
+    Crash,
+}
+
+impl Fault {
+    /// Appends the FAULT request body.
+    pub fn put(&self, out: &mut Vec<u8>) {
+        let (kind, arg) = match *self {
+            Fault::Clear => (0u32, 0u64),
+            Fault::DelayReplies(us) => (1, us),
+            Fault::StopAnswering => (2, 0),
+            Fault::DropConnections => (3, 0),
+            Fault::RefuseAlloc => (4, 0),
+            Fault::Crash => (5, 0),
+        };
+        out.extend_from_slice(&kind.to_le_bytes());
+        out.extend_from_slice(&arg.to_le_bytes());
+    }
+
+    /// Parses a FAULT request body.
+    pub fn parse(body: &[u8]) -> Result<Fault, WireError> {
+        let mut r = Reader::new(body);
+        let kind = r.u32()?;
+        let arg = r.u64()?;
+        r.end()?;
+        Ok(match kind {
+            0 => Fault::Clear,
+            1 => Fault::DelayReplies(arg),
+            2 => Fault::StopAnswering,
+            3 => Fault::DropConnections,
+            4 => Fault::RefuseAlloc,
+            5 => Fault::Crash,
+            _ => return Err(WireError::Invalid("unknown fault kind")),
+        })
+    }
+}
+
 /// A complete request as a node sees it after parsing; borrowed from the receive buffer so that
 /// write payloads are copied once, from the buffer into the slab.
 #[derive(Debug)]
@@ -744,6 +804,8 @@ pub enum Request<'a> {
     WriteV(WriteList<'a>),
     /// READV: entries.
     ReadV(EntryList<'a>),
+    /// FAULT.
+    Fault(Fault),
 }
 
 /// The entries of a vectored request, still in wire form (decoded lazily, no allocation).
@@ -813,6 +875,7 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
     let mut r = Reader::new(body);
     let req = match h.op {
         Op::Hello => return Ok(Request::Hello(Hello::parse(body)?)),
+        Op::Fault => return Ok(Request::Fault(Fault::parse(body)?)),
         Op::Ping => Request::Ping,
         Op::Alloc => Request::Alloc { tag: r.u64()? },
         Op::Free => Request::Free { slab: r.u32()? },
@@ -956,7 +1019,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn header_round_trips(op in 0usize..8, reply: bool, st in 0usize..7, id: u64, len in 0u32..=MAX_BODY as u32) {
+        fn header_round_trips(op in 0usize..9, reply: bool, st in 0usize..8, id: u64, len in 0u32..=MAX_BODY as u32) {
             let h = Header { op: Op::ALL[op], reply, status: Status::ALL[st], id, body_len: len };
             prop_assert_eq!(Header::parse(&h.encode()).unwrap(), h);
         }

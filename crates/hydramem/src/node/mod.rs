@@ -31,6 +31,21 @@ pub struct NodeConfig {
     pub capacity: u64,
     /// Size of every slab.
     pub slab_size: u64,
+    /// Whether FAULT requests are obeyed (testing only; refused otherwise).
+    pub allow_faults: bool,
+}
+
+/// Faults injected into a running node by FAULT requests (see [`crate::wire::Fault`]).
+#[derive(Default)]
+pub struct Faults {
+    /// Microseconds every reply batch is held back.
+    pub delay_us: AtomicU64,
+    /// Whether requests are left unanswered.
+    pub stopped: Mutex<bool>,
+    /// Signalled when `stopped` is cleared.
+    pub resumed: parking_lot::Condvar,
+    /// Whether ALLOC is refused.
+    pub refuse_alloc: std::sync::atomic::AtomicBool,
 }
 
 /// Errors that prevent a node from starting.
@@ -107,6 +122,8 @@ pub struct Node {
     /// Serializes allocation so that the capacity check and the insert are one step.
     alloc: Mutex<u32>,
     clients: AtomicU32,
+    /// Injected faults (inert unless `config.allow_faults`).
+    pub faults: Faults,
 }
 
 impl Node {
@@ -129,6 +146,7 @@ impl Node {
             slabs: RwLock::new(BTreeMap::new()),
             alloc: Mutex::new(0),
             clients: AtomicU32::new(0),
+            faults: Faults::default(),
         }))
     }
 
@@ -145,7 +163,8 @@ impl Node {
     /// Allocates a zeroed slab owned by `owner`.
     pub fn alloc(&self, owner: ClientId, tag: u64) -> Result<u32, Status> {
         let mut next = self.alloc.lock();
-        if self.slabs.read().len() as u64 >= self.max_slabs() {
+        let refused = self.faults.refuse_alloc.load(Ordering::Relaxed);
+        if refused || self.slabs.read().len() as u64 >= self.max_slabs() {
             metrics::counter!("hydramem_node_alloc_refused_total").increment(1);
             return Err(Status::NoCapacity);
         }
@@ -249,6 +268,7 @@ mod tests {
             id: 3,
             capacity: slabs * 65536,
             slab_size: 65536,
+            allow_faults: false,
         })
         .unwrap()
     }
@@ -301,17 +321,13 @@ mod tests {
 
     #[test]
     fn bad_configs_are_refused() {
-        assert!(Node::new(NodeConfig {
+        let cfg = |capacity, slab_size| NodeConfig {
             id: 0,
-            capacity: 1 << 20,
-            slab_size: 1000
-        })
-        .is_err());
-        assert!(Node::new(NodeConfig {
-            id: 0,
-            capacity: 4096,
-            slab_size: 8192
-        })
-        .is_err());
+            capacity,
+            slab_size,
+            allow_faults: false,
+        };
+        assert!(Node::new(cfg(1 << 20, 1000)).is_err());
+        assert!(Node::new(cfg(4096, 8192)).is_err());
     }
 }

@@ -20,8 +20,8 @@ use parking_lot::Mutex;
 
 use super::Node;
 use crate::wire::{
-    self, ClientId, FrameBuilder, Header, HelloReply, ReplyEntry, Request, Status, WireError,
-    HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
+    self, ClientId, Fault, FrameBuilder, Header, HelloReply, Op, ReplyEntry, Request, Status,
+    WireError, HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
 };
 
 /// Stops a running [`run`]: the accept loop ends and every open connection is shut down.
@@ -89,7 +89,7 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
         let spawned = std::thread::Builder::new()
             .name("hm-conn".into())
             .spawn(move || {
-                let mut conn = Connection::new(node.clone());
+                let mut conn = Connection::new(node.clone(), sd.clone(), key);
                 match conn.serve(stream) {
                     Ok(()) => tracing::debug!(?peer, "connection closed by peer"),
                     Err(ConnError::Protocol(e)) => {
@@ -124,6 +124,8 @@ enum ConnError {
 /// Per-connection state: the identity said in HELLO and reusable buffers.
 struct Connection {
     node: Arc<Node>,
+    shutdown: Arc<Shutdown>,
+    key: u64,
     client: Option<ClientId>,
     observer: bool,
     counted: bool,
@@ -132,9 +134,11 @@ struct Connection {
 }
 
 impl Connection {
-    fn new(node: Arc<Node>) -> Connection {
+    fn new(node: Arc<Node>, shutdown: Arc<Shutdown>, key: u64) -> Connection {
         Connection {
             node,
+            shutdown,
+            key,
             client: None,
             observer: false,
             counted: false,
@@ -162,15 +166,68 @@ impl Connection {
             let h = Header::parse(&hb)?;
             self.body.resize(h.body_len as usize, 0);
             reader.read_exact(&mut self.body)?;
+            if h.op != Op::Fault {
+                self.hold_while_stopped();
+            }
             let body = std::mem::take(&mut self.body);
             let r = self.handle(&h, &body);
             self.body = body;
             r?;
             if reader.buffer().is_empty() || self.out.len() > MAX_BODY {
+                let delay = self.node.faults.delay_us.load(Ordering::Relaxed);
+                if delay > 0 {
+                    std::thread::sleep(std::time::Duration::from_micros(delay));
+                }
                 writer.write_all(&self.out)?;
                 self.out.clear();
             }
         }
+    }
+
+    /// Injected "stop answering": wait until the fault is cleared or the node shuts down.
+    fn hold_while_stopped(&self) {
+        let f = &self.node.faults;
+        let mut stopped = f.stopped.lock();
+        while *stopped && !self.shutdown.is_triggered() {
+            f.resumed
+                .wait_for(&mut stopped, std::time::Duration::from_millis(100));
+        }
+    }
+
+    /// Applies a FAULT request; `Forbidden` unless the node allows fault injection.
+    fn fault(&self, fault: Fault) -> Status {
+        let node = &self.node;
+        if !node.config().allow_faults {
+            tracing::warn!(
+                ?fault,
+                "fault injection refused: node not started with --allow-fault-injection"
+            );
+            return Status::Forbidden;
+        }
+        tracing::warn!(?fault, "injecting fault");
+        let f = &node.faults;
+        match fault {
+            Fault::Clear => {
+                f.delay_us.store(0, Ordering::Relaxed);
+                f.refuse_alloc.store(false, Ordering::Relaxed);
+                *f.stopped.lock() = false;
+                f.resumed.notify_all();
+            }
+            Fault::DelayReplies(us) => f.delay_us.store(us, Ordering::Relaxed),
+            Fault::StopAnswering => *f.stopped.lock() = true,
+            Fault::RefuseAlloc => f.refuse_alloc.store(true, Ordering::Relaxed),
+            Fault::DropConnections => {
+                for (k, c) in self.shutdown.conns.lock().iter() {
+                    if *k != self.key {
+                        let _ = c.shutdown(NetShutdown::Both);
+                    }
+                }
+            }
+            // Dies on the spot, without replying or cleaning up; exit rather than abort so
+            // that test machines do not collect core dumps.
+            Fault::Crash => std::process::exit(134),
+        }
+        Status::Ok
     }
 
     fn handle(&mut self, h: &Header, body: &[u8]) -> Result<(), ConnError> {
@@ -178,7 +235,7 @@ impl Connection {
         let node = self.node.clone();
         let out = &mut self.out;
         let client = match (&req, self.client, self.observer) {
-            (Request::Hello(_) | Request::Ping | Request::Stats, _, _) => None,
+            (Request::Hello(_) | Request::Ping | Request::Stats | Request::Fault(_), _, _) => None,
             (_, Some(c), false) => Some(c),
             _ => {
                 let fb = FrameBuilder::begin(out, h.op, true, Status::NotIdentified, h.id);
@@ -213,6 +270,10 @@ impl Connection {
                 fb.finish(out)?;
             }
             Request::Ping => fb_ok(out).finish(out)?,
+            Request::Fault(fault) => {
+                let st = self.fault(fault);
+                FrameBuilder::begin(&mut self.out, h.op, true, st, h.id).finish(&mut self.out)?;
+            }
             Request::Stats => {
                 let fb = fb_ok(out);
                 node.stats().put(out);

@@ -9,12 +9,24 @@ use hydramem::wire::{ClientId, FrameBuilder, Header, Hello, Op, Status, HEADER_L
 
 /// Starts `nodes` memory node processes with small slabs.
 pub fn cluster(nodes: usize, slab_size: u64, slabs_per_node: u64) -> EmbeddedCluster {
+    cluster_with(nodes, slab_size, slabs_per_node, &[])
+}
+
+/// Like [`cluster`], with extra node arguments.
+pub fn cluster_with(
+    nodes: usize,
+    slab_size: u64,
+    slabs_per_node: u64,
+    extra: &[&str],
+) -> EmbeddedCluster {
+    let mut extra_args: Vec<String> = vec!["--log".into(), "error".into()];
+    extra_args.extend(extra.iter().map(|s| s.to_string()));
     EmbeddedCluster::start(EmbeddedOptions {
         binary: env!("CARGO_BIN_EXE_hydramem").into(),
         nodes,
         slab_size,
         capacity: slab_size * slabs_per_node,
-        extra_args: vec!["--log".into(), "warn".into()],
+        extra_args,
     })
     .expect("start memory nodes")
 }

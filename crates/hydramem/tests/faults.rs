@@ -1,0 +1,137 @@
+//! Injected faults on live node processes: refused unless allowed, and each one met by the
+//! client the way the data path promises (no wrong bytes, reads past stalled or lost nodes,
+//! placement around nodes that refuse slabs).
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use hydramem::bench::fill_page;
+use hydramem::client::{ClientConfig, Mode, RemoteMemory, Resilience};
+use hydramem::wire::Fault;
+use hydramem::PAGE_SIZE;
+
+const SLAB: u64 = 1 << 20;
+const HYDRA: Resilience = Resilience::Hydra {
+    k: 8,
+    r: 2,
+    delta: 1,
+    mode: Mode::FailureRecovery,
+};
+
+fn faulty(nodes: usize) -> hydramem::embedded::EmbeddedCluster {
+    common::cluster_with(nodes, SLAB, 16, &["--allow-fault-injection"])
+}
+
+fn client(c: &hydramem::embedded::EmbeddedCluster, pages: u64) -> RemoteMemory {
+    let mut cfg = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
+    cfg.straggler_after = Duration::from_millis(2);
+    RemoteMemory::connect(c.cluster(), cfg).unwrap()
+}
+
+fn write_all(mem: &RemoteMemory, pages: u64, version: u64) {
+    let mut page = [0u8; PAGE_SIZE];
+    for p in 0..pages {
+        fill_page(&mut page, 11, p, version);
+        mem.write_page(p * PAGE_SIZE as u64, &page).unwrap();
+    }
+}
+
+fn check_all(mem: &RemoteMemory, pages: u64, version: u64) {
+    let mut page = [0u8; PAGE_SIZE];
+    let mut want = [0u8; PAGE_SIZE];
+    for p in 0..pages {
+        mem.read_page(p * PAGE_SIZE as u64, &mut page)
+            .unwrap_or_else(|e| panic!("page {p}: {e}"));
+        fill_page(&mut want, 11, p, version);
+        assert!(page == want, "page {p} read back wrong");
+    }
+}
+
+#[test]
+fn faults_are_refused_unless_allowed() {
+    let c = common::cluster(1, SLAB, 4);
+    let e = c.inject(0, Fault::Crash).unwrap_err();
+    assert!(e.contains("not allowed"), "{e}");
+    // The node is still alive and serving.
+    assert!(hydramem::status::fetch(c.cluster().nodes[0].addr, Duration::from_secs(2)).is_ok());
+}
+
+#[test]
+fn stalled_and_slow_nodes_do_not_hold_reads() {
+    let c = faulty(12);
+    let mem = client(&c, 256);
+    write_all(&mem, 256, 1);
+    let g = mem.group_of(0).unwrap();
+    let (stalled, slow) = (g.nodes[2] as usize, g.nodes[7] as usize);
+    c.inject(stalled, Fault::StopAnswering).unwrap();
+    c.inject(slow, Fault::DelayReplies(20_000)).unwrap();
+    check_all(&mem, 256, 1);
+    assert!(
+        mem.stats()
+            .reissued
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    );
+    // Cleared, the stalled node answers again: a write needing all 10 splits goes through.
+    c.inject(stalled, Fault::Clear).unwrap();
+    c.inject(slow, Fault::Clear).unwrap();
+    write_all(&mem, 16, 2);
+    check_all(&mem, 16, 2);
+}
+
+#[test]
+fn dropped_connections_mark_the_node_down_and_reads_go_on() {
+    let c = faulty(12);
+    let mem = client(&c, 128);
+    write_all(&mem, 128, 3);
+    let victim = mem.group_of(0).unwrap().nodes[4];
+    c.inject(victim as usize, Fault::DropConnections).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Reads keep working while the loss is noticed, and after.
+    while mem.transport().is_up(victim) {
+        check_all(&mem, 8, 3);
+        assert!(
+            Instant::now() < deadline,
+            "client never noticed the dropped connection"
+        );
+    }
+    check_all(&mem, 128, 3);
+}
+
+#[test]
+fn nodes_refusing_slabs_are_placed_around() {
+    let c = faulty(12);
+    c.inject(0, Fault::RefuseAlloc).unwrap();
+    c.inject(1, Fault::RefuseAlloc).unwrap();
+    let range = 8 * SLAB;
+    let mem = client(&c, 2 * range / PAGE_SIZE as u64);
+    mem.write_page(0, &[1u8; PAGE_SIZE]).unwrap();
+    let g = mem.group_of(0).unwrap();
+    assert!(
+        !g.nodes[..10].contains(&0) && !g.nodes[..10].contains(&1),
+        "{:?}",
+        &g.nodes[..10]
+    );
+    // A third refusing node leaves 9 of the 10 a range needs: a clear capacity error.
+    c.inject(2, Fault::RefuseAlloc).unwrap();
+    let e = mem
+        .write_page(range, &[2u8; PAGE_SIZE])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("out of capacity") && e.contains("node 2"), "{e}");
+}
+
+#[test]
+fn a_crashed_node_is_survived() {
+    let mut c = faulty(10);
+    let mem = client(&c, 64);
+    write_all(&mem, 64, 4);
+    c.inject(3, Fault::Crash).unwrap_err(); // the connection dies with the process
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while c.try_wait_any().is_none() {
+        assert!(Instant::now() < deadline, "node 3 did not crash");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check_all(&mem, 64, 4);
+}
