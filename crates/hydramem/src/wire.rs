@@ -26,19 +26,28 @@
 //! |------|---------|------------------------------------------------|------------------------------------------------|
 //! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32 |
 //! | 0x02 | PING    | empty                                          | empty                                          |
-//! | 0x03 | ALLOC   | tag u64                                        | slab u32                                       |
+//! | 0x03 | ALLOC   | tag u64, split_len u32                         | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
 //! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
 //! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
-//! | 0x10 | WRITEV  | count u32, count × (entry (24), then len bytes | count u32, count × (cookie u64, status u32)    |
+//! | 0x10 | WRITEV  | count u32, count × (entry (32), then len bytes | count u32, count × (cookie u64, status u32)    |
 //! |      |         | of data)                                       |                                                |
-//! | 0x11 | READV   | count u32, count × entry (24)                  | count u32, count × (cookie u64, status u32,    |
-//! |      |         |                                                | len u32, then len bytes of data)               |
+//! | 0x11 | READV   | count u32, count × entry (32)                  | count u32, count × (cookie u64, status u32,    |
+//! |      |         |                                                | len u32, version u64, then len bytes of data)  |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
-//! A vectored entry is 24 bytes: slab u32, len u32, offset u64, cookie u64. The cookie is opaque
-//! to the node and lets the client land each split where it belongs without a lookup table (the
-//! role a work-request id plays in RDMA). In a READV reply an entry that failed carries len 0.
+//! A vectored entry is 32 bytes: slab u32, len u32, offset u64, cookie u64, version u64. The
+//! cookie is opaque to the node and lets the client land each split where it belongs without a
+//! lookup table (the role a work-request id plays in RDMA). In a READV reply an entry that failed
+//! carries len 0.
+//!
+//! **Versions.** A slab holds splits of one length, fixed at ALLOC (`split_len`); every access
+//! is one whole split at a multiple of it. Next to each split the node keeps the version of the
+//! page it belongs to (0 = never written). A WRITEV entry is applied only if its version is
+//! newer than the stored one; an equal version is acknowledged without rewriting (a repeated
+//! write), an older one is refused with [`Status::Stale`] and changes nothing. A READV reply
+//! returns each split with its stored version, so that a client never combines splits of
+//! different writes of a page (docs/architecture.md, "Versions").
 //! Entries and their data are interleaved in both directions so that a sender can append one
 //! more entry to a frame it has already started: a client merges the splits that many threads
 //! send to one node while a previous frame is still being written into one vectored frame.
@@ -65,7 +74,7 @@ pub const MAX_BODY: usize = 4 << 20;
 /// Most entries one vectored request may carry.
 pub const MAX_ENTRIES: usize = 8192;
 /// Length of one vectored entry on the wire.
-pub const ENTRY_LEN: usize = 24;
+pub const ENTRY_LEN: usize = 32;
 /// Bit set in the op byte of replies.
 const REPLY_BIT: u8 = 0x80;
 
@@ -171,11 +180,13 @@ pub enum Status {
     Internal = 6,
     /// The request is not allowed on this node (fault injection on a production node).
     Forbidden = 7,
+    /// A newer version of this split is already stored; nothing was written.
+    Stale = 8,
 }
 
 impl Status {
     /// Every status, for exhaustive tests.
-    pub const ALL: [Status; 8] = [
+    pub const ALL: [Status; 9] = [
         Status::Ok,
         Status::BadRequest,
         Status::NoSuchSlab,
@@ -184,6 +195,7 @@ impl Status {
         Status::NotIdentified,
         Status::Internal,
         Status::Forbidden,
+        Status::Stale,
     ];
 
     fn from_u16(v: u16) -> Option<Status> {
@@ -209,6 +221,7 @@ impl fmt::Display for Status {
             Status::NotIdentified => "connection has not said HELLO",
             Status::Internal => "internal node error",
             Status::Forbidden => "not allowed on this node",
+            Status::Stale => "a newer version of the split is stored",
         };
         f.write_str(s)
     }
@@ -279,15 +292,18 @@ pub struct Entry {
     pub offset: u64,
     /// Opaque to the node; echoed in the reply entry.
     pub cookie: u64,
+    /// WRITEV: the version of the page this split belongs to (0 in READV).
+    pub version: u64,
 }
 
 impl Entry {
-    /// Appends the entry's 24 bytes to `out`.
+    /// Appends the entry's 32 bytes to `out`.
     pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.slab.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.cookie.to_le_bytes());
+        out.extend_from_slice(&self.version.to_le_bytes());
     }
 
     /// Reads one entry.
@@ -297,6 +313,7 @@ impl Entry {
             len: r.u32()?,
             offset: r.u64()?,
             cookie: r.u64()?,
+            version: r.u64()?,
         })
     }
 }
@@ -656,6 +673,8 @@ pub struct ReplyEntry {
     pub status: Status,
     /// Data bytes that follow (READV only).
     pub len: u32,
+    /// Version stored with the split (READV only).
+    pub version: u64,
 }
 
 impl ReplyEntry {
@@ -670,13 +689,15 @@ impl ReplyEntry {
             cookie: r.u64()?,
             status: Status::from_u32(r.u32()?)?,
             len: 0,
+            version: 0,
         })
     }
-    /// Appends a READV reply entry header (16 bytes); the caller appends `len` data bytes.
-    pub fn put_read(out: &mut Vec<u8>, cookie: u64, status: Status, len: u32) {
+    /// Appends a READV reply entry header (24 bytes); the caller appends `len` data bytes.
+    pub fn put_read(out: &mut Vec<u8>, cookie: u64, status: Status, len: u32, version: u64) {
         out.extend_from_slice(&cookie.to_le_bytes());
         out.extend_from_slice(&(status as u32).to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
     }
     /// Parses a READV reply entry header; the data follows in the reader.
     pub fn get_read(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
@@ -684,6 +705,7 @@ impl ReplyEntry {
             cookie: r.u64()?,
             status: Status::from_u32(r.u32()?)?,
             len: r.u32()?,
+            version: r.u64()?,
         };
         if e.status != Status::Ok && e.len != 0 {
             return Err(WireError::Invalid("failed read entry carries data"));
@@ -692,13 +714,13 @@ impl ReplyEntry {
     }
 }
 
-/// Parses the body of a WRITEV or READV reply with status OK, calling `f(cookie, status, data)`
-/// for every entry in order (`data` is empty for writes and for failed reads). Stops at the
+/// Parses the body of a WRITEV or READV reply with status OK, calling
+/// `f(cookie, status, version, data)` for every entry in order (`data` is empty for writes and for failed reads). Stops at the
 /// first malformed entry; entries before it have been delivered.
 pub fn parse_vectored_reply<'a>(
     h: &Header,
     body: &'a [u8],
-    mut f: impl FnMut(u64, Status, &'a [u8]),
+    mut f: impl FnMut(u64, Status, u64, &'a [u8]),
 ) -> Result<(), WireError> {
     if !h.reply {
         return Err(WireError::Invalid("expected a reply frame"));
@@ -712,13 +734,13 @@ pub fn parse_vectored_reply<'a>(
         Op::WriteV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_write(&mut r)?;
-                f(e.cookie, e.status, &[]);
+                f(e.cookie, e.status, 0, &[]);
             }
         }
         Op::ReadV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_read(&mut r)?;
-                f(e.cookie, e.status, r.bytes(e.len as usize)?);
+                f(e.cookie, e.status, e.version, r.bytes(e.len as usize)?);
             }
         }
         _ => return Err(WireError::Invalid("not a vectored op")),
@@ -786,10 +808,12 @@ pub enum Request<'a> {
     Hello(Hello),
     /// PING.
     Ping,
-    /// ALLOC with its tag.
+    /// ALLOC with its tag and split length.
     Alloc {
         /// Client-chosen label stored with the slab (returned by LIST).
         tag: u64,
+        /// Length of every split the slab will hold.
+        split_len: u32,
     },
     /// FREE of a slab.
     Free {
@@ -877,7 +901,10 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
         Op::Hello => return Ok(Request::Hello(Hello::parse(body)?)),
         Op::Fault => return Ok(Request::Fault(Fault::parse(body)?)),
         Op::Ping => Request::Ping,
-        Op::Alloc => Request::Alloc { tag: r.u64()? },
+        Op::Alloc => Request::Alloc {
+            tag: r.u64()?,
+            split_len: r.u32()?,
+        },
         Op::Free => Request::Free { slab: r.u32()? },
         Op::List => Request::List,
         Op::Stats => Request::Stats,
@@ -973,6 +1000,7 @@ mod tests {
             len: 4,
             offset: 0,
             cookie: 9,
+            version: 3,
         };
         let ok = frame(Op::WriteV, 1, |o| {
             o.extend_from_slice(&1u32.to_le_bytes());
@@ -1007,19 +1035,25 @@ mod tests {
     }
 
     fn arb_entry() -> impl Strategy<Value = Entry> {
-        (any::<u32>(), 0u32..2048, any::<u64>(), any::<u64>()).prop_map(
-            |(slab, len, offset, cookie)| Entry {
+        (
+            any::<u32>(),
+            0u32..2048,
+            any::<u64>(),
+            any::<u64>(),
+            any::<u64>(),
+        )
+            .prop_map(|(slab, len, offset, cookie, version)| Entry {
                 slab,
                 len,
                 offset,
                 cookie,
-            },
-        )
+                version,
+            })
     }
 
     proptest! {
         #[test]
-        fn header_round_trips(op in 0usize..9, reply: bool, st in 0usize..8, id: u64, len in 0u32..=MAX_BODY as u32) {
+        fn header_round_trips(op in 0usize..9, reply: bool, st in 0usize..9, id: u64, len in 0u32..=MAX_BODY as u32) {
             let h = Header { op: Op::ALL[op], reply, status: Status::ALL[st], id, body_len: len };
             prop_assert_eq!(Header::parse(&h.encode()).unwrap(), h);
         }

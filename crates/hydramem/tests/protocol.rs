@@ -9,12 +9,19 @@ use common::Raw;
 use hydramem::wire::{self, ClientId, Entry, Op, Reader, ReplyEntry, Status};
 
 fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
+    readv_versioned(raw, slab, offset, len).0
+}
+
+/// One READV entry; returns (status, data) and the version the node stored.
+fn readv_versioned(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> ((Status, Vec<u8>), u64) {
     let mut b = 1u32.to_le_bytes().to_vec();
+    let cookie = 77;
     Entry {
         slab,
         len,
         offset,
-        cookie: 77,
+        cookie,
+        version: 0,
     }
     .put(&mut b);
     let (h, body) = raw.call(Op::ReadV, &b);
@@ -23,16 +30,26 @@ fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
     assert_eq!(r.count().unwrap(), 1);
     let e = ReplyEntry::get_read(&mut r).unwrap();
     assert_eq!(e.cookie, 77);
-    (e.status, r.bytes(e.len as usize).unwrap().to_vec())
+    (
+        (e.status, r.bytes(e.len as usize).unwrap().to_vec()),
+        e.version,
+    )
 }
 
 fn writev(raw: &mut Raw, slab: u32, offset: u64, data: &[u8]) -> Status {
+    writev_versioned(raw, slab, offset, data, 1)
+}
+
+/// One WRITEV entry of `version`; returns its status.
+fn writev_versioned(raw: &mut Raw, slab: u32, offset: u64, data: &[u8], version: u64) -> Status {
     let mut b = 1u32.to_le_bytes().to_vec();
+    let len = data.len() as u32;
     Entry {
         slab,
-        len: data.len() as u32,
+        len,
         offset,
         cookie: 5,
+        version,
     }
     .put(&mut b);
     b.extend_from_slice(data);
@@ -49,7 +66,8 @@ fn slabs_are_private_zeroed_and_range_checked() {
     let (a, b) = (ClientId::random(), ClientId::random());
     let mut ra = Raw::connect(addr);
     ra.hello(a);
-    let (h, body) = ra.call(Op::Alloc, &1u64.to_le_bytes());
+    let alloc = [&1u64.to_le_bytes()[..], &512u32.to_le_bytes()].concat();
+    let (h, body) = ra.call(Op::Alloc, &alloc);
     assert_eq!(h.status, Status::Ok);
     let slab = u32::from_le_bytes(body.try_into().unwrap());
     let (st, data) = readv(&mut ra, slab, 0, 512);
@@ -70,16 +88,32 @@ fn slabs_are_private_zeroed_and_range_checked() {
         .unwrap()
         .is_empty());
 
-    // Out of range is an error reply, and the connection stays usable.
+    // Out of range and misaligned accesses are error replies; the connection stays usable.
+    assert_eq!(readv(&mut ra, slab, 1 << 20, 512).0, Status::OutOfRange);
     assert_eq!(
-        readv(&mut ra, slab, (1 << 20) - 100, 512).0,
+        writev(&mut ra, slab, u64::MAX - 511, &[1; 512]),
         Status::OutOfRange
     );
-    assert_eq!(
-        writev(&mut ra, slab, u64::MAX - 10, &[1; 64]),
-        Status::OutOfRange
-    );
+    assert_eq!(readv(&mut ra, slab, 100, 512).0, Status::BadRequest);
+    assert_eq!(writev(&mut ra, slab, 0, &[1; 64]), Status::BadRequest);
     assert_eq!(readv(&mut ra, slab, 4096, 512).1, vec![0xAB; 512]);
+
+    // Versions: a newer write replaces, an older one is refused and changes nothing.
+    assert_eq!(
+        writev_versioned(&mut ra, slab, 512, &[5; 512], 50),
+        Status::Ok
+    );
+    assert_eq!(
+        writev_versioned(&mut ra, slab, 512, &[3; 512], 30),
+        Status::Stale
+    );
+    let got = readv_versioned(&mut ra, slab, 512, 512);
+    assert_eq!(got, ((Status::Ok, vec![5; 512]), 50));
+    assert_eq!(
+        readv_versioned(&mut ra, slab, 1024, 512).1,
+        0,
+        "never written: version 0"
+    );
 
     // The same identity on a new connection finds the slab again.
     let mut ra2 = Raw::connect(addr);
@@ -119,6 +153,7 @@ fn malformed_frames_close_only_their_connection() {
                 len: 4000,
                 offset: 0,
                 cookie: 1,
+                version: 1,
             }
             .put(&mut b);
             let mut f = Vec::new();

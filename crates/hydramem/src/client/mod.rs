@@ -209,6 +209,17 @@ pub enum IoError {
         /// The nodes that did not answer.
         nodes: String,
     },
+    /// The splits never agreed on one version for the whole timeout: a write to this page kept
+    /// racing the read, or an earlier write of it failed half-way.
+    #[error("read of page {addr:#x} (address range {range}) found no version of the page held by enough splits for {waited:?}; a write to it is in flight or failed part-way — write the page again")]
+    Inconsistent {
+        /// The page.
+        addr: u64,
+        /// Its range.
+        range: u64,
+        /// How long it retried.
+        waited: Duration,
+    },
     /// The range could not be mapped.
     #[error(transparent)]
     Map(#[from] ClientError),
@@ -234,14 +245,24 @@ pub struct ClientStats {
     pub decodes: AtomicU64,
     /// Extra split reads issued after failures.
     pub reissued: AtomicU64,
+    /// Reads repeated because their splits came from different writes.
+    pub retries: AtomicU64,
+}
+
+/// How one read attempt ended, when it did not fail.
+enum ReadOutcome {
+    /// The page is in the caller's buffer.
+    Done,
+    /// k splits arrived but of different versions: try again.
+    Inconsistent { range: u64 },
 }
 
 /// Adapter: the slot table receives the transport's completions.
 struct SlotSink(Arc<Slots>);
 
 impl Completions for SlotSink {
-    fn read_done(&self, cookie: u64, status: Status, data: &[u8]) {
-        self.0.read_done(cookie, status, data)
+    fn read_done(&self, cookie: u64, status: Status, version: u64, data: &[u8]) {
+        self.0.read_done(cookie, status, version, data)
     }
     fn write_done(&self, cookie: u64, status: Status) {
         self.0.write_done(cookie, status)
@@ -262,6 +283,8 @@ pub struct RemoteMemory {
     placement: Mutex<Placement>,
     domains: Vec<Option<u32>>,
     stats: ClientStats,
+    /// The last page version handed out (see [`RemoteMemory::next_version`]).
+    clock: AtomicU64,
 }
 
 struct Placement {
@@ -403,7 +426,27 @@ impl RemoteMemory {
             placement: Mutex::new(Placement { placer, loads }),
             domains,
             stats: ClientStats::default(),
+            clock: AtomicU64::new(0),
         })
+    }
+
+    /// A fresh page version: a hybrid logical clock, the wall clock in nanoseconds unless that
+    /// would not exceed the last version handed out. Versions only grow, across threads and
+    /// across restarts of a client (whose new versions start from the wall clock, beyond
+    /// everything it wrote before as long as the clock did not step back further than the
+    /// restart took).
+    fn next_version(&self) -> u64 {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        let prev = self
+            .clock
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
+                Some(now.max(last + 1))
+            })
+            .expect("the closure always returns Some");
+        now.max(prev + 1)
     }
 
     /// The page geometry of this client.
@@ -455,6 +498,7 @@ impl RemoteMemory {
         };
         let l = &self.layout;
         let offset = l.split_offset(pir);
+        let version = self.next_version();
         let mut op = self.slots.acquire(std::ptr::null_mut());
         let post = |op: &slots::Op<'_>, j: usize, data: &[u8]| {
             let node = group.nodes[j];
@@ -464,6 +508,7 @@ impl RemoteMemory {
                 len: l.split_len as u32,
                 offset,
                 cookie: op.cookie(j),
+                version,
             };
             if node == slots::NO_NODE || self.transport.post_write(node, e, data, true).is_err() {
                 op.post_failed(j);
@@ -555,12 +600,43 @@ impl RemoteMemory {
     }
 
     /// Reads one page. A page never written reads as zeros.
+    ///
+    /// Only splits of one version are ever combined (see docs/architecture.md, "Versions"). If
+    /// the splits that arrive belong to different writes — a write to the page is in flight —
+    /// the read is repeated, up to `op_timeout`; it never returns mixed bytes.
     pub fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+        let start = Instant::now();
+        let mut backoff = Duration::from_micros(20);
+        loop {
+            match self.read_once(addr, page, start)? {
+                ReadOutcome::Done => return Ok(()),
+                ReadOutcome::Inconsistent { range } => {
+                    self.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    if start.elapsed() + backoff >= self.config.op_timeout {
+                        return Err(IoError::Inconsistent {
+                            addr,
+                            range,
+                            waited: start.elapsed(),
+                        });
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_millis(10));
+                }
+            }
+        }
+    }
+
+    fn read_once(
+        &self,
+        addr: u64,
+        page: &mut Page,
+        start: Instant,
+    ) -> Result<ReadOutcome, IoError> {
         let (range, pir) = self.locate(addr)?;
         let Some(group) = self.ranges[range].load_full() else {
             page.fill(0);
             self.stats.reads.fetch_add(1, Ordering::Relaxed);
-            return Ok(());
+            return Ok(ReadOutcome::Done);
         };
         let l = &self.layout;
         let offset = l.split_offset(pir);
@@ -594,6 +670,7 @@ impl RemoteMemory {
                     len: l.split_len as u32,
                     offset,
                     cookie: op.cookie(j),
+                    version: 0,
                 };
                 if self.transport.post_read(node, e, true).is_err() {
                     op.post_failed(j);
@@ -604,19 +681,22 @@ impl RemoteMemory {
             posted
         };
         post_more(&op, l.read_fanout);
-        let start = Instant::now();
-        let mut straggler_check = start + self.config.straggler_after;
+        let op_start = Instant::now();
+        let mut straggler_check = op_start + self.config.straggler_after;
+        let width = l.width;
+        let need = l.read_need;
         let result = self.wait(&op, start, |p| {
-            let got = p.landed.count_ones() as usize;
-            if got >= l.read_need {
-                return Some(Ok(()));
-            }
+            // The largest set of landed splits that share one version.
+            let got = match op.consistent(p.landed, width, need) {
+                Ok(_) => return Some(Ok(())),
+                Err(largest) => largest,
+            };
             let pending = p.outstanding().count_ones() as usize;
             let now = Instant::now();
             if now >= straggler_check {
                 // Late binding did not hide the straggler: widen the request by what is missing.
                 straggler_check = now + self.config.straggler_after;
-                let more = post_more(&op, l.read_need - got);
+                let more = post_more(&op, need - got);
                 self.stats
                     .reissued
                     .fetch_add(more as u64, Ordering::Relaxed);
@@ -624,15 +704,17 @@ impl RemoteMemory {
                     return None;
                 }
             }
-            if got + pending < l.read_need {
-                let more = post_more(&op, l.read_need - got - pending);
+            if got + pending < need {
+                let more = post_more(&op, need - got - pending);
                 if more > 0 {
                     self.stats
                         .reissued
                         .fetch_add(more as u64, Ordering::Relaxed);
                     return None;
                 }
-                return Some(Err(()));
+                if pending == 0 {
+                    return Some(Err(p.landed.count_ones() as usize >= need));
+                }
             }
             None
         });
@@ -640,10 +722,17 @@ impl RemoteMemory {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         match result {
             Some(Ok(())) => {
-                self.finish_read(&mut op, page, p.landed);
-                Ok(())
+                let (_, mask) = op
+                    .consistent(p.landed, width, need)
+                    .expect("a consistent set was found before closing");
+                self.finish_read(&mut op, page, mask);
+                Ok(ReadOutcome::Done)
             }
-            Some(Err(())) => Err(IoError::Unavailable {
+            // Enough splits arrived but from different writes: a write is in flight.
+            Some(Err(true)) => Ok(ReadOutcome::Inconsistent {
+                range: range as u64,
+            }),
+            Some(Err(false)) => Err(IoError::Unavailable {
                 what: "read",
                 addr,
                 range: range as u64,
@@ -661,7 +750,7 @@ impl RemoteMemory {
         }
     }
 
-    /// Decodes in place after a read closed with at least k splits landed.
+    /// Decodes in place after a read closed with `landed`: k or more splits of one version.
     fn finish_read(&self, op: &mut slots::Op<'_>, page: &mut Page, landed: u32) {
         let Some(codec) = &self.codec else { return };
         let l = &self.layout;
@@ -826,7 +915,9 @@ impl RemoteMemory {
             for (j, &node) in chosen.iter().enumerate() {
                 let node = node as u16;
                 let tag = layout::tag(l.code(), range as u32, j as u8);
-                match self.transport.call(node, Op::Alloc, &tag.to_le_bytes()) {
+                let mut body = tag.to_le_bytes().to_vec();
+                body.extend_from_slice(&(l.split_len as u32).to_le_bytes());
+                match self.transport.call(node, Op::Alloc, &body) {
                     Ok(body) if body.len() == 4 => {
                         g.nodes[j] = node;
                         g.slabs[j] = u32::from_le_bytes(body.try_into().expect("4"));

@@ -58,6 +58,8 @@ pub struct Slot {
     first_status: AtomicU32,
     /// The node each split was posted to.
     nodes: [AtomicU16; MAX_WIDTH],
+    /// The version each landed split carried (reads).
+    versions: [AtomicU64; MAX_WIDTH],
     /// The caller's page during a read; null otherwise.
     page: AtomicPtr<u8>,
     waiter: Mutex<Option<Thread>>,
@@ -124,6 +126,7 @@ impl Slots {
                 posted: AtomicU32::new(0),
                 first_status: AtomicU32::new(0),
                 nodes: std::array::from_fn(|_| AtomicU16::new(NO_NODE)),
+                versions: std::array::from_fn(|_| AtomicU64::new(0)),
                 page: AtomicPtr::new(std::ptr::null_mut()),
                 waiter: Mutex::new(None),
                 side: Box::into_raw(vec![0u8; layout.side_len().max(1)].into_boxed_slice()),
@@ -198,8 +201,9 @@ impl Slots {
             .compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
     }
 
-    /// Delivers a read reply. Data of a stale, closed or duplicate split is dropped unread.
-    pub fn read_done(&self, c: u64, status: Status, data: &[u8]) {
+    /// Delivers a read reply with the version the node stored for the split. Data of a stale,
+    /// closed or duplicate split is dropped unread.
+    pub fn read_done(&self, c: u64, status: Status, version: u64, data: &[u8]) {
         let Some((s, j)) = self.enter(c) else { return };
         if status != Status::Ok || data.len() != self.layout.split_len {
             Self::fail(
@@ -231,6 +235,7 @@ impl Slots {
                     // SAFETY: `dst` points at `split_len` writable bytes of the claimed region
                     // (above) that nothing else reads or writes until `writers` drops.
                     unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+                    s.versions[j].store(version, SeqCst);
                     s.landed.fetch_or(1 << j, SeqCst);
                 }
             }
@@ -238,10 +243,11 @@ impl Slots {
         Self::leave(s);
     }
 
-    /// Delivers a write acknowledgement.
+    /// Delivers a write acknowledgement. `Stale` counts as acknowledged: the node already holds
+    /// a newer version of the split, which supersedes this one.
     pub fn write_done(&self, c: u64, status: Status) {
         let Some((s, j)) = self.enter(c) else { return };
-        if status == Status::Ok {
+        if status == Status::Ok || status == Status::Stale {
             s.landed.fetch_or(1 << j, SeqCst);
         } else {
             Self::fail(s, j, status);
@@ -307,6 +313,36 @@ impl Op<'_> {
             failed: s.failed.load(SeqCst),
             posted: s.posted.load(SeqCst),
         }
+    }
+
+    /// The version split `j` carried when it landed (meaningful for landed splits only).
+    pub fn version_of(&self, j: usize) -> u64 {
+        self.slot().versions[j].load(SeqCst)
+    }
+
+    /// Among the landed splits, the newest version that `need` of them share, with the mask of
+    /// its splits; otherwise `None` and the size of the largest same-version set.
+    pub fn consistent(&self, landed: u32, width: usize, need: usize) -> Result<(u64, u32), usize> {
+        let mut best: Option<(u64, u32)> = None;
+        let mut largest = 0;
+        for j in 0..width {
+            if landed & (1 << j) == 0 {
+                continue;
+            }
+            let v = self.version_of(j);
+            let mut mask = 0u32;
+            for i in 0..width {
+                if landed & (1 << i) != 0 && self.version_of(i) == v {
+                    mask |= 1 << i;
+                }
+            }
+            let n = mask.count_ones() as usize;
+            largest = largest.max(n);
+            if n >= need && best.is_none_or(|(bv, _)| v > bv) {
+                best = Some((v, mask));
+            }
+        }
+        best.ok_or(largest)
     }
 
     /// The node split `j` was posted to.
@@ -380,11 +416,11 @@ mod tests {
         let c3 = op.cookie(3);
         let c9 = op.cookie(9);
         let c4 = op.cookie(4);
-        slots.read_done(c3, Status::Ok, &[3; 512]);
-        slots.read_done(c9, Status::Ok, &[9; 512]);
+        slots.read_done(c3, Status::Ok, 1, &[3; 512]);
+        slots.read_done(c9, Status::Ok, 1, &[9; 512]);
         assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
         op.close();
-        slots.read_done(c4, Status::Ok, &[4; 512]);
+        slots.read_done(c4, Status::Ok, 1, &[4; 512]);
         assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
         assert_eq!(op.side()[512..1024], [9; 512]);
         drop(op);
@@ -396,7 +432,7 @@ mod tests {
         // A reply to the previous generation of a reused slot is ignored.
         let mut page2 = [0u8; 4096];
         let op2 = slots.acquire(page2.as_mut_ptr());
-        slots.read_done(c3, Status::Ok, &[7; 512]);
+        slots.read_done(c3, Status::Ok, 1, &[7; 512]);
         assert_eq!(op2.progress().landed, 0);
         drop(op2);
         assert!(page2.iter().all(|b| *b == 0));
@@ -407,15 +443,40 @@ mod tests {
         let slots = Slots::new(layout(), 2);
         let mut page = [0u8; 4096];
         let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(0), Status::NoSuchSlab, &[]);
-        slots.read_done(op.cookie(1), Status::Ok, &[1; 100]);
+        slots.read_done(op.cookie(0), Status::NoSuchSlab, 1, &[]);
+        slots.read_done(op.cookie(1), Status::Ok, 1, &[1; 100]);
         op.posting(2, 5);
         slots.node_down(5);
         assert_eq!(op.progress().failed, 0b111);
         assert_eq!(op.first_status(), Some(Status::NoSuchSlab));
         // Garbage cookies are ignored.
-        slots.read_done(u64::MAX, Status::Ok, &[0; 512]);
+        slots.read_done(u64::MAX, Status::Ok, 1, &[0; 512]);
         slots.write_done(cookie(1, 0, 31), Status::Ok);
+    }
+
+    #[test]
+    fn only_splits_of_one_version_are_combined() {
+        let slots = Slots::new(layout(), 1);
+        let mut page = [0u8; 4096];
+        let op = slots.acquire(page.as_mut_ptr());
+        // 5 splits of version 7 and 4 of version 9: no version has k = 8.
+        for j in 0..5 {
+            slots.read_done(op.cookie(j), Status::Ok, 7, &[7; 512]);
+        }
+        for j in 5..9 {
+            slots.read_done(op.cookie(j), Status::Ok, 9, &[9; 512]);
+        }
+        let landed = op.progress().landed;
+        assert_eq!(op.consistent(landed, 10, 8), Err(5));
+        // A fifth split of version 9 ties the two at 5: still no version has 8.
+        slots.read_done(op.cookie(9), Status::Ok, 9, &[9; 512]);
+        assert_eq!(op.consistent(op.progress().landed, 10, 8), Err(5));
+        // With need 5 the newest version that has 5 wins.
+        assert_eq!(
+            op.consistent(op.progress().landed, 10, 5),
+            Ok((9, 0b11_1110_0000))
+        );
+        drop(op);
     }
 
     #[test]
@@ -424,8 +485,8 @@ mod tests {
         let slots = Slots::new(l, 1);
         let mut page = [0u8; 4096];
         let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(1), Status::Ok, &[1; 4096]);
-        slots.read_done(op.cookie(0), Status::Ok, &[2; 4096]);
+        slots.read_done(op.cookie(1), Status::Ok, 1, &[1; 4096]);
+        slots.read_done(op.cookie(0), Status::Ok, 1, &[2; 4096]);
         assert_eq!(op.progress().landed, 0b10);
         drop(op);
         assert!(page.iter().all(|b| *b == 1));

@@ -8,6 +8,8 @@
 //!   said HELLO with that identity (so a client that reconnects finds its slabs again);
 //! - slab memory is zero when handed out (fresh anonymous mappings; a freed slab's mapping is
 //!   dropped, never recycled with contents);
+//! - a slab holds splits of one length fixed at ALLOC, each with the version of its page; a
+//!   write never replaces a split with an older version (see `wire`, "Versions");
 //! - every request is answered or the connection is closed; bad input never panics the node.
 
 mod memory;
@@ -68,7 +70,10 @@ pub enum NodeError {
 pub struct Slab {
     owner: ClientId,
     tag: u64,
+    split_len: u64,
     memory: SlabMemory,
+    /// The version of each split slot (u64 little-endian per slot; lazily backed like `memory`).
+    versions: SlabMemory,
     /// Writers take it exclusively so that a concurrent read never sees a torn split.
     lock: RwLock<()>,
     reads: AtomicU64,
@@ -79,20 +84,52 @@ pub struct Slab {
 }
 
 impl Slab {
-    /// Copies split bytes out of the slab, counting the access.
-    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<(), Status> {
+    /// The slot index of a whole split at `offset`, or the error for a misaligned or
+    /// out-of-range access.
+    fn slot(&self, offset: u64, len: usize) -> Result<u64, Status> {
+        if len as u64 != self.split_len || !offset.is_multiple_of(self.split_len) {
+            return Err(Status::BadRequest);
+        }
+        let slot = offset / self.split_len;
+        if (slot + 1) * 8 > self.versions.len() as u64 {
+            return Err(Status::OutOfRange);
+        }
+        Ok(slot)
+    }
+
+    fn version(&self, slot: u64) -> u64 {
+        let mut v = [0u8; 8];
+        self.versions.read(slot * 8, &mut v).expect("slot checked");
+        u64::from_le_bytes(v)
+    }
+
+    /// Copies one split out of the slab and returns its version, counting the access.
+    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<u64, Status> {
+        let slot = self.slot(offset, out.len())?;
         let _g = self.lock.read();
         self.memory.read(offset, out).ok_or(Status::OutOfRange)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes_read
             .fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok(())
+        Ok(self.version(slot))
     }
 
-    /// Copies split bytes into the slab, counting the access.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Result<(), Status> {
+    /// Stores one split of `version` unless a newer version is stored ([`Status::Stale`]); an
+    /// equal version is acknowledged without rewriting.
+    pub fn write(&self, offset: u64, data: &[u8], version: u64) -> Result<(), Status> {
+        let slot = self.slot(offset, data.len())?;
         let _g = self.lock.write();
+        let stored = self.version(slot);
+        if version < stored {
+            return Err(Status::Stale);
+        }
+        if version == stored && version != 0 {
+            return Ok(());
+        }
         self.memory.write(offset, data).ok_or(Status::OutOfRange)?;
+        self.versions
+            .write(slot * 8, &version.to_le_bytes())
+            .expect("slot checked");
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.bytes_written
             .fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -160,24 +197,33 @@ impl Node {
         self.config.capacity / self.config.slab_size
     }
 
-    /// Allocates a zeroed slab owned by `owner`.
-    pub fn alloc(&self, owner: ClientId, tag: u64) -> Result<u32, Status> {
+    /// Allocates a zeroed slab owned by `owner` for splits of `split_len` bytes.
+    pub fn alloc(&self, owner: ClientId, tag: u64, split_len: u32) -> Result<u32, Status> {
+        if split_len == 0 || split_len as u64 > self.config.slab_size {
+            return Err(Status::BadRequest);
+        }
         let mut next = self.alloc.lock();
         let refused = self.faults.refuse_alloc.load(Ordering::Relaxed);
         if refused || self.slabs.read().len() as u64 >= self.max_slabs() {
             metrics::counter!("hydramem_node_alloc_refused_total").increment(1);
             return Err(Status::NoCapacity);
         }
-        let memory = SlabMemory::new(self.config.slab_size as usize).map_err(|e| {
-            tracing::error!(error = %e, "mapping a slab failed");
-            Status::Internal
-        })?;
+        let map = |len: u64| {
+            SlabMemory::new(len as usize).map_err(|e| {
+                tracing::error!(error = %e, "mapping a slab failed");
+                Status::Internal
+            })
+        };
+        let memory = map(self.config.slab_size)?;
+        let versions = map((self.config.slab_size / split_len as u64 * 8).max(8))?;
         let id = *next;
         *next = next.wrapping_add(1);
         let slab = Slab {
             owner,
             tag,
+            split_len: split_len as u64,
             memory,
+            versions,
             lock: RwLock::new(()),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -277,44 +323,53 @@ mod tests {
     fn capacity_is_enforced_and_freed_slabs_make_room() {
         let n = node(2);
         let a = ClientId::random();
-        let s0 = n.alloc(a, 0).unwrap();
-        n.alloc(a, 1).unwrap();
-        assert_eq!(n.alloc(a, 2), Err(Status::NoCapacity));
+        let s0 = n.alloc(a, 0, 512).unwrap();
+        n.alloc(a, 1, 512).unwrap();
+        assert_eq!(n.alloc(a, 2, 512), Err(Status::NoCapacity));
         n.free(&a, s0).unwrap();
-        n.alloc(a, 2).unwrap();
+        n.alloc(a, 2, 512).unwrap();
     }
 
     #[test]
     fn slabs_are_private_to_their_owner() {
         let n = node(4);
         let (a, b) = (ClientId::random(), ClientId::random());
-        let s = n.alloc(a, 7).unwrap();
-        n.slab(&a, s).unwrap().write(0, &[9; 16]).unwrap();
+        let s = n.alloc(a, 7, 512).unwrap();
+        n.slab(&a, s).unwrap().write(0, &[9; 512], 1).unwrap();
         assert!(matches!(n.slab(&b, s), Err(Status::NoSuchSlab)));
         assert_eq!(n.free(&b, s), Err(Status::NoSuchSlab));
         assert_eq!(n.list(&a), vec![(s, 7)]);
         assert!(n.list(&b).is_empty());
         // A new slab for b is zeroed even though a wrote into memory before.
         n.free(&a, s).unwrap();
-        let s2 = n.alloc(b, 0).unwrap();
-        let mut buf = [1u8; 16];
-        n.slab(&b, s2).unwrap().read(0, &mut buf).unwrap();
-        assert_eq!(buf, [0; 16]);
+        let s2 = n.alloc(b, 0, 512).unwrap();
+        let mut buf = [1u8; 512];
+        assert_eq!(n.slab(&b, s2).unwrap().read(0, &mut buf), Ok(0));
+        assert_eq!(buf, [0; 512]);
     }
 
     #[test]
     fn counters_follow_accesses() {
         let n = node(1);
         let a = ClientId::random();
-        let id = n.alloc(a, 0).unwrap();
+        let id = n.alloc(a, 0, 512).unwrap();
         let s = n.slab(&a, id).unwrap();
-        s.write(512, &[1; 512]).unwrap();
+        s.write(512, &[1; 512], 7).unwrap();
         let mut b = [0u8; 512];
-        s.read(512, &mut b).unwrap();
-        assert_eq!(s.read(65536 - 10, &mut b), Err(Status::OutOfRange));
+        assert_eq!(s.read(512, &mut b), Ok(7));
+        assert_eq!(s.read(65536, &mut b), Err(Status::OutOfRange));
+        assert_eq!(s.read(100, &mut b), Err(Status::BadRequest));
+        // Older versions never replace newer ones; an equal one is a no-op.
+        assert_eq!(s.write(512, &[2; 512], 6), Err(Status::Stale));
+        assert_eq!(s.write(512, &[3; 512], 7), Ok(()));
+        assert_eq!(s.read(512, &mut b), Ok(7));
+        assert_eq!(b, [1; 512]);
+        s.write(512, &[4; 512], 8).unwrap();
+        assert_eq!(s.read(512, &mut b), Ok(8));
+        assert_eq!(b, [4; 512]);
         let st = n.stats();
-        assert_eq!(st.slabs[0].writes, 1);
-        assert_eq!(st.slabs[0].reads, 1);
+        assert_eq!(st.slabs[0].writes, 2);
+        assert_eq!(st.slabs[0].reads, 3);
         assert_eq!(st.slabs[0].touched, 1024);
         assert_eq!(st.used(), 65536);
     }

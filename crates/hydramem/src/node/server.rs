@@ -279,9 +279,9 @@ impl Connection {
                 node.stats().put(out);
                 fb.finish(out)?;
             }
-            Request::Alloc { tag } => {
+            Request::Alloc { tag, split_len } => {
                 let c = client.expect("identified");
-                match node.alloc(c, tag) {
+                match node.alloc(c, tag, split_len) {
                     Ok(slab) => {
                         let fb = fb_ok(out);
                         out.extend_from_slice(&slab.to_le_bytes());
@@ -310,7 +310,10 @@ impl Connection {
                     let st = if e.len == 0 {
                         Status::BadRequest
                     } else {
-                        match node.slab(&c, e.slab).and_then(|s| s.write(e.offset, d)) {
+                        match node
+                            .slab(&c, e.slab)
+                            .and_then(|s| s.write(e.offset, d, e.version))
+                        {
                             Ok(()) => Status::Ok,
                             Err(st) => st,
                         }
@@ -337,7 +340,7 @@ impl Connection {
                         node.slab(&c, e.slab)
                     };
                     let head = out.len();
-                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len);
+                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len, 0);
                     let start = out.len();
                     // The reply must fit one frame: refuse entries that would overflow it.
                     let fits = start + len - frame_start - HEADER_LEN <= MAX_BODY;
@@ -348,11 +351,16 @@ impl Connection {
                         out.resize(start + len, 0);
                         s.read(e.offset, &mut out[start..start + len])
                     });
-                    if let Err(st) = r {
-                        out.truncate(head);
-                        ReplyEntry::put_read(out, e.cookie, st, 0);
-                    } else {
-                        bytes += len as u64;
+                    match r {
+                        Ok(version) => {
+                            // The version field is the last 8 bytes of the entry header.
+                            out[start - 8..start].copy_from_slice(&version.to_le_bytes());
+                            bytes += len as u64;
+                        }
+                        Err(st) => {
+                            out.truncate(head);
+                            ReplyEntry::put_read(out, e.cookie, st, 0, 0);
+                        }
                     }
                 }
                 metrics::counter!("hydramem_node_read_entries_total")
