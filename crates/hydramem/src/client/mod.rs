@@ -247,6 +247,8 @@ pub struct ClientStats {
     pub reissued: AtomicU64,
     /// Reads repeated because their splits came from different writes.
     pub retries: AtomicU64,
+    /// Write splits re-sent to a replacement slab after their node failed.
+    pub rerouted: AtomicU64,
 }
 
 /// How one read attempt ended, when it did not fail.
@@ -285,6 +287,8 @@ pub struct RemoteMemory {
     stats: ClientStats,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).
     clock: AtomicU64,
+    /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
+    orphans: Mutex<Vec<(u16, u32)>>,
 }
 
 struct Placement {
@@ -427,6 +431,7 @@ impl RemoteMemory {
             domains,
             stats: ClientStats::default(),
             clock: AtomicU64::new(0),
+            orphans: Mutex::new(Vec::new()),
         })
     }
 
@@ -492,7 +497,7 @@ impl RemoteMemory {
     /// Writes one page. Returns once the mode's acknowledgements are in.
     pub fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
         let (range, pir) = self.locate(addr)?;
-        let group = match self.ranges[range].load_full() {
+        let mut group = match self.ranges[range].load_full() {
             Some(g) => g,
             None => self.map_range(range)?,
         };
@@ -500,7 +505,7 @@ impl RemoteMemory {
         let offset = l.split_offset(pir);
         let version = self.next_version();
         let mut op = self.slots.acquire(std::ptr::null_mut());
-        let post = |op: &slots::Op<'_>, j: usize, data: &[u8]| {
+        let post = |op: &slots::Op<'_>, group: &Group, j: usize, data: &[u8]| {
             let node = group.nodes[j];
             op.posting(j, node);
             let e = Entry {
@@ -514,69 +519,108 @@ impl RemoteMemory {
                 op.post_failed(j);
             }
         };
-        match &self.codec {
-            None => {
-                for j in 0..l.width {
-                    post(&op, j, page);
-                }
+        let s = l.split_len;
+        if let Some(codec) = &self.codec {
+            // Data splits first, straight from the caller's page...
+            for j in 0..l.full_data {
+                post(&op, &group, j, &page[j * s..(j + 1) * s]);
             }
-            Some(codec) => {
-                let s = l.split_len;
-                // Data splits first, straight from the caller's page...
-                for j in 0..l.full_data {
-                    post(&op, j, &page[j * s..(j + 1) * s]);
-                }
-                // ...then the padded tail splits (only when k does not divide 4096) and the
-                // parity, computed while the data splits are already on the wire.
-                let side = op.side();
-                let tail = &page[l.full_data * s..];
-                let ntail = l.k - l.full_data;
-                side[..ntail * s].fill(0);
-                side[..tail.len()].copy_from_slice(tail);
-                let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
-                let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
-                for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
-                    *d = &page[j * s..(j + 1) * s];
-                }
-                for (t, chunk) in tail_buf.chunks_exact(s).enumerate() {
-                    data[l.full_data + t] = chunk;
-                }
-                let mut parity: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
-                let r = l.width - l.k;
-                for (p, chunk) in parity_buf.chunks_exact_mut(s).enumerate() {
-                    parity[p] = chunk;
-                }
-                codec
-                    .encode(&data[..l.k], &mut parity[..r])
-                    .expect("layout and codec agree on k, r and split length");
-                let side: &[u8] = op.side();
-                // SAFETY-free re-borrow: the side buffer is not touched by write completions.
-                let side_ptr = side.as_ptr();
-                let side_len = side.len();
-                // SAFETY: `op.side()` returned a live buffer of `side_len` bytes owned by the
-                // slot; write completions never touch it, and it is only read below while `op`
-                // is alive, so this shared view cannot alias a mutable one.
-                let side = unsafe { std::slice::from_raw_parts(side_ptr, side_len) };
-                for j in l.full_data..l.width {
-                    post(
-                        &op,
-                        j,
-                        &side[(j - l.full_data) * s..(j - l.full_data + 1) * s],
-                    );
-                }
+            // ...then the padded tail splits (only when k does not divide 4096) and the
+            // parity, computed while the data splits are already on the wire.
+            let side = op.side();
+            let tail = &page[l.full_data * s..];
+            let ntail = l.k - l.full_data;
+            side[..ntail * s].fill(0);
+            side[..tail.len()].copy_from_slice(tail);
+            let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
+            let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
+            for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
+                *d = &page[j * s..(j + 1) * s];
+            }
+            for (t, chunk) in tail_buf.chunks_exact(s).enumerate() {
+                data[l.full_data + t] = chunk;
+            }
+            let mut parity: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
+            let r = l.width - l.k;
+            for (p, chunk) in parity_buf.chunks_exact_mut(s).enumerate() {
+                parity[p] = chunk;
+            }
+            codec
+                .encode(&data[..l.k], &mut parity[..r])
+                .expect("layout and codec agree on k, r and split length");
+        }
+        // The bytes of split j: in the page, or (tail and parity) in the side buffer.
+        let side_ptr = op.side().as_ptr();
+        let side_len = l.side_len();
+        // SAFETY: the side buffer is owned by the slot for as long as `op` lives, holds at
+        // least `side_len` bytes, and write completions never touch it; the data path does not
+        // write it again after encoding, so this shared view aliases no mutable one.
+        let side = unsafe { std::slice::from_raw_parts(side_ptr, side_len) };
+        let split = |j: usize| -> &[u8] {
+            if !l.coded() {
+                &page[..]
+            } else if j < l.full_data {
+                &page[j * s..(j + 1) * s]
+            } else {
+                &side[(j - l.full_data) * s..(j - l.full_data + 1) * s]
+            }
+        };
+        if l.coded() {
+            for j in l.full_data..l.width {
+                post(&op, &group, j, split(j));
+            }
+        } else {
+            for j in 0..l.width {
+                post(&op, &group, j, split(j));
             }
         }
         let start = Instant::now();
-        let result = self.wait(&op, start, |p| {
-            let acked = p.landed.count_ones() as usize;
-            if acked >= l.write_need {
-                Some(Ok(()))
-            } else if acked + p.outstanding().count_ones() as usize >= l.write_need {
-                None
-            } else {
-                Some(Err(()))
+        let mut reroutes = 0;
+        let result = loop {
+            let result = self.wait(&op, start, |p| {
+                let acked = p.landed.count_ones() as usize;
+                if acked >= l.write_need {
+                    Some(Ok(()))
+                } else if acked + p.outstanding().count_ones() as usize >= l.write_need {
+                    None
+                } else {
+                    Some(Err(()))
+                }
+            });
+            if result != Some(Err(())) || reroutes >= 2 * l.width {
+                break result;
             }
-        });
+            // Splits whose node failed, or lost the slab, move to a replacement slab chosen by
+            // placement; the write then goes on with the same version (paper 4.1.1).
+            let p = op.progress();
+            let mut moved = 0;
+            for j in 0..l.width {
+                if p.failed & (1 << j) == 0 {
+                    continue;
+                }
+                let node = group.nodes[j];
+                let lost = node == slots::NO_NODE
+                    || !self.transport.is_up(node)
+                    || matches!(
+                        op.first_status(),
+                        Some(Status::NoSuchSlab | Status::Internal)
+                    );
+                if !lost {
+                    continue;
+                }
+                group = self.remap(range, j, node)?;
+                op.retry(j);
+                post(&op, &group, j, split(j));
+                moved += 1;
+                reroutes += 1;
+            }
+            if moved == 0 {
+                break result;
+            }
+            self.stats
+                .rerouted
+                .fetch_add(moved as u64, Ordering::Relaxed);
+        };
         let p = op.close();
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         match result {
@@ -597,6 +641,127 @@ impl RemoteMemory {
                 nodes: self.describe(&op, p.outstanding()),
             }),
         }
+    }
+
+    /// Moves split `j` of `range` off `lost` (a failed node, or one that lost the slab) to a
+    /// replacement slab chosen by placement, never on a node that already holds a split of the
+    /// range. The old slab is remembered and freed once its node answers again. Returns the
+    /// range's new coding group (or the current one if another thread already moved it).
+    fn remap(&self, range: usize, j: usize, lost: u16) -> Result<Arc<Group>, ClientError> {
+        let mut pl = self.placement.lock();
+        let g = self.ranges[range]
+            .load_full()
+            .expect("only mapped ranges are remapped");
+        if g.nodes[j] != lost {
+            return Ok(g);
+        }
+        let l = &self.layout;
+        let mut excluded: Vec<u16> = Vec::new();
+        loop {
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
+            for n in &excluded {
+                views[*n as usize].available = false;
+            }
+            let members: Vec<usize> = g.nodes[..l.width]
+                .iter()
+                .filter(|n| **n != slots::NO_NODE)
+                .map(|n| *n as usize)
+                .collect();
+            let chosen = if lost == slots::NO_NODE {
+                // The lost node is unknown (its slab was missing at connect): any available
+                // node outside the group, least loaded first.
+                (0..views.len())
+                    .filter(|n| views[*n].available && !members.contains(n))
+                    .min_by_key(|n| views[*n].load)
+                    .ok_or(crate::placement::PlacementError::NoReplacement { lost: j })
+            } else {
+                pl.placer
+                    .replace(&views, &members, lost as usize)
+                    .or_else(|e| {
+                        // No spare node: the lost node itself will do if it is back (it
+                        // restarted and lost the slab, or returned after being declared failed).
+                        if views[lost as usize].available {
+                            Ok(lost as usize)
+                        } else {
+                            Err(e)
+                        }
+                    })
+            }
+            .map_err(|source| ClientError::Placement {
+                range: range as u64,
+                source,
+            })? as u16;
+            let mut body = layout::tag(l.code(), range as u32, j as u8)
+                .to_le_bytes()
+                .to_vec();
+            body.extend_from_slice(&(l.split_len as u32).to_le_bytes());
+            match self.transport.call(chosen, Op::Alloc, &body) {
+                Ok(b) if b.len() == 4 => {
+                    let slab = u32::from_le_bytes(b.try_into().expect("4"));
+                    let mut ng = (*g).clone();
+                    ng.nodes[j] = chosen;
+                    ng.slabs[j] = slab;
+                    let ng = Arc::new(ng);
+                    self.ranges[range].store(Some(ng.clone()));
+                    pl.loads[chosen as usize] += 1;
+                    if lost != slots::NO_NODE {
+                        pl.loads[lost as usize] = pl.loads[lost as usize].saturating_sub(1);
+                        self.orphans.lock().push((lost, g.slabs[j]));
+                    }
+                    metrics::counter!("hydramem_client_splits_remapped_total").increment(1);
+                    tracing::warn!(
+                        range,
+                        split = j,
+                        from = lost,
+                        to = chosen,
+                        "split moved to a replacement slab (its older pages stay readable from the other splits)"
+                    );
+                    drop(pl);
+                    self.release_orphans();
+                    return Ok(ng);
+                }
+                Ok(_) => excluded.push(chosen),
+                Err(e) => {
+                    tracing::warn!(node = chosen, error = %e, "replacement slab refused; trying another node");
+                    excluded.push(chosen);
+                }
+            }
+        }
+    }
+
+    /// Frees the slabs left behind on nodes that failed, once those nodes answer again (a
+    /// revived node's stale slabs are released, never read). Called after every remap; call it
+    /// periodically to release them sooner.
+    pub fn release_orphans(&self) {
+        let mut orphans = std::mem::take(&mut *self.orphans.lock());
+        if orphans.is_empty() {
+            return;
+        }
+        let width = self.layout.width;
+        // A restarted node numbers its slabs anew: never free an id a current group uses.
+        let in_use = |node: u16, slab: u32| {
+            self.ranges.iter().any(|r| {
+                r.load()
+                    .as_ref()
+                    .is_some_and(|g| (0..width).any(|j| g.nodes[j] == node && g.slabs[j] == slab))
+            })
+        };
+        orphans.retain(|(node, slab)| {
+            if !self.transport.is_up(*node) {
+                return true;
+            }
+            if in_use(*node, *slab) {
+                return false;
+            }
+            match self.transport.call(*node, Op::Free, &slab.to_le_bytes()) {
+                Ok(_) | Err(TransportError::Refused { .. }) => {
+                    tracing::info!(node, slab, "released a stale slab on a node that came back");
+                    false
+                }
+                Err(_) => true,
+            }
+        });
+        self.orphans.lock().extend(orphans);
     }
 
     /// Reads one page. A page never written reads as zeros.

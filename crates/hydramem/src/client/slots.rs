@@ -300,6 +300,13 @@ impl Op<'_> {
         s.posted.fetch_or(1 << j, SeqCst);
     }
 
+    /// Forgets the failure of split `j` before it is posted again (to a replacement slab).
+    pub fn retry(&self, j: usize) {
+        let s = self.slot();
+        s.failed.fetch_and(!(1 << j), SeqCst);
+        s.landed.fetch_and(!(1 << j), SeqCst);
+    }
+
     /// Marks split `j` failed without a reply (posting to a node that is down).
     pub fn post_failed(&self, j: usize) {
         Slots::fail(self.slot(), j, Status::Internal);

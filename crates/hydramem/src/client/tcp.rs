@@ -14,6 +14,14 @@
 //!
 //! A connection that fails (EOF, reset, malformed reply) is marked down; its outstanding splits
 //! are failed through [`Completions::node_down`] and its pending calls return errors.
+//!
+//! Failure detection (CubicRing's recipe): a monitor thread PINGs every node each `heartbeat`.
+//! A node that does not answer within `heartbeat_timeout` is only *suspected*: before it is
+//! declared failed it is verified over a fresh connection (connect, HELLO, PING within
+//! `verify_timeout`), so that one slow reply does not trigger an expensive recovery. A node
+//! that fails verification, or whose connection breaks, is marked down at once. Down nodes are
+//! retried every `reconnect_interval`; one that answers again is reconnected and marked up, and
+//! the client reconsiders it for placement.
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -22,8 +30,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use arc_swap::ArcSwapOption;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
@@ -37,13 +46,21 @@ use crate::wire::{
 const MERGE_LIMIT: usize = 256 << 10;
 const WAKER: Token = Token(usize::MAX);
 
-/// Timeouts of the TCP transport.
+/// Timeouts of the TCP transport and its failure detector.
 #[derive(Debug, Clone, Copy)]
 pub struct TcpOptions {
     /// How long to wait for a TCP connection to a node.
     pub connect_timeout: Duration,
-    /// How long a control request, or a blocked send, may take before the node counts as down.
+    /// How long a control request may take.
     pub call_timeout: Duration,
+    /// Interval between heartbeats (PING) to every node.
+    pub heartbeat: Duration,
+    /// A heartbeat not answered within this makes the node suspect.
+    pub heartbeat_timeout: Duration,
+    /// Time a suspect node has to answer a fresh connection before it is declared failed.
+    pub verify_timeout: Duration,
+    /// Interval between attempts to reconnect a node that is down.
+    pub reconnect_interval: Duration,
 }
 
 impl Default for TcpOptions {
@@ -51,7 +68,21 @@ impl Default for TcpOptions {
         TcpOptions {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(5),
+            heartbeat: Duration::from_millis(100),
+            heartbeat_timeout: Duration::from_millis(250),
+            verify_timeout: Duration::from_millis(250),
+            reconnect_interval: Duration::from_millis(500),
         }
+    }
+}
+
+impl std::fmt::Display for TcpOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "heartbeat every {:?}, suspect after {:?} without reply, verify within {:?}, reconnect every {:?}",
+            self.heartbeat, self.heartbeat_timeout, self.verify_timeout, self.reconnect_interval
+        )
     }
 }
 
@@ -67,8 +98,11 @@ struct SendState {
 struct Conn {
     addr: SocketAddr,
     up: AtomicBool,
-    stream: Option<TcpStream>,
+    /// The socket for sending; replaced when a node that was down is reconnected.
+    stream: ArcSwapOption<TcpStream>,
     send: Mutex<SendState>,
+    /// Highest request id of a PING this node answered (heartbeats need no allocation).
+    pong: AtomicU64,
 }
 
 type CallReply = (Status, Vec<u8>);
@@ -85,12 +119,19 @@ struct Shared {
     /// Nodes whose socket refused more bytes: the receiver thread waits for them to become
     /// writable and flushes them, so no caller ever blocks on a stalled node.
     want_write: Mutex<Vec<u16>>,
+    /// Reconnected sockets for the receiver thread to register.
+    new_streams: Mutex<Vec<(u16, mio::net::TcpStream)>>,
+    /// What to say to a node when (re)connecting.
+    hello: Hello,
+    /// Wakes the monitor thread early (stop).
+    monitor_wake: (parking_lot::Mutex<bool>, parking_lot::Condvar),
 }
 
 /// The TCP transport. Dropping it stops its receiver thread and closes the connections.
 pub struct TcpTransport {
     shared: Arc<Shared>,
     receiver: Option<JoinHandle<()>>,
+    monitor: Option<JoinHandle<()>>,
 }
 
 /// The outcome of connecting to one node.
@@ -120,8 +161,9 @@ impl TcpTransport {
                     conns.push(Conn {
                         addr: *addr,
                         up: AtomicBool::new(true),
-                        stream: Some(stream),
+                        stream: ArcSwapOption::from_pointee(stream),
                         send: Mutex::new(SendState::default()),
+                        pong: AtomicU64::new(0),
                     });
                     outcomes.push(Ok(reply));
                 }
@@ -131,8 +173,9 @@ impl TcpTransport {
                     conns.push(Conn {
                         addr: *addr,
                         up: AtomicBool::new(false),
-                        stream: None,
+                        stream: ArcSwapOption::empty(),
                         send: Mutex::new(SendState::default()),
+                        pong: AtomicU64::new(0),
                     });
                     outcomes.push(Err(e.to_string()));
                 }
@@ -147,15 +190,24 @@ impl TcpTransport {
             options,
             waker,
             want_write: Mutex::new(Vec::new()),
+            new_streams: Mutex::new(Vec::new()),
+            hello,
+            monitor_wake: (parking_lot::Mutex::new(false), parking_lot::Condvar::new()),
         });
         let s2 = shared.clone();
         let receiver = std::thread::Builder::new()
             .name("hm-recv".into())
             .spawn(move || receive_loop(s2, poll, rx))?;
+        let s3 = shared.clone();
+        let monitor = std::thread::Builder::new()
+            .name("hm-monitor".into())
+            .spawn(move || monitor_loop(s3))?;
+        tracing::info!(timeouts = %options, "client failure detector");
         Ok((
             TcpTransport {
                 shared,
                 receiver: Some(receiver),
+                monitor: Some(monitor),
             },
             outcomes,
         ))
@@ -166,11 +218,19 @@ impl Drop for TcpTransport {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         let _ = self.shared.waker.wake();
+        {
+            let (m, cv) = &self.shared.monitor_wake;
+            *m.lock() = true;
+            cv.notify_all();
+        }
+        if let Some(h) = self.monitor.take() {
+            let _ = h.join();
+        }
         if let Some(h) = self.receiver.take() {
             let _ = h.join();
         }
         for c in self.shared.conns.iter() {
-            if let Some(s) = &c.stream {
+            if let Some(s) = c.stream.load().as_ref() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
         }
@@ -333,12 +393,115 @@ impl Shared {
         self.flush_locked(node, c, st)
     }
 
+    /// A blocking control request with its own timeout.
+    fn call(
+        &self,
+        node: u16,
+        op: Op,
+        body: &[u8],
+        waited: Duration,
+    ) -> Result<Vec<u8>, TransportError> {
+        let sh = self;
+        let c = sh.conn(node)?;
+        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = sync_channel(1);
+        sh.calls.lock().insert(id, (node, tx));
+        {
+            let mut st = c.send.lock();
+            st.open = None;
+            let fb = FrameBuilder::begin(&mut st.buf, op, false, Status::Ok, id);
+            st.buf.extend_from_slice(body);
+            fb.finish(&mut st.buf)
+                .map_err(|e| TransportError::Protocol {
+                    node,
+                    addr: c.addr.to_string(),
+                    reason: e.to_string(),
+                })?;
+            sh.flush_locked(node, c, st)?;
+        }
+        match rx.recv_timeout(waited) {
+            Ok((Status::Ok, body)) => Ok(body),
+            Ok((status, _)) => Err(TransportError::Refused {
+                node,
+                addr: c.addr.to_string(),
+                op,
+                status,
+            }),
+            Err(RecvTimeoutError::Timeout) => {
+                sh.calls.lock().remove(&id);
+                Err(TransportError::Timeout {
+                    node,
+                    addr: c.addr.to_string(),
+                    op,
+                    waited,
+                })
+            }
+            Err(RecvTimeoutError::Disconnected) => Err(TransportError::Down {
+                node,
+                addr: c.addr.to_string(),
+            }),
+        }
+    }
+
+    /// A heartbeat: sends PING and waits for the answer up to `timeout`. Allocation-free, so
+    /// that heartbeats add nothing to the data path's zero-allocation budget.
+    fn ping(&self, node: u16, timeout: Duration) -> bool {
+        let Ok(c) = self.conn(node) else { return false };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut st = c.send.lock();
+            st.open = None;
+            if FrameBuilder::begin(&mut st.buf, Op::Ping, false, Status::Ok, id)
+                .finish(&mut st.buf)
+                .is_err()
+            {
+                return false;
+            }
+            if self.flush_locked(node, c, st).is_err() {
+                return false;
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if c.pong.load(Ordering::Acquire) >= id {
+                return true;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        false
+    }
+
+    /// Tries to reconnect a node that is down; on success it is up again.
+    fn reconnect(&self, node: u16) {
+        let c = &self.conns[node as usize];
+        let Ok((stream, _)) = handshake(c.addr, self.hello, self.options) else {
+            return;
+        };
+        let Ok(clone) = stream.try_clone() else {
+            return;
+        };
+        {
+            let mut st = c.send.lock();
+            st.buf.clear();
+            st.open = None;
+            st.flushing = false;
+        }
+        c.stream.store(Some(Arc::new(stream)));
+        self.new_streams
+            .lock()
+            .push((node, mio::net::TcpStream::from_std(clone)));
+        let _ = self.waker.wake();
+        c.up.store(true, Ordering::Release);
+        metrics::counter!("hydramem_client_reconnects_total").increment(1);
+        tracing::info!(node, addr = %c.addr, "memory node is back: reconnected");
+    }
+
     fn mark_down(&self, node: u16) {
         let c = &self.conns[node as usize];
         if c.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(node, addr = %c.addr, "memory node connection lost");
             metrics::counter!("hydramem_client_node_down_total").increment(1);
-            if let Some(s) = &c.stream {
+            if let Some(s) = c.stream.load().as_ref() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
             self.calls.lock().retain(|_, (n, _)| *n != node);
@@ -378,47 +541,8 @@ impl Transport for TcpTransport {
     }
 
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError> {
-        let sh = &self.shared;
-        let c = sh.conn(node)?;
-        let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = sync_channel(1);
-        sh.calls.lock().insert(id, (node, tx));
-        {
-            let mut st = c.send.lock();
-            st.open = None;
-            let fb = FrameBuilder::begin(&mut st.buf, op, false, Status::Ok, id);
-            st.buf.extend_from_slice(body);
-            fb.finish(&mut st.buf)
-                .map_err(|e| TransportError::Protocol {
-                    node,
-                    addr: c.addr.to_string(),
-                    reason: e.to_string(),
-                })?;
-            sh.flush_locked(node, c, st)?;
-        }
-        let waited = sh.options.call_timeout;
-        match rx.recv_timeout(waited) {
-            Ok((Status::Ok, body)) => Ok(body),
-            Ok((status, _)) => Err(TransportError::Refused {
-                node,
-                addr: c.addr.to_string(),
-                op,
-                status,
-            }),
-            Err(RecvTimeoutError::Timeout) => {
-                sh.calls.lock().remove(&id);
-                Err(TransportError::Timeout {
-                    node,
-                    addr: c.addr.to_string(),
-                    op,
-                    waited,
-                })
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(TransportError::Down {
-                node,
-                addr: c.addr.to_string(),
-            }),
-        }
+        self.shared
+            .call(node, op, body, self.shared.options.call_timeout)
     }
 
     fn addr(&self, node: u16) -> String {
@@ -430,11 +554,85 @@ impl Transport for TcpTransport {
     }
 }
 
+/// The failure detector: heartbeats to nodes that are up, verification of suspects, and
+/// reconnection of nodes that are down (see the module doc).
+fn monitor_loop(sh: Arc<Shared>) {
+    let o = sh.options;
+    let mut last_reconnect = Instant::now();
+    loop {
+        {
+            let (m, cv) = &sh.monitor_wake;
+            let mut stop = m.lock();
+            if !*stop {
+                cv.wait_for(&mut stop, o.heartbeat);
+            }
+            if *stop {
+                return;
+            }
+        }
+        let reconnect_now = last_reconnect.elapsed() >= o.reconnect_interval;
+        if reconnect_now {
+            last_reconnect = Instant::now();
+        }
+        for node in 0..sh.conns.len() as u16 {
+            if sh.stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let c = &sh.conns[node as usize];
+            if c.up.load(Ordering::Acquire) {
+                if sh.ping(node, o.heartbeat_timeout) {
+                    continue;
+                }
+                if !c.up.load(Ordering::Acquire) {
+                    continue; // lost meanwhile, already handled
+                }
+                metrics::counter!("hydramem_client_suspicions_total").increment(1);
+                match verify(c.addr, o.verify_timeout) {
+                    Ok(()) => {
+                        tracing::info!(node, addr = %c.addr, "suspected node answered a fresh connection: slow, not failed");
+                    }
+                    Err(e) => {
+                        tracing::warn!(node, addr = %c.addr, error = %e, "memory node failed verification: declaring it failed");
+                        metrics::counter!("hydramem_client_failures_detected_total").increment(1);
+                        sh.mark_down(node);
+                    }
+                }
+            } else if reconnect_now {
+                sh.reconnect(node);
+            }
+        }
+    }
+}
+
+/// Verifies a suspect over a fresh connection: connect, HELLO as an observer, PING.
+fn verify(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
+    let o = TcpOptions {
+        connect_timeout: timeout,
+        call_timeout: timeout,
+        ..TcpOptions::default()
+    };
+    let hello = Hello {
+        client: crate::wire::ClientId::default(),
+        flags: crate::wire::HELLO_OBSERVER,
+    };
+    let (mut s, _) = handshake(addr, hello, o)?;
+    s.set_nonblocking(false)?;
+    s.set_read_timeout(Some(timeout))?;
+    let mut out = Vec::new();
+    FrameBuilder::begin(&mut out, Op::Ping, false, Status::Ok, 1)
+        .finish(&mut out)
+        .map_err(io::Error::other)?;
+    s.write_all(&out)?;
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb)?;
+    Ok(())
+}
+
 /// Writes as much of `buf` as the socket takes without blocking; returns the count.
 fn write_some(c: &Conn, buf: &[u8]) -> io::Result<usize> {
     let s = c
         .stream
-        .as_ref()
+        .load_full()
         .ok_or_else(|| io::Error::other("not connected"))?;
     let mut done = 0;
     while done < buf.len() {
@@ -478,6 +676,18 @@ fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
         }
         for ev in events.iter() {
             if ev.token() == WAKER {
+                for (n, mut m) in std::mem::take(&mut *sh.new_streams.lock()) {
+                    if let Some(mut old) = rx[n as usize].take() {
+                        let _ = poll.registry().deregister(&mut old.stream);
+                    }
+                    if poll
+                        .registry()
+                        .register(&mut m, Token(n as usize), Interest::READABLE)
+                        .is_ok()
+                    {
+                        rx[n as usize] = Some(Rx::new(m));
+                    }
+                }
                 let want: Vec<u16> = std::mem::take(&mut *sh.want_write.lock());
                 for n in want {
                     if let Some(r) = rx.get_mut(n as usize).and_then(|r| r.as_mut()) {
@@ -552,6 +762,12 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
         Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, data| {
             sh.completions.read_done(cookie, status, version, data)
         }),
+        Op::Ping => {
+            sh.conns[node as usize]
+                .pong
+                .fetch_max(h.id, Ordering::AcqRel);
+            Ok(())
+        }
         _ => {
             let waiter = sh.calls.lock().remove(&h.id);
             match waiter {

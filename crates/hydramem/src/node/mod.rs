@@ -181,7 +181,9 @@ impl Node {
         Ok(Arc::new(Node {
             config,
             slabs: RwLock::new(BTreeMap::new()),
-            alloc: Mutex::new(0),
+            // Slab ids start at random, so that ids a client still holds from an earlier
+            // incarnation of this node are very unlikely to name a slab of this one.
+            alloc: Mutex::new(rand::random::<u32>() >> 1),
             clients: AtomicU32::new(0),
             faults: Faults::default(),
         }))

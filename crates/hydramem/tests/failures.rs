@@ -1,0 +1,151 @@
+//! Failure handling against live node processes: writes in failure-recovery mode keep going
+//! through r lost nodes by moving splits to replacement slabs; a node that stops answering is
+//! detected by heartbeat, verified and declared failed; a node that comes back is reconnected,
+//! reconsidered for placement, and its stale slabs are released. Every acknowledged write reads
+//! back exactly.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use hydramem::bench::fill_page;
+use hydramem::client::{ClientConfig, Mode, RemoteMemory, Resilience};
+use hydramem::PAGE_SIZE;
+
+const SLAB: u64 = 1 << 20;
+const HYDRA: Resilience = Resilience::Hydra {
+    k: 8,
+    r: 2,
+    delta: 1,
+    mode: Mode::FailureRecovery,
+};
+
+fn write_round(mem: &RemoteMemory, pages: u64, v: u64, last: &mut HashMap<u64, u64>) {
+    let mut page = [0u8; PAGE_SIZE];
+    for p in 0..pages {
+        fill_page(&mut page, 5, p, v);
+        mem.write_page(p * PAGE_SIZE as u64, &page)
+            .unwrap_or_else(|e| panic!("write of page {p}, round {v}: {e}"));
+        last.insert(p, v);
+    }
+}
+
+fn check(mem: &RemoteMemory, last: &HashMap<u64, u64>) {
+    let mut page = [0u8; PAGE_SIZE];
+    let mut want = [0u8; PAGE_SIZE];
+    for (&p, &v) in last {
+        mem.read_page(p * PAGE_SIZE as u64, &mut page)
+            .unwrap_or_else(|e| panic!("read of page {p}: {e}"));
+        fill_page(&mut want, 5, p, v);
+        assert!(
+            page == want,
+            "page {p} does not hold its last acknowledged write {v}"
+        );
+    }
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting until {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn writes_go_on_through_r_killed_nodes() {
+    let mut c = common::cluster(12, SLAB, 64);
+    let pages = 1024;
+    let mem = RemoteMemory::connect(
+        c.cluster(),
+        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
+    )
+    .unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let g = mem.group_of(0).unwrap();
+    let (a, b) = (g.nodes[0], g.nodes[9]);
+    c.kill(a as usize).unwrap();
+    c.kill(b as usize).unwrap();
+    // The next writes find the members dead, move their splits to the two spare nodes, and
+    // complete with all 10 splits acknowledged.
+    write_round(&mem, pages, 2, &mut last);
+    let g2 = mem.group_of(0).unwrap();
+    assert!(
+        !g2.nodes[..10].contains(&a) && !g2.nodes[..10].contains(&b),
+        "{:?}",
+        &g2.nodes[..10]
+    );
+    let mut members = g2.nodes[..10].to_vec();
+    members.sort();
+    members.dedup();
+    assert_eq!(members.len(), 10, "two splits of one range on one node");
+    assert!(
+        mem.stats()
+            .rerouted
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
+    check(&mem, &last);
+}
+
+#[test]
+fn a_silent_node_is_detected_and_a_revived_one_is_reconsidered() {
+    let c = common::cluster(11, SLAB, 64);
+    let pages = 256;
+    let mem = RemoteMemory::connect(
+        c.cluster(),
+        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
+    )
+    .unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let victim = mem.group_of(0).unwrap().nodes[4];
+    // SIGSTOP: the connection stays open; only the heartbeat can tell.
+    c.pause(victim as usize).unwrap();
+    wait_until("the stopped node is declared failed", || {
+        !mem.transport().is_up(victim)
+    });
+    write_round(&mem, pages, 2, &mut last);
+    assert!(!mem.group_of(0).unwrap().nodes[..10].contains(&victim));
+    check(&mem, &last);
+    // Back: reconnected, its stale slab released, usable for placement again.
+    c.resume(victim as usize).unwrap();
+    wait_until("the node is reconnected", || mem.transport().is_up(victim));
+    mem.release_orphans();
+    let st = hydramem::status::fetch(
+        c.cluster().nodes[victim as usize].addr,
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    assert!(
+        st.slabs.is_empty(),
+        "stale slab not released: {:?}",
+        st.slabs
+    );
+    check(&mem, &last);
+}
+
+#[test]
+fn a_restarted_empty_node_loses_nothing() {
+    let mut c = common::cluster(11, SLAB, 64);
+    let pages = 256;
+    let mem = RemoteMemory::connect(
+        c.cluster(),
+        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
+    )
+    .unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let victim = mem.group_of(0).unwrap().nodes[2] as usize;
+    // Killed and restarted on the same address, empty: the client reconnects and finds the
+    // slab gone; writes move the split elsewhere, reads never take the empty node's zeros.
+    c.restart(victim).unwrap();
+    wait_until("the node is reconnected", || {
+        mem.transport().is_up(victim as u16)
+    });
+    check(&mem, &last);
+    write_round(&mem, pages, 2, &mut last);
+    check(&mem, &last);
+}
