@@ -40,7 +40,8 @@ pub enum StatusResult {
     },
 }
 
-fn request(s: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, String> {
+/// One blocking request on a plain connection; the reply body, or the refusal as text.
+pub(crate) fn request(s: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, String> {
     let mut out = Vec::new();
     let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, 1);
     out.extend_from_slice(body);

@@ -34,6 +34,7 @@
 //! |      |         | of data)                                       |                                                |
 //! | 0x11 | READV   | count u32, count × entry (32)                  | count u32, count × (cookie u64, status u32,    |
 //! |      |         |                                                | len u32, version u64, then len bytes of data)  |
+//! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! A vectored entry is 32 bytes: slab u32, len u32, offset u64, cookie u64, version u64. The
@@ -133,6 +134,8 @@ pub enum Op {
     List = 0x05,
     /// Node-wide capacity, use and per-slab counters.
     Stats = 0x06,
+    /// Rebuild one of the caller's slabs from its coding group's other slabs (see [`Regen`]).
+    Regen = 0x07,
     /// Vectored write of splits.
     WriteV = 0x10,
     /// Vectored read of splits.
@@ -143,7 +146,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 9] = [
+    pub const ALL: [Op; 10] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -153,6 +156,7 @@ impl Op {
         Op::WriteV,
         Op::ReadV,
         Op::Fault,
+        Op::Regen,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -748,6 +752,112 @@ pub fn parse_vectored_reply<'a>(
     r.end()
 }
 
+/// One surviving split of a coding group, as a REGEN request names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RegenSource {
+    /// The split's index in the group (0..k data, k..k+r parity).
+    pub split: u8,
+    /// Its slab on that node.
+    pub slab: u32,
+    /// The node.
+    pub addr: std::net::SocketAddr,
+}
+
+/// REGEN request: rebuild split `target` of a coding group into the caller's slab `slab` on
+/// this node, reading the surviving splits from their nodes with the caller's identity
+/// (paper 4.2: the new node regenerates the slab itself). The node replies when the slab is
+/// done, with the number of pages rebuilt; the caller sends it on a connection of its own.
+///
+/// | size | field |
+/// |------|-------|
+/// | 16   | client id (the identity that owns every slab named here) |
+/// | 1, 1 | k, r |
+/// | 1    | target split index |
+/// | 1    | reserved (0) |
+/// | 4    | split_len |
+/// | 4    | target slab on this node |
+/// | 8    | pages (split slots) to rebuild |
+/// | 4    | count of sources, then count × (split u8, reserved u8, addr length u16, slab u32, addr as UTF-8 "ip:port") |
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Regen {
+    /// The owner of the slabs.
+    pub client: ClientId,
+    /// Data splits.
+    pub k: u8,
+    /// Parity splits.
+    pub r: u8,
+    /// The split to rebuild.
+    pub target: u8,
+    /// Bytes per split.
+    pub split_len: u32,
+    /// The slab on this node to fill.
+    pub slab: u32,
+    /// Split slots to rebuild.
+    pub pages: u64,
+    /// The surviving splits.
+    pub sources: Vec<RegenSource>,
+}
+
+impl Regen {
+    /// Appends the body.
+    pub fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.client.0);
+        out.extend_from_slice(&[self.k, self.r, self.target, 0]);
+        out.extend_from_slice(&self.split_len.to_le_bytes());
+        out.extend_from_slice(&self.slab.to_le_bytes());
+        out.extend_from_slice(&self.pages.to_le_bytes());
+        out.extend_from_slice(&(self.sources.len() as u32).to_le_bytes());
+        for s in &self.sources {
+            let a = s.addr.to_string();
+            out.extend_from_slice(&[s.split, 0]);
+            out.extend_from_slice(&(a.len() as u16).to_le_bytes());
+            out.extend_from_slice(&s.slab.to_le_bytes());
+            out.extend_from_slice(a.as_bytes());
+        }
+    }
+
+    /// Parses the body.
+    pub fn parse(body: &[u8]) -> Result<Regen, WireError> {
+        let mut r = Reader::new(body);
+        let client = ClientId(r.bytes(16)?.try_into().expect("16"));
+        let b = r.bytes(4)?;
+        let (k, rr, target) = (b[0], b[1], b[2]);
+        let split_len = r.u32()?;
+        let slab = r.u32()?;
+        let pages = r.u64()?;
+        let n = r.u32()? as usize;
+        if n > 64 {
+            return Err(WireError::Invalid("REGEN names more than 64 sources"));
+        }
+        let mut sources = Vec::with_capacity(n);
+        for _ in 0..n {
+            let b = r.bytes(4)?;
+            let len = u16::from_le_bytes([b[2], b[3]]) as usize;
+            let slab = r.u32()?;
+            let addr = std::str::from_utf8(r.bytes(len)?)
+                .ok()
+                .and_then(|a| a.parse().ok())
+                .ok_or(WireError::Invalid("REGEN source address is not ip:port"))?;
+            sources.push(RegenSource {
+                split: b[0],
+                slab,
+                addr,
+            });
+        }
+        r.end()?;
+        Ok(Regen {
+            client,
+            k,
+            r: rr,
+            target,
+            split_len,
+            slab,
+            pages,
+            sources,
+        })
+    }
+}
+
 /// A fault a test asks a node to inject (FAULT request). Nodes refuse them with
 /// [`Status::Forbidden`] unless started with `--allow-fault-injection`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -830,6 +940,8 @@ pub enum Request<'a> {
     ReadV(EntryList<'a>),
     /// FAULT.
     Fault(Fault),
+    /// REGEN.
+    Regen(Regen),
 }
 
 /// The entries of a vectored request, still in wire form (decoded lazily, no allocation).
@@ -900,6 +1012,7 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
     let req = match h.op {
         Op::Hello => return Ok(Request::Hello(Hello::parse(body)?)),
         Op::Fault => return Ok(Request::Fault(Fault::parse(body)?)),
+        Op::Regen => return Ok(Request::Regen(Regen::parse(body)?)),
         Op::Ping => Request::Ping,
         Op::Alloc => Request::Alloc {
             tag: r.u64()?,
@@ -1053,7 +1166,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn header_round_trips(op in 0usize..9, reply: bool, st in 0usize..9, id: u64, len in 0u32..=MAX_BODY as u32) {
+        fn header_round_trips(op in 0usize..10, reply: bool, st in 0usize..9, id: u64, len in 0u32..=MAX_BODY as u32) {
             let h = Header { op: Op::ALL[op], reply, status: Status::ALL[st], id, body_len: len };
             prop_assert_eq!(Header::parse(&h.encode()).unwrap(), h);
         }

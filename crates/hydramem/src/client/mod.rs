@@ -211,7 +211,7 @@ pub enum IoError {
     },
     /// The splits never agreed on one version for the whole timeout: a write to this page kept
     /// racing the read, or an earlier write of it failed half-way.
-    #[error("read of page {addr:#x} (address range {range}) found no version of the page held by enough splits for {waited:?}; a write to it is in flight or failed part-way — write the page again")]
+    #[error("read of page {addr:#x} (address range {range}) found no version of the page held by enough splits for {waited:?}: a write to it kept racing the read or failed part-way, or more splits are lost (or not yet regenerated) than the code tolerates")]
     Inconsistent {
         /// The page.
         addr: u64,
@@ -289,6 +289,42 @@ pub struct RemoteMemory {
     clock: AtomicU64,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
     orphans: Mutex<Vec<(u16, u32)>>,
+    /// Background regenerations.
+    regen: Arc<RegenCounters>,
+}
+
+/// Counts of background slab regenerations.
+#[derive(Debug, Default)]
+struct RegenCounters {
+    started: AtomicU64,
+    done: AtomicU64,
+    failed: AtomicU64,
+    pages: AtomicU64,
+}
+
+/// Sends REGEN to the node holding the replacement slab on a connection of its own (the node
+/// answers when the slab is rebuilt) and returns the pages it rebuilt.
+fn send_regen(target: std::net::SocketAddr, req: &crate::wire::Regen) -> Result<u64, String> {
+    let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5))
+        .map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(Duration::from_secs(3600)))
+        .map_err(|e| e.to_string())?;
+    let mut hello = Vec::new();
+    Hello {
+        client: req.client,
+        flags: 0,
+    }
+    .put(&mut hello);
+    crate::status::request(&mut s, Op::Hello, &hello)?;
+    let mut body = Vec::new();
+    req.put(&mut body);
+    let reply = crate::status::request(&mut s, Op::Regen, &body)?;
+    Ok(u64::from_le_bytes(
+        reply
+            .get(..8)
+            .and_then(|b| b.try_into().ok())
+            .ok_or("short REGEN reply")?,
+    ))
 }
 
 struct Placement {
@@ -432,6 +468,7 @@ impl RemoteMemory {
             stats: ClientStats::default(),
             clock: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
+            regen: Arc::new(RegenCounters::default()),
         })
     }
 
@@ -717,6 +754,7 @@ impl RemoteMemory {
                         "split moved to a replacement slab (its older pages stay readable from the other splits)"
                     );
                     drop(pl);
+                    self.regenerate(range, j, &ng);
                     self.release_orphans();
                     return Ok(ng);
                 }
@@ -727,6 +765,76 @@ impl RemoteMemory {
                 }
             }
         }
+    }
+
+    /// Starts background regeneration of split `j` of `range` on the node that now holds it
+    /// (paper 4.2): that node reads the surviving splits from their nodes, decodes and fills
+    /// the slab, while this client keeps reading and writing the range. Writes go to the new
+    /// slab already; the node's version check keeps them from being overwritten by older
+    /// regenerated splits.
+    fn regenerate(&self, range: usize, j: usize, g: &Group) {
+        let Resilience::Hydra { k, r, .. } = self.layout.resilience else {
+            return; // Replicas are not regenerated here (yet): the surviving copies serve reads.
+        };
+        let addr = |n: u16| self.transport.addr(n).parse::<std::net::SocketAddr>().ok();
+        let sources: Vec<crate::wire::RegenSource> = (0..self.layout.width)
+            .filter(|&i| i != j && g.nodes[i] != slots::NO_NODE && self.transport.is_up(g.nodes[i]))
+            .filter_map(|i| {
+                Some(crate::wire::RegenSource {
+                    split: i as u8,
+                    slab: g.slabs[i],
+                    addr: addr(g.nodes[i])?,
+                })
+            })
+            .collect();
+        let Some(target) = addr(g.nodes[j]) else {
+            return;
+        };
+        let req = crate::wire::Regen {
+            client: self.config.client_id,
+            k,
+            r,
+            target: j as u8,
+            split_len: self.layout.split_len as u32,
+            slab: g.slabs[j],
+            pages: self.layout.pages_per_range,
+            sources,
+        };
+        let regen = self.regen.clone();
+        regen.started.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!("hydramem_client_regenerations_in_progress").increment(1.0);
+        let spawned = std::thread::Builder::new()
+            .name("hm-regen".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                let result = send_regen(target, &req);
+                metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
+                match result {
+                    Ok(pages) => {
+                        regen.pages.fetch_add(pages, Ordering::SeqCst);
+                        regen.done.fetch_add(1, Ordering::SeqCst);
+                        metrics::counter!("hydramem_client_regenerations_total").increment(1);
+                        tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), "slab regenerated");
+                    }
+                    Err(e) => {
+                        regen.failed.fetch_add(1, Ordering::SeqCst);
+                        tracing::warn!(range, split = j, %target, error = %e, "slab regeneration failed; the range stays degraded");
+                    }
+                }
+            });
+        if spawned.is_err() {
+            self.regen.failed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Regenerations started, finished and failed so far.
+    pub fn regenerations(&self) -> (u64, u64, u64) {
+        let r = &self.regen;
+        (
+            r.started.load(Ordering::SeqCst),
+            r.done.load(Ordering::SeqCst),
+            r.failed.load(Ordering::SeqCst),
+        )
     }
 
     /// Frees the slabs left behind on nodes that failed, once those nodes answer again (a

@@ -13,6 +13,7 @@
 //! - every request is answered or the connection is closed; bad input never panics the node.
 
 mod memory;
+pub mod regen;
 pub mod server;
 
 use std::collections::BTreeMap;

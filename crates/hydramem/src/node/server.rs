@@ -270,6 +270,36 @@ impl Connection {
                 fb.finish(out)?;
             }
             Request::Ping => fb_ok(out).finish(out)?,
+            Request::Regen(req) => {
+                let c = client.expect("identified");
+                let st = if req.client != c {
+                    tracing::warn!("REGEN for another identity refused");
+                    Err(Status::NoSuchSlab)
+                } else {
+                    tracing::info!(
+                        slab = req.slab,
+                        split = req.target,
+                        pages = req.pages,
+                        "regenerating a slab"
+                    );
+                    let t0 = std::time::Instant::now();
+                    super::regen::regenerate(&node, &req).map_err(|e| {
+                        tracing::warn!(error = %e, slab = req.slab, "regeneration failed");
+                        Status::Internal
+                    }).inspect(|pages| {
+                        tracing::info!(slab = req.slab, pages, elapsed = ?t0.elapsed(), "slab regenerated");
+                    })
+                };
+                match st {
+                    Ok(pages) => {
+                        let fb = FrameBuilder::begin(&mut self.out, h.op, true, Status::Ok, h.id);
+                        self.out.extend_from_slice(&pages.to_le_bytes());
+                        fb.finish(&mut self.out)?;
+                    }
+                    Err(st) => FrameBuilder::begin(&mut self.out, h.op, true, st, h.id)
+                        .finish(&mut self.out)?,
+                }
+            }
             Request::Fault(fault) => {
                 let st = self.fault(fault);
                 FrameBuilder::begin(&mut self.out, h.op, true, st, h.id).finish(&mut self.out)?;

@@ -1,0 +1,241 @@
+//! Background slab regeneration on the node that receives the replacement slab (paper 4.2).
+//!
+//! The client that lost split `target` of a coding group allocates a replacement slab here and
+//! sends REGEN naming the surviving splits. This node then reads the surviving splits of every
+//! page straight from their nodes — k of them, in batches of [`BATCH`] pages per vectored read,
+//! with the client's identity — decodes the missing split with ISA-L and stores it with the
+//! version of the splits it came from.
+//!
+//! Invariants: a page is rebuilt only from k splits of one version, and stored through the
+//! slab's version check, so a page the client writes while regeneration runs (its writes go
+//! to this slab already) is never replaced by an older regenerated split: concurrent writes are
+//! *applied*, not held, and the slab ends with the newest data. A page whose k splits disagree
+//! (a write in flight) is re-read from every source; a page with no k splits of one version is
+//! left to the write that is racing it. Pages never written (version 0) are skipped.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+use hydramem_isal::Codec;
+
+use super::Node;
+use crate::wire::{
+    self, Entry, FrameBuilder, Header, Hello, Op, Reader, Regen, RegenSource, ReplyEntry, Status,
+    HEADER_LEN,
+};
+
+/// Pages per vectored read from one source.
+pub const BATCH: u64 = 256;
+
+/// A connection to one surviving split's node.
+struct Source {
+    split: usize,
+    slab: u32,
+    stream: TcpStream,
+}
+
+impl Source {
+    fn connect(s: &RegenSource, req: &Regen) -> Result<Source, String> {
+        let timeout = Duration::from_secs(10);
+        let mut stream = TcpStream::connect_timeout(&s.addr, timeout)
+            .map_err(|e| format!("connecting to {}: {e}", s.addr))?;
+        stream
+            .set_read_timeout(Some(timeout))
+            .map_err(|e| e.to_string())?;
+        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        let mut hello = Vec::new();
+        Hello {
+            client: req.client,
+            flags: 0,
+        }
+        .put(&mut hello);
+        crate::status::request(&mut stream, Op::Hello, &hello)
+            .map_err(|e| format!("HELLO to {}: {e}", s.addr))?;
+        Ok(Source {
+            split: s.split as usize,
+            slab: s.slab,
+            stream,
+        })
+    }
+
+    /// Reads split slots `first..first + n`: their versions and data into `out`.
+    fn read(
+        &mut self,
+        first: u64,
+        n: u64,
+        len: usize,
+        versions: &mut [u64],
+        out: &mut [u8],
+    ) -> Result<(), String> {
+        let mut body = Vec::with_capacity(4 + n as usize * wire::ENTRY_LEN);
+        body.extend_from_slice(&(n as u32).to_le_bytes());
+        for p in 0..n {
+            Entry {
+                slab: self.slab,
+                len: len as u32,
+                offset: (first + p) * len as u64,
+                cookie: p,
+                version: 0,
+            }
+            .put(&mut body);
+        }
+        let mut frame = Vec::with_capacity(HEADER_LEN + body.len());
+        let fb = FrameBuilder::begin(&mut frame, Op::ReadV, false, Status::Ok, first);
+        frame.extend_from_slice(&body);
+        fb.finish(&mut frame).map_err(|e| e.to_string())?;
+        self.stream.write_all(&frame).map_err(|e| e.to_string())?;
+        let mut hb = [0u8; HEADER_LEN];
+        self.stream.read_exact(&mut hb).map_err(|e| e.to_string())?;
+        let h = Header::parse(&hb).map_err(|e| e.to_string())?;
+        let mut reply = vec![0u8; h.body_len as usize];
+        self.stream
+            .read_exact(&mut reply)
+            .map_err(|e| e.to_string())?;
+        let mut r = Reader::new(&reply);
+        let count = r.count().map_err(|e| e.to_string())?;
+        if count as u64 != n || h.status != Status::Ok {
+            return Err(format!(
+                "source split {} answered {count} of {n} entries ({})",
+                self.split, h.status
+            ));
+        }
+        for _ in 0..n {
+            let e = ReplyEntry::get_read(&mut r).map_err(|e| e.to_string())?;
+            if e.status != Status::Ok || e.len as usize != len || e.cookie >= n {
+                return Err(format!(
+                    "source split {} refused slot {}: {}",
+                    self.split,
+                    first + e.cookie,
+                    e.status
+                ));
+            }
+            let p = e.cookie as usize;
+            versions[p] = e.version;
+            out[p * len..(p + 1) * len].copy_from_slice(r.bytes(len).map_err(|e| e.to_string())?);
+        }
+        Ok(())
+    }
+}
+
+/// Errors of a regeneration.
+#[derive(Debug, thiserror::Error)]
+pub enum RegenError {
+    /// The request cannot work.
+    #[error("invalid regeneration request: {0}")]
+    Invalid(String),
+    /// The target slab is not the caller's.
+    #[error("no slab {0} of this client on this node")]
+    NoSuchSlab(u32),
+    /// A source failed.
+    #[error("regeneration source failed: {0}")]
+    Source(String),
+}
+
+/// Rebuilds the target slab; returns the number of pages rebuilt.
+pub fn regenerate(node: &Node, req: &Regen) -> Result<u64, RegenError> {
+    let (k, r, target) = (req.k as usize, req.r as usize, req.target as usize);
+    let len = req.split_len as usize;
+    let bad = |m: &str| RegenError::Invalid(m.to_string());
+    if k == 0 || target >= k + r || req.sources.len() < k {
+        return Err(bad("need k >= 1, target < k + r and at least k sources"));
+    }
+    let mut seen = 0u64;
+    for s in &req.sources {
+        let bit = 1u64 << s.split;
+        if s.split as usize >= k + r || s.split as usize == target || seen & bit != 0 {
+            return Err(bad(
+                "sources must be distinct splits of the group, not the target",
+            ));
+        }
+        seen |= bit;
+    }
+    let slab = node
+        .slab(&req.client, req.slab)
+        .map_err(|_| RegenError::NoSuchSlab(req.slab))?;
+    let codec = Codec::new(k, r).map_err(|e| RegenError::Invalid(e.to_string()))?;
+    let mut sources = Vec::new();
+    for s in &req.sources {
+        match Source::connect(s, req) {
+            Ok(src) => sources.push(src),
+            Err(e) => {
+                tracing::warn!(error = %e, "regeneration source unreachable; using the others")
+            }
+        }
+    }
+    if sources.len() < k {
+        return Err(RegenError::Source(format!(
+            "only {} of the {k} sources needed are reachable",
+            sources.len()
+        )));
+    }
+    let b = BATCH as usize;
+    let mut versions = vec![vec![0u64; b]; sources.len()];
+    let mut data = vec![vec![0u8; b * len]; sources.len()];
+    let mut rebuilt = vec![0u8; len];
+    let mut done = 0u64;
+    let mut first = 0u64;
+    while first < req.pages {
+        let n = BATCH.min(req.pages - first);
+        for (i, s) in sources.iter_mut().enumerate().take(k) {
+            s.read(first, n, len, &mut versions[i], &mut data[i])
+                .map_err(RegenError::Source)?;
+        }
+        let mut fetched_rest = false;
+        for p in 0..n as usize {
+            let v = versions[0][p];
+            let agree = (0..k).all(|i| versions[i][p] == v);
+            let chosen: Vec<usize> = if agree {
+                if v == 0 {
+                    continue; // never written
+                }
+                (0..k).collect()
+            } else {
+                // A write is racing: look at every source for k splits of one version.
+                if !fetched_rest {
+                    for (i, s) in sources.iter_mut().enumerate().skip(k) {
+                        s.read(first, n, len, &mut versions[i], &mut data[i])
+                            .map_err(RegenError::Source)?;
+                    }
+                    fetched_rest = true;
+                }
+                let newest = (0..sources.len())
+                    .map(|i| versions[i][p])
+                    .filter(|cand| {
+                        (0..sources.len())
+                            .filter(|i| versions[*i][p] == *cand)
+                            .count()
+                            >= k
+                    })
+                    .max();
+                match newest {
+                    Some(v) if v != 0 => (0..sources.len())
+                        .filter(|i| versions[*i][p] == v)
+                        .take(k)
+                        .collect(),
+                    _ => continue,
+                }
+            };
+            let version = versions[chosen[0]][p];
+            let present: Vec<(usize, &[u8])> = chosen
+                .iter()
+                .map(|&i| (sources[i].split, &data[i][p * len..(p + 1) * len]))
+                .collect();
+            codec
+                .reconstruct(&present, &mut [(target, &mut rebuilt[..])])
+                .map_err(|e| RegenError::Invalid(e.to_string()))?;
+            match slab.write((first + p as u64) * len as u64, &rebuilt, version) {
+                Ok(()) | Err(Status::Stale) => done += 1,
+                Err(st) => {
+                    return Err(RegenError::Invalid(format!(
+                        "storing slot {}: {st}",
+                        first + p as u64
+                    )))
+                }
+            }
+        }
+        metrics::counter!("hydramem_node_regen_pages_total").increment(n);
+        first += n;
+    }
+    Ok(done)
+}
