@@ -259,7 +259,7 @@ fn read_load(
 /// Per-scheme state while the interleaved phases run.
 struct Run {
     scheme: String,
-    mem: RemoteMemory,
+    mem: std::sync::Arc<RemoteMemory>,
     write_throughput: Throughput,
     remote_bytes_per_data_byte: f64,
     node_rss_max: u64,

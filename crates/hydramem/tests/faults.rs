@@ -23,7 +23,7 @@ fn faulty(nodes: usize) -> hydramem::embedded::EmbeddedCluster {
     common::cluster_with(nodes, SLAB, 16, &["--allow-fault-injection"])
 }
 
-fn client(c: &hydramem::embedded::EmbeddedCluster, pages: u64) -> RemoteMemory {
+fn client(c: &hydramem::embedded::EmbeddedCluster, pages: u64) -> std::sync::Arc<RemoteMemory> {
     let mut cfg = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
     cfg.straggler_after = Duration::from_millis(2);
     RemoteMemory::connect(c.cluster(), cfg).unwrap()

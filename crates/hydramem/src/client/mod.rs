@@ -291,7 +291,14 @@ pub struct RemoteMemory {
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
     regen: Arc<RegenCounters>,
+    /// No repair before this instant (after one found no replacement node).
+    repair_after: Mutex<Instant>,
 }
+
+/// How often the maintenance thread repairs ranges and releases stale slabs.
+const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
+/// How long a repair that found no replacement node waits before trying again.
+const REPAIR_RETRY: Duration = Duration::from_secs(1);
 
 /// Counts of background slab regenerations.
 #[derive(Debug, Default)]
@@ -340,7 +347,10 @@ thread_local! {
 impl RemoteMemory {
     /// Connects to the cluster's nodes, finds this identity's existing slabs and is ready for
     /// I/O. Fails when fewer nodes are reachable than one coding group needs.
-    pub fn connect(cluster: &Cluster, config: ClientConfig) -> Result<RemoteMemory, ClientError> {
+    pub fn connect(
+        cluster: &Cluster,
+        config: ClientConfig,
+    ) -> Result<Arc<RemoteMemory>, ClientError> {
         let layout = Layout::new(config.resilience, cluster.slab_size)?;
         let codec = match config.resilience {
             Resilience::Hydra { k, r, .. } => Some(Codec::new(k as usize, r as usize)?),
@@ -456,7 +466,7 @@ impl RemoteMemory {
             seed,
         )
         .map_err(|source| ClientError::Placement { range: 0, source })?;
-        Ok(RemoteMemory {
+        let mem = Arc::new(RemoteMemory {
             layout,
             config,
             codec,
@@ -469,7 +479,53 @@ impl RemoteMemory {
             clock: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
-        })
+            repair_after: Mutex::new(Instant::now()),
+        });
+        // Maintenance: repair ranges that lost a member, release stale slabs of nodes that came
+        // back. It holds only a weak reference and ends when the client is dropped.
+        let weak = Arc::downgrade(&mem);
+        std::thread::Builder::new()
+            .name("hm-maintain".into())
+            .spawn(move || loop {
+                std::thread::sleep(MAINTENANCE_INTERVAL);
+                match weak.upgrade() {
+                    Some(mem) => mem.maintain(),
+                    None => return,
+                }
+            })?;
+        Ok(mem)
+    }
+
+    /// One round of maintenance (the background thread runs it every 100 ms): every split of
+    /// a mapped range whose node is down is moved to a replacement slab and regenerated there
+    /// in the background, and stale slabs of nodes that came back are released.
+    pub fn maintain(&self) {
+        let now = Instant::now();
+        let due = *self.repair_after.lock() <= now;
+        if due && (0..self.transport.nodes() as u16).any(|n| !self.transport.is_up(n)) {
+            let mut stuck = false;
+            for range in 0..self.ranges.len() {
+                let Some(g) = self.ranges[range].load_full() else {
+                    continue;
+                };
+                for j in 0..self.layout.width {
+                    let node = g.nodes[j];
+                    if node != slots::NO_NODE && self.transport.is_up(node) {
+                        continue;
+                    }
+                    if let Err(e) = self.remap(range, j, node) {
+                        // No spare node now; the range stays degraded and is retried later.
+                        tracing::debug!(range, split = j, error = %e, "cannot repair yet");
+                        stuck = true;
+                        break;
+                    }
+                }
+            }
+            if stuck {
+                *self.repair_after.lock() = now + REPAIR_RETRY;
+            }
+        }
+        self.release_orphans();
     }
 
     /// A fresh page version: a hybrid logical clock, the wall clock in nanoseconds unless that
@@ -841,10 +897,14 @@ impl RemoteMemory {
     /// revived node's stale slabs are released, never read). Called after every remap; call it
     /// periodically to release them sooner.
     pub fn release_orphans(&self) {
-        let mut orphans = std::mem::take(&mut *self.orphans.lock());
-        if orphans.is_empty() {
-            return;
-        }
+        let mut orphans = {
+            let mut o = self.orphans.lock();
+            // Nothing to do until one of their nodes is back (and no allocation meanwhile).
+            if !o.iter().any(|(n, _)| self.transport.is_up(*n)) {
+                return;
+            }
+            std::mem::take(&mut *o)
+        };
         let width = self.layout.width;
         // A restarted node numbers its slabs anew: never free an id a current group uses.
         let in_use = |node: u16, slab: u32| {

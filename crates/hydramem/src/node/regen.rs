@@ -37,11 +37,13 @@ struct Source {
 
 impl Source {
     fn connect(s: &RegenSource, req: &Regen) -> Result<Source, String> {
-        let timeout = Duration::from_secs(10);
-        let mut stream = TcpStream::connect_timeout(&s.addr, timeout)
+        // A source that does not greet us within a second is skipped (a stalled node must not
+        // hold the regeneration up when other splits can serve); data reads get longer.
+        let greet = Duration::from_secs(1);
+        let mut stream = TcpStream::connect_timeout(&s.addr, greet)
             .map_err(|e| format!("connecting to {}: {e}", s.addr))?;
         stream
-            .set_read_timeout(Some(timeout))
+            .set_read_timeout(Some(greet))
             .map_err(|e| e.to_string())?;
         stream.set_nodelay(true).map_err(|e| e.to_string())?;
         let mut hello = Vec::new();
@@ -52,6 +54,9 @@ impl Source {
         .put(&mut hello);
         crate::status::request(&mut stream, Op::Hello, &hello)
             .map_err(|e| format!("HELLO to {}: {e}", s.addr))?;
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())?;
         Ok(Source {
             split: s.split as usize,
             slab: s.slab,
