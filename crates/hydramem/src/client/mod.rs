@@ -307,6 +307,23 @@ struct RegenCounters {
     done: AtomicU64,
     failed: AtomicU64,
     pages: AtomicU64,
+    /// Sum of the wall time of finished regenerations, nanoseconds.
+    nanos: AtomicU64,
+}
+
+/// What background regeneration has done so far.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct RegenStats {
+    /// Regenerations started.
+    pub started: u64,
+    /// Finished.
+    pub done: u64,
+    /// Failed.
+    pub failed: u64,
+    /// Pages rebuilt by the finished ones.
+    pub pages: u64,
+    /// Sum of their wall times.
+    pub busy: Duration,
 }
 
 /// Sends REGEN to the node holding the replacement slab on a connection of its own (the node
@@ -868,6 +885,9 @@ impl RemoteMemory {
                 match result {
                     Ok(pages) => {
                         regen.pages.fetch_add(pages, Ordering::SeqCst);
+                        regen
+                            .nanos
+                            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
                         regen.done.fetch_add(1, Ordering::SeqCst);
                         metrics::counter!("hydramem_client_regenerations_total").increment(1);
                         tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), "slab regenerated");
@@ -880,6 +900,33 @@ impl RemoteMemory {
             });
         if spawned.is_err() {
             self.regen.failed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// Mapped ranges with a member on a node that is down (not yet repaired).
+    pub fn degraded_ranges(&self) -> usize {
+        let w = self.layout.width;
+        self.ranges
+            .iter()
+            .filter(|r| {
+                r.load().as_ref().is_some_and(|g| {
+                    g.nodes[..w]
+                        .iter()
+                        .any(|n| *n == slots::NO_NODE || !self.transport.is_up(*n))
+                })
+            })
+            .count()
+    }
+
+    /// Everything background regeneration has done so far.
+    pub fn regen_stats(&self) -> RegenStats {
+        let r = &self.regen;
+        RegenStats {
+            started: r.started.load(Ordering::SeqCst),
+            done: r.done.load(Ordering::SeqCst),
+            failed: r.failed.load(Ordering::SeqCst),
+            pages: r.pages.load(Ordering::SeqCst),
+            busy: Duration::from_nanos(r.nanos.load(Ordering::SeqCst)),
         }
     }
 
