@@ -30,6 +30,9 @@ for x in r.values():
 assert abs(r["hydra 8+2 Δ=1"]["remote_bytes_per_data_byte"] - 1.25) < 1e-9, r["hydra 8+2 Δ=1"]
 assert abs(r["replication ×3"]["remote_bytes_per_data_byte"] - 3.0) < 1e-9
 assert abs(r["single copy"]["remote_bytes_per_data_byte"] - 1.0) < 1e-9
+# A node's resident memory stays within 64 MiB of the slab memory it holds data in.
+for x in r.values():
+    assert x["node_overhead_max"] < 64 << 20, x
 print("bench JSON checks passed")
 PY
 

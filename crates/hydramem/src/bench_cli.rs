@@ -196,6 +196,15 @@ pub fn table(results: &[SchemeResult]) -> String {
         o,
         "(cpu µs/page: write, read; bytes: remote bytes held per byte of data)"
     );
+    if let Some(worst) = results.iter().map(|r| r.node_overhead_max).max() {
+        let rss = results.iter().map(|r| r.node_rss_max).max().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "node memory: largest resident set {:.1} MiB, at most {:.1} MiB above the data its slabs hold",
+            rss as f64 / 1048576.0,
+            worst as f64 / 1048576.0
+        );
+    }
     if let Some(rep2) = results.iter().find(|r| r.scheme == "replication ×2") {
         for r in results.iter().filter(|r| r.scheme.starts_with("hydra")) {
             let _ = writeln!(
