@@ -25,6 +25,7 @@ pub mod bench;
 pub mod client;
 pub mod cluster;
 pub mod embedded;
+pub mod faultrun;
 pub mod node;
 pub mod placement;
 pub mod status;

@@ -7,6 +7,7 @@
 
 mod bench_cli;
 mod demo;
+mod soak;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -51,6 +52,8 @@ enum Cmd {
     Bench(bench_cli::BenchArgs),
     /// A self-contained tour: start a cluster, write, lose nodes, read everything back.
     Demo(demo::DemoArgs),
+    /// Many seeded fault runs: nodes killed, paused, restarted and slowed under load.
+    Soak(soak::SoakArgs),
 }
 
 #[derive(clap::Args)]
@@ -113,7 +116,7 @@ struct StatusArgs {
     json: bool,
 }
 
-const SUBCOMMANDS: [&str; 5] = ["node", "up", "status", "bench", "demo"];
+const SUBCOMMANDS: [&str; 6] = ["node", "up", "status", "bench", "demo", "soak"];
 
 /// The command line with the config file's settings for the subcommand inserted right after
 /// it, only for options given neither as a flag nor in the environment (both beat the file).
@@ -210,6 +213,7 @@ fn main() {
         Cmd::Status(a) => run_status(a),
         Cmd::Bench(a) => bench_cli::run(a),
         Cmd::Demo(a) => demo::run(a),
+        Cmd::Soak(a) => soak::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

@@ -1,0 +1,293 @@
+//! The fault-run harness: a seeded, write-heavy random workload over many threads while memory
+//! nodes are killed (SIGKILL), paused (SIGSTOP/SIGCONT), restarted empty and slowed down at
+//! random times, never more than `max_faults` at once, with a checker that every acknowledged
+//! write reads back exactly — during the run and at the end.
+//!
+//! Each worker thread owns the pages `p ≡ t (mod threads)`, so the last acknowledged value of
+//! a page is well defined. A write that fails leaves its page *uncertain* between the old and
+//! the new value until a later operation settles it; a read must return the last acknowledged
+//! value (or one of the two uncertain ones), and anything else is counted as a wrong read. A
+//! fault counts against `max_faults` from its injection until it is healed *and* the client
+//! has repaired and regenerated every range it touched, so at no moment are more than
+//! `max_faults` splits of a page missing. Used by `hydramem soak` and `tests/faultrun.rs`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+
+use crate::bench::fill_page;
+use crate::client::{ClientConfig, Mode, RemoteMemory, Resilience};
+use crate::embedded::{EmbeddedCluster, EmbeddedOptions};
+use crate::wire::Fault;
+use crate::PAGE_SIZE;
+
+/// What to run.
+#[derive(Debug, Clone)]
+pub struct FaultRunOptions {
+    /// The `hydramem` binary for the node processes.
+    pub binary: std::path::PathBuf,
+    /// Seed of the workload and of the faults.
+    pub seed: u64,
+    /// Memory nodes.
+    pub nodes: usize,
+    /// Worker threads.
+    pub threads: usize,
+    /// Pages in the working set.
+    pub pages: u64,
+    /// Slab size.
+    pub slab_size: u64,
+    /// Length of the faulty phase.
+    pub duration: Duration,
+    /// Most faults at once (r for the 8+2 code used).
+    pub max_faults: usize,
+}
+
+/// What happened.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FaultRunReport {
+    /// The seed.
+    pub seed: u64,
+    /// Writes acknowledged.
+    pub acked_writes: u64,
+    /// Writes that returned an error.
+    pub failed_writes: u64,
+    /// Reads checked during the run.
+    pub reads_checked: u64,
+    /// Reads that returned an error during the run.
+    pub read_errors: u64,
+    /// Reads that returned bytes other than an acknowledged value (must be 0).
+    pub wrong_reads: u64,
+    /// Pages whose last acknowledged write did not read back at the end (must be 0).
+    pub lost_writes: u64,
+    /// Faults injected, in order.
+    pub faults: Vec<String>,
+    /// Regenerations the client ran.
+    pub regenerations: u64,
+}
+
+#[derive(Clone, Copy)]
+enum Known {
+    Exactly(u64),
+    Either(u64, u64),
+}
+
+fn matches(page: &[u8; PAGE_SIZE], seed: u64, p: u64, v: u64) -> bool {
+    if v == 0 {
+        return page.iter().all(|b| *b == 0);
+    }
+    let mut want = [0u8; PAGE_SIZE];
+    fill_page(&mut want, seed, p, v);
+    *page == want
+}
+
+/// Checks a read against what is known of the page; settles an uncertain page.
+fn check(known: &mut Known, page: &[u8; PAGE_SIZE], seed: u64, p: u64) -> bool {
+    match *known {
+        Known::Exactly(v) => matches(page, seed, p, v),
+        Known::Either(a, b) => {
+            for v in [a, b] {
+                if matches(page, seed, p, v) {
+                    *known = Known::Exactly(v);
+                    return true;
+                }
+            }
+            false
+        }
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Impairment {
+    Killed,
+    Paused,
+    Slow,
+}
+
+/// Runs one seeded fault run.
+pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
+    let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
+        binary: o.binary.clone(),
+        nodes: o.nodes,
+        slab_size: o.slab_size,
+        capacity: o.slab_size * 64,
+        extra_args: vec![
+            "--log".into(),
+            "error".into(),
+            "--allow-fault-injection".into(),
+        ],
+    })
+    .map_err(|e| e.to_string())?;
+    let scheme = Resilience::Hydra {
+        k: 8,
+        r: 2,
+        delta: 1,
+        mode: Mode::FailureRecovery,
+    };
+    let mut cfg = ClientConfig::new(scheme, o.pages * PAGE_SIZE as u64);
+    cfg.seed = Some(o.seed);
+    cfg.straggler_after = Duration::from_millis(2);
+    let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
+    let seed = o.seed;
+    let stop = AtomicBool::new(false);
+    let acked = AtomicU64::new(0);
+    let failed = AtomicU64::new(0);
+    let reads = AtomicU64::new(0);
+    let read_errors = AtomicU64::new(0);
+    let wrong = AtomicU64::new(0);
+    let known: Mutex<HashMap<u64, Known>> = Mutex::new(HashMap::new());
+    let mut faults = Vec::new();
+
+    std::thread::scope(|s| {
+        for t in 0..o.threads as u64 {
+            let (mem, stop, acked, failed, reads, read_errors, wrong, known) = (
+                &mem,
+                &stop,
+                &acked,
+                &failed,
+                &reads,
+                &read_errors,
+                &wrong,
+                &known,
+            );
+            s.spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed ^ ((t + 1) * 0x9E37));
+                let mut mine: HashMap<u64, Known> = HashMap::new();
+                let mut page = [0u8; PAGE_SIZE];
+                let mut version = t << 40;
+                let owned = o.pages / o.threads as u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let p = rng.random_range(0..owned) * o.threads as u64 + t;
+                    let addr = p * PAGE_SIZE as u64;
+                    let k = *mine.get(&p).unwrap_or(&Known::Exactly(0));
+                    if rng.random_bool(0.7) {
+                        version += 1;
+                        fill_page(&mut page, seed, p, version);
+                        match mem.write_page(addr, &page) {
+                            Ok(()) => {
+                                acked.fetch_add(1, Ordering::Relaxed);
+                                mine.insert(p, Known::Exactly(version));
+                            }
+                            Err(e) => {
+                                failed.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(page = p, error = %e, "write failed during the fault run");
+                                let old = match k {
+                                    Known::Exactly(v) | Known::Either(v, _) => v,
+                                };
+                                mine.insert(p, Known::Either(old, version));
+                            }
+                        }
+                    } else {
+                        match mem.read_page(addr, &mut page) {
+                            Ok(()) => {
+                                reads.fetch_add(1, Ordering::Relaxed);
+                                let mut k = k;
+                                if !check(&mut k, &page, seed, p) {
+                                    wrong.fetch_add(1, Ordering::Relaxed);
+                                    tracing::error!(page = p, "read returned bytes no acknowledged write wrote");
+                                }
+                                mine.insert(p, k);
+                            }
+                            Err(e) => {
+                                read_errors.fetch_add(1, Ordering::Relaxed);
+                                tracing::warn!(page = p, error = %e, "read failed during the fault run");
+                            }
+                        }
+                    }
+                }
+                known.lock().expect("no panics hold it").extend(mine);
+            });
+        }
+
+        // Chaos: inject and heal faults at random times, at most `max_faults` at once.
+        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+        let mut impaired: Vec<(usize, Impairment)> = Vec::new();
+        let t0 = Instant::now();
+        let settle = |mem: &RemoteMemory| {
+            // A healed fault stops counting only once every range is whole again.
+            let deadline = Instant::now() + Duration::from_secs(20);
+            while Instant::now() < deadline {
+                let st = mem.regen_stats();
+                if mem.degraded_ranges() == 0 && st.done + st.failed == st.started {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        };
+        while t0.elapsed() < o.duration {
+            std::thread::sleep(Duration::from_millis(rng.random_range(100..400)));
+            if impaired.len() < o.max_faults && rng.random_bool(0.6) {
+                let healthy: Vec<usize> = (0..o.nodes)
+                    .filter(|n| !impaired.iter().any(|(m, _)| m == n))
+                    .collect();
+                let n = healthy[rng.random_range(0..healthy.len())];
+                let kind = match rng.random_range(0..3) {
+                    0 => Impairment::Killed,
+                    1 => Impairment::Paused,
+                    _ => Impairment::Slow,
+                };
+                let ok = match kind {
+                    Impairment::Killed => cluster.kill(n).is_ok(),
+                    Impairment::Paused => cluster.pause(n).is_ok(),
+                    Impairment::Slow => cluster.inject(n, Fault::DelayReplies(5_000)).is_ok(),
+                };
+                if ok {
+                    faults.push(format!(
+                        "{:.2}s {kind:?} node {n}",
+                        t0.elapsed().as_secs_f64()
+                    ));
+                    impaired.push((n, kind));
+                }
+            } else if !impaired.is_empty() {
+                let (n, kind) = impaired.remove(rng.random_range(0..impaired.len()));
+                let _ = match kind {
+                    Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
+                    Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
+                    Impairment::Slow => cluster.inject(n, Fault::Clear),
+                };
+                faults.push(format!(
+                    "{:.2}s healed node {n}",
+                    t0.elapsed().as_secs_f64()
+                ));
+                settle(&mem);
+            }
+        }
+        for (n, kind) in impaired.drain(..) {
+            let _ = match kind {
+                Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
+                Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
+                Impairment::Slow => cluster.inject(n, Fault::Clear),
+            };
+        }
+        settle(&mem);
+        stop.store(true, Ordering::Relaxed);
+    });
+
+    // The end: every page must read back its last acknowledged value.
+    let known = known.into_inner().expect("no panics hold it");
+    let mut lost = 0;
+    let mut page = [0u8; PAGE_SIZE];
+    for (&p, k) in &known {
+        let mut k = *k;
+        let ok =
+            mem.read_page(p * PAGE_SIZE as u64, &mut page).is_ok() && check(&mut k, &page, seed, p);
+        if !ok {
+            lost += 1;
+            tracing::error!(page = p, "acknowledged write lost");
+        }
+    }
+    Ok(FaultRunReport {
+        seed,
+        acked_writes: acked.load(Ordering::Relaxed),
+        failed_writes: failed.load(Ordering::Relaxed),
+        reads_checked: reads.load(Ordering::Relaxed),
+        read_errors: read_errors.load(Ordering::Relaxed),
+        wrong_reads: wrong.load(Ordering::Relaxed),
+        lost_writes: lost,
+        faults,
+        regenerations: mem.regen_stats().done,
+    })
+}

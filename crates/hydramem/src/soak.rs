@@ -1,0 +1,67 @@
+//! `hydramem soak`: many seeded fault runs (see `hydramem::faultrun`), a count of runs and of
+//! acknowledged writes lost (must be 0).
+
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use hydramem::faultrun::{run as fault_run, FaultRunOptions};
+
+#[derive(clap::Args)]
+pub struct SoakArgs {
+    /// Fault runs to do.
+    #[arg(long, env = "HYDRAMEM_RUNS", default_value_t = 20)]
+    runs: u64,
+    /// Seconds of faults per run.
+    #[arg(long, env = "HYDRAMEM_SECONDS", default_value_t = 10.0)]
+    seconds: f64,
+    /// Seed of the first run (run i uses seed + i).
+    #[arg(long, env = "HYDRAMEM_SEED", default_value_t = 1000)]
+    seed: u64,
+    /// Memory nodes per run.
+    #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
+    nodes: usize,
+}
+
+pub fn run(a: SoakArgs) -> Result<()> {
+    let (mut acked, mut lost, mut wrong, mut failed, mut read_errors, mut faults) =
+        (0, 0, 0, 0, 0, 0);
+    for i in 0..a.runs {
+        let r = fault_run(&FaultRunOptions {
+            binary: std::env::current_exe()?,
+            seed: a.seed + i,
+            nodes: a.nodes,
+            threads: 6,
+            pages: 3072,
+            slab_size: 1 << 20,
+            duration: Duration::from_secs_f64(a.seconds),
+            max_faults: 2,
+        })
+        .map_err(anyhow::Error::msg)?;
+        println!(
+            "run {:>3} seed {}: {} faults, {} writes acknowledged, {} lost, {} wrong reads, {} failed writes, {} read errors, {} regenerations",
+            i + 1,
+            r.seed,
+            r.faults.len(),
+            r.acked_writes,
+            r.lost_writes,
+            r.wrong_reads,
+            r.failed_writes,
+            r.read_errors,
+            r.regenerations
+        );
+        acked += r.acked_writes;
+        lost += r.lost_writes;
+        wrong += r.wrong_reads;
+        failed += r.failed_writes;
+        read_errors += r.read_errors;
+        faults += r.faults.len();
+    }
+    println!(
+        "soak: {} runs, {faults} faults injected, {acked} acknowledged writes, {lost} lost, {wrong} wrong reads ({failed} writes and {read_errors} reads returned errors)",
+        a.runs
+    );
+    if lost + wrong > 0 {
+        bail!("{lost} acknowledged writes lost and {wrong} wrong reads");
+    }
+    Ok(())
+}
