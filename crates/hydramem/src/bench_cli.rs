@@ -95,7 +95,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(p) => Cluster::load(p)?,
         None => {
             let c = EmbeddedCluster::start(EmbeddedOptions {
-                binary: std::env::current_exe()?,
+                binary: hydramem::embedded::self_exe()?,
                 nodes: a.nodes,
                 slab_size: 16 << 20,
                 capacity: 4 << 30,

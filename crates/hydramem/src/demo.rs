@@ -101,7 +101,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         a.nodes
     );
     let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
-        binary: std::env::current_exe()?,
+        binary: hydramem::embedded::self_exe()?,
         nodes: a.nodes,
         slab_size: 16 << 20,
         capacity: 1 << 30,

@@ -13,6 +13,17 @@ use std::process::{Child, Command, Stdio};
 
 use crate::cluster::{Cluster, NodeEntry};
 
+/// The path to run this very program again: `/proc/self/exe`, which still names the running
+/// binary after it was replaced on disk (a rebuild), unlike the path `current_exe` returns.
+pub fn self_exe() -> std::io::Result<PathBuf> {
+    let proc = PathBuf::from("/proc/self/exe");
+    if proc.exists() {
+        Ok(proc)
+    } else {
+        std::env::current_exe()
+    }
+}
+
 /// How to start the nodes.
 #[derive(Debug, Clone)]
 pub struct EmbeddedOptions {
@@ -109,6 +120,8 @@ impl EmbeddedCluster {
             .args(["--slab-size", &o.slab_size.to_string()])
             .arg("--announce")
             .args(&o.extra_args)
+            // Every node would try to serve metrics on the same address.
+            .env_remove("HYDRAMEM_METRICS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit());

@@ -33,6 +33,10 @@ struct Cli {
     /// environment take precedence over it.
     #[arg(long, global = true, env = "HYDRAMEM_CONFIG")]
     config: Option<PathBuf>,
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400): a node's request and
+    /// slab counters, or a client's failures detected, splits re-routed, regenerations.
+    #[arg(long, global = true, env = "HYDRAMEM_METRICS")]
+    metrics: Option<String>,
     /// Log filter (error, warn, info, debug, trace, or a tracing directive).
     #[arg(long, global = true, env = "HYDRAMEM_LOG", default_value = "info")]
     log: String,
@@ -70,9 +74,6 @@ struct NodeArgs {
     /// Slab size; must match the cluster file.
     #[arg(long, env = "HYDRAMEM_SLAB_SIZE", default_value = "1GiB", value_parser = parse_size)]
     slab_size: Size,
-    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9400).
-    #[arg(long, env = "HYDRAMEM_METRICS")]
-    metrics: Option<String>,
     /// Obey FAULT requests (delay, stall, drop connections, refuse allocation, crash). For
     /// tests only: never on a node that holds data anyone needs.
     #[arg(long, env = "HYDRAMEM_ALLOW_FAULT_INJECTION")]
@@ -207,6 +208,12 @@ fn main() {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
+    if let Some(m) = &cli.metrics {
+        if let Err(e) = install_metrics(m) {
+            eprintln!("error: {e:#}");
+            std::process::exit(1);
+        }
+    }
     let r = match cli.cmd {
         Cmd::Node(a) => run_node(a),
         Cmd::Up(a) => run_up(a, &cli.log),
@@ -219,6 +226,17 @@ fn main() {
         eprintln!("error: {e:#}");
         std::process::exit(1);
     }
+}
+
+/// Serves Prometheus metrics of this process on `addr`.
+fn install_metrics(addr: &str) -> Result<()> {
+    let a: std::net::SocketAddr = addr
+        .parse()
+        .with_context(|| format!("--metrics {addr:?} is not an address"))?;
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(a)
+        .install()
+        .with_context(|| format!("starting the metrics endpoint on {a}"))
 }
 
 /// SIGINT/SIGTERM set the returned flag.
@@ -240,15 +258,6 @@ fn run_node(a: NodeArgs) -> Result<()> {
     let node = Node::new(config)?;
     if a.allow_fault_injection {
         tracing::warn!("fault injection is ENABLED: this node obeys FAULT requests (tests only)");
-    }
-    if let Some(m) = &a.metrics {
-        let addr: std::net::SocketAddr = m
-            .parse()
-            .with_context(|| format!("--metrics {m:?} is not an address"))?;
-        metrics_exporter_prometheus::PrometheusBuilder::new()
-            .with_http_listener(addr)
-            .install()
-            .with_context(|| format!("starting the metrics endpoint on {addr}"))?;
     }
     let listener = TcpListener::bind(&a.listen).with_context(|| {
         format!(
@@ -286,7 +295,7 @@ fn run_up(a: UpArgs, log: &str) -> Result<()> {
         bail!("--nodes must be at least 1");
     }
     let opts = EmbeddedOptions {
-        binary: std::env::current_exe().context("finding the hydramem binary")?,
+        binary: hydramem::embedded::self_exe().context("finding the hydramem binary")?,
         nodes: a.nodes,
         slab_size: a.slab_size.bytes(),
         capacity: a.capacity.bytes(),

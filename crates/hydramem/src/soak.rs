@@ -27,7 +27,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
         (0, 0, 0, 0, 0, 0);
     for i in 0..a.runs {
         let r = fault_run(&FaultRunOptions {
-            binary: std::env::current_exe()?,
+            binary: hydramem::embedded::self_exe()?,
             seed: a.seed + i,
             nodes: a.nodes,
             threads: 6,

@@ -115,7 +115,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
     );
     let _ = writeln!(
         o,
-        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12}",
+        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12} {:>6}",
         "node",
         "address",
         "health",
@@ -125,7 +125,8 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         "clients",
         "rss",
         "reads",
-        "writes"
+        "writes",
+        "regen"
     );
     let (mut cap, mut used) = (0u64, 0u64);
     for r in rows {
@@ -137,7 +138,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                 let writes: u64 = s.slabs.iter().map(|x| x.writes).sum();
                 let _ = writeln!(
                     o,
-                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12}",
+                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12} {:>6}",
                     r.id,
                     r.addr.to_string(),
                     "up",
@@ -147,7 +148,8 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                     s.clients,
                     human(s.rss),
                     reads,
-                    writes
+                    writes,
+                    s.regenerating
                 );
             }
             StatusResult::Down { error } => {
@@ -162,9 +164,16 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
             }
         }
     }
+    let regen: u32 = rows
+        .iter()
+        .filter_map(|r| match &r.result {
+            StatusResult::Up(s) => Some(s.regenerating),
+            _ => None,
+        })
+        .sum();
     let _ = writeln!(
         o,
-        "total: {} of {} donated memory in use",
+        "total: {} of {} donated memory in use; {regen} slab regenerations in progress",
         human(used),
         human(cap)
     );

@@ -560,6 +560,8 @@ const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6;
 /// | 8    | slab size |
 /// | 8    | resident set size of the node process, bytes |
 /// | 4    | connected clients |
+/// | 4    | regenerations in progress on this node |
+/// | 8    | pages rebuilt by regenerations since the node started |
 /// | 4    | count of slab records, then count × 56-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64 |
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Stats {
@@ -573,6 +575,10 @@ pub struct Stats {
     pub rss: u64,
     /// Connections that have said HELLO as a client (not observers).
     pub clients: u32,
+    /// Regenerations running on this node now.
+    pub regenerating: u32,
+    /// Pages rebuilt by regenerations since the node started.
+    pub regen_pages: u64,
     /// Every allocated slab.
     pub slabs: Vec<SlabStats>,
 }
@@ -590,6 +596,8 @@ impl Stats {
         out.extend_from_slice(&self.slab_size.to_le_bytes());
         out.extend_from_slice(&self.rss.to_le_bytes());
         out.extend_from_slice(&self.clients.to_le_bytes());
+        out.extend_from_slice(&self.regenerating.to_le_bytes());
+        out.extend_from_slice(&self.regen_pages.to_le_bytes());
         out.extend_from_slice(&(self.slabs.len() as u32).to_le_bytes());
         for s in &self.slabs {
             out.extend_from_slice(&s.slab.to_le_bytes());
@@ -615,6 +623,8 @@ impl Stats {
         let slab_size = r.u64()?;
         let rss = r.u64()?;
         let clients = r.u32()?;
+        let regenerating = r.u32()?;
+        let regen_pages = r.u64()?;
         let n = r.u32()? as usize;
         if n > r.remaining() / SLAB_STATS_LEN {
             return Err(WireError::Invalid("slab count exceeds the body"));
@@ -639,6 +649,8 @@ impl Stats {
             slab_size,
             rss,
             clients,
+            regenerating,
+            regen_pages,
             slabs,
         })
     }
@@ -1204,7 +1216,7 @@ mod tests {
         #[test]
         fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
             let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5 }).collect();
-            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, slabs };
+            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, slabs };
             let mut out = Vec::new();
             s.put(&mut out);
             prop_assert_eq!(Stats::parse(&out).unwrap(), s);

@@ -69,8 +69,8 @@ impl Default for TcpOptions {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(5),
             heartbeat: Duration::from_millis(100),
-            heartbeat_timeout: Duration::from_millis(250),
-            verify_timeout: Duration::from_millis(250),
+            heartbeat_timeout: Duration::from_millis(500),
+            verify_timeout: Duration::from_secs(1),
             reconnect_interval: Duration::from_millis(500),
         }
     }
@@ -86,13 +86,25 @@ impl std::fmt::Display for TcpOptions {
     }
 }
 
-#[derive(Default)]
 struct SendState {
     buf: Vec<u8>,
     spare: Vec<u8>,
     /// Start offset and op of the vectored frame still open for more entries.
     open: Option<(usize, Op)>,
     flushing: bool,
+}
+
+impl SendState {
+    /// Buffers sized for a full merged frame up front, so that they never grow (allocate) on
+    /// the data path.
+    fn new() -> SendState {
+        SendState {
+            buf: Vec::with_capacity(2 * MERGE_LIMIT),
+            spare: Vec::with_capacity(2 * MERGE_LIMIT),
+            open: None,
+            flushing: false,
+        }
+    }
 }
 
 struct Conn {
@@ -162,7 +174,7 @@ impl TcpTransport {
                         addr: *addr,
                         up: AtomicBool::new(true),
                         stream: ArcSwapOption::from_pointee(stream),
-                        send: Mutex::new(SendState::default()),
+                        send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
                     });
                     outcomes.push(Ok(reply));
@@ -174,7 +186,7 @@ impl TcpTransport {
                         addr: *addr,
                         up: AtomicBool::new(false),
                         stream: ArcSwapOption::empty(),
-                        send: Mutex::new(SendState::default()),
+                        send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
                     });
                     outcomes.push(Err(e.to_string()));
@@ -189,7 +201,7 @@ impl TcpTransport {
             stop: AtomicBool::new(false),
             options,
             waker,
-            want_write: Mutex::new(Vec::new()),
+            want_write: Mutex::new(Vec::with_capacity(4 * addrs.len())),
             new_streams: Mutex::new(Vec::new()),
             hello,
             monitor_wake: (parking_lot::Mutex::new(false), parking_lot::Condvar::new()),
@@ -688,8 +700,10 @@ fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
                         rx[n as usize] = Some(Rx::new(m));
                     }
                 }
-                let want: Vec<u16> = std::mem::take(&mut *sh.want_write.lock());
-                for n in want {
+                // Drained in place: the vector keeps its capacity, so a full socket costs no
+                // allocation on the data path.
+                let mut want = sh.want_write.lock();
+                for n in want.drain(..) {
                     if let Some(r) = rx.get_mut(n as usize).and_then(|r| r.as_mut()) {
                         let _ = poll.registry().reregister(
                             &mut r.stream,

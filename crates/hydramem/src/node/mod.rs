@@ -162,6 +162,10 @@ pub struct Node {
     clients: AtomicU32,
     /// Injected faults (inert unless `config.allow_faults`).
     pub faults: Faults,
+    /// Regenerations running now.
+    pub(crate) regenerating: AtomicU32,
+    /// Pages rebuilt by regenerations so far.
+    pub(crate) regen_pages: AtomicU64,
 }
 
 impl Node {
@@ -187,6 +191,8 @@ impl Node {
             alloc: Mutex::new(rand::random::<u32>() >> 1),
             clients: AtomicU32::new(0),
             faults: Faults::default(),
+            regenerating: AtomicU32::new(0),
+            regen_pages: AtomicU64::new(0),
         }))
     }
 
@@ -279,6 +285,8 @@ impl Node {
             slab_size: self.config.slab_size,
             rss: resident_bytes(),
             clients: self.clients.load(Ordering::Relaxed),
+            regenerating: self.regenerating.load(Ordering::Relaxed),
+            regen_pages: self.regen_pages.load(Ordering::Relaxed),
             slabs: self
                 .slabs
                 .read()

@@ -15,6 +15,7 @@
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hydramem_isal::Codec;
@@ -137,8 +138,21 @@ pub enum RegenError {
     Source(String),
 }
 
-/// Rebuilds the target slab; returns the number of pages rebuilt.
+/// Rebuilds the target slab; returns the number of pages rebuilt. Counted in the node's
+/// STATS (regenerations running, pages rebuilt) and metrics while it runs.
 pub fn regenerate(node: &Node, req: &Regen) -> Result<u64, RegenError> {
+    node.regenerating.fetch_add(1, Ordering::Relaxed);
+    metrics::gauge!("hydramem_node_regenerations_in_progress").increment(1.0);
+    let r = rebuild(node, req);
+    node.regenerating.fetch_sub(1, Ordering::Relaxed);
+    metrics::gauge!("hydramem_node_regenerations_in_progress").decrement(1.0);
+    if r.is_ok() {
+        metrics::counter!("hydramem_node_regenerations_total").increment(1);
+    }
+    r
+}
+
+fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     let (k, r, target) = (req.k as usize, req.r as usize, req.target as usize);
     let len = req.split_len as usize;
     let bad = |m: &str| RegenError::Invalid(m.to_string());
@@ -240,6 +254,9 @@ pub fn regenerate(node: &Node, req: &Regen) -> Result<u64, RegenError> {
             }
         }
         metrics::counter!("hydramem_node_regen_pages_total").increment(n);
+        metrics::counter!("hydramem_node_regen_bytes_received_total")
+            .increment(n * len as u64 * k as u64);
+        node.regen_pages.fetch_add(n, Ordering::Relaxed);
         first += n;
     }
     Ok(done)
