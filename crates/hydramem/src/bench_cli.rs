@@ -51,6 +51,11 @@ pub struct BenchArgs {
         default_value = "bench-results/bench.json"
     )]
     json: PathBuf,
+    /// Instead of the scheme comparison, run paper Fig. 12's failure scenarios (healthy, one
+    /// node slow, one node killed) for hydra 8+2 Δ=1 and replication ×2 on a cluster of its own
+    /// (11 nodes, 64 MiB slabs, --pages at most 16384).
+    #[arg(long)]
+    failures: bool,
     /// Seed of page contents and access order.
     #[arg(long, env = "HYDRAMEM_SEED", default_value_t = 42)]
     seed: u64,
@@ -85,6 +90,9 @@ pub fn parse_scheme(s: &str) -> Result<Resilience> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.failures {
+        return run_failures(&a);
+    }
     let schemes: Vec<Resilience> = a
         .schemes
         .iter()
@@ -157,6 +165,55 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if results.iter().any(|r| r.verify_errors > 0) {
         anyhow::bail!("some reads returned wrong bytes (see verify_errors)");
     }
+    Ok(())
+}
+
+fn run_failures(a: &BenchArgs) -> Result<()> {
+    let o = BenchOptions {
+        pages: a.pages,
+        latency_ops: a.latency_ops,
+        depth: a.depth,
+        duration: Duration::from_secs_f64(a.seconds),
+        rounds: a.rounds,
+        poll: Duration::from_micros(a.poll_us),
+        seed: a.seed,
+    };
+    println!(
+        "hydramem bench --failures: 11 nodes, {} pages per scheme, {} QD1 ops per scenario, {} interleaved rounds",
+        o.pages, o.latency_ops, o.rounds
+    );
+    let pb = ProgressBar::new(100);
+    let progress = |phase: &str, done: u64, total: u64| {
+        pb.set_message(phase.to_string());
+        pb.set_position(done * 100 / total.max(1));
+    };
+    let results = bench::failure_scenarios(hydramem::embedded::self_exe()?, &o, &progress)?;
+    pb.finish_and_clear();
+    println!(
+        "\n{:<16} | {:<33} | {:>17} | {:>17}",
+        "scheme", "scenario", "write µs p50/p99", "read µs p50/p99"
+    );
+    println!("{}", "-".repeat(94));
+    for r in &results {
+        println!(
+            "{:<16} | {:<33} | {:>17} | {:>17}",
+            r.scheme,
+            r.scenario,
+            format!(
+                "{:.1}/{:.1}",
+                r.write_latency.p50_us, r.write_latency.p99_us
+            ),
+            format!("{:.1}/{:.1}", r.read_latency.p50_us, r.read_latency.p99_us)
+        );
+    }
+    if let Some(dir) = a.json.parent() {
+        std::fs::create_dir_all(dir).ok();
+    }
+    let doc =
+        serde_json::json!({ "pages": o.pages, "latency_ops": o.latency_ops, "results": results });
+    std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)
+        .with_context(|| format!("writing {}", a.json.display()))?;
+    println!("JSON written to {}", a.json.display());
     Ok(())
 }
 
