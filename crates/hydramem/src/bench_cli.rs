@@ -61,6 +61,20 @@ pub struct BenchArgs {
     seed: u64,
 }
 
+impl BenchArgs {
+    fn options(&self) -> BenchOptions {
+        BenchOptions {
+            pages: self.pages,
+            latency_ops: self.latency_ops,
+            depth: self.depth,
+            duration: Duration::from_secs_f64(self.seconds),
+            rounds: self.rounds,
+            poll: Duration::from_micros(self.poll_us),
+            seed: self.seed,
+        }
+    }
+}
+
 /// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
 pub fn parse_scheme(s: &str) -> Result<Resilience> {
     let bad = || {
@@ -114,15 +128,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             cl
         }
     };
-    let o = BenchOptions {
-        pages: a.pages,
-        latency_ops: a.latency_ops,
-        depth: a.depth,
-        duration: Duration::from_secs_f64(a.seconds),
-        rounds: a.rounds,
-        poll: Duration::from_micros(a.poll_us),
-        seed: a.seed,
-    };
+    let o = a.options();
     println!(
         "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput, {} interleaved rounds",
         cluster.nodes.len(),
@@ -169,15 +175,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 fn run_failures(a: &BenchArgs) -> Result<()> {
-    let o = BenchOptions {
-        pages: a.pages,
-        latency_ops: a.latency_ops,
-        depth: a.depth,
-        duration: Duration::from_secs_f64(a.seconds),
-        rounds: a.rounds,
-        poll: Duration::from_micros(a.poll_us),
-        seed: a.seed,
-    };
+    let o = a.options();
     println!(
         "hydramem bench --failures: 11 nodes, {} pages per scheme, {} QD1 ops per scenario, {} interleaved rounds",
         o.pages, o.latency_ops, o.rounds

@@ -154,19 +154,7 @@ fn reads_survive_r_killed_and_r_paused_nodes() {
     }
     // Declared failed while stopped, their splits were moved to the spare nodes and are being
     // regenerated there; once that is done, two more losses leave k splits of every page.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let (started, done, failed) = mem.regenerations();
-        assert_eq!(failed, 0);
-        if done == started {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "regeneration did not finish"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    common::wait_regenerated(&mem, 0);
     let g = mem.group_of(0).unwrap();
     // Two others die: their slabs are gone for good.
     c.kill(g.nodes[1] as usize).unwrap();

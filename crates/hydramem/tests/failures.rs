@@ -45,6 +45,14 @@ fn check(mem: &RemoteMemory, last: &HashMap<u64, u64>) {
     }
 }
 
+fn connect(c: &hydramem::embedded::EmbeddedCluster, pages: u64) -> std::sync::Arc<RemoteMemory> {
+    RemoteMemory::connect(
+        c.cluster(),
+        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
+    )
+    .unwrap()
+}
+
 fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(10);
     while !f() {
@@ -57,11 +65,7 @@ fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
 fn writes_go_on_through_r_killed_nodes() {
     let mut c = common::cluster(12, SLAB, 64);
     let pages = 1024;
-    let mem = RemoteMemory::connect(
-        c.cluster(),
-        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
-    )
-    .unwrap();
+    let mem = connect(&c, pages);
     let mut last = HashMap::new();
     write_round(&mem, pages, 1, &mut last);
     let g = mem.group_of(0).unwrap();
@@ -94,11 +98,7 @@ fn writes_go_on_through_r_killed_nodes() {
 fn a_silent_node_is_detected_and_a_revived_one_is_reconsidered() {
     let c = common::cluster(11, SLAB, 64);
     let pages = 256;
-    let mem = RemoteMemory::connect(
-        c.cluster(),
-        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
-    )
-    .unwrap();
+    let mem = connect(&c, pages);
     let mut last = HashMap::new();
     write_round(&mem, pages, 1, &mut last);
     let victim = mem.group_of(0).unwrap().nodes[4];
@@ -131,11 +131,7 @@ fn a_silent_node_is_detected_and_a_revived_one_is_reconsidered() {
 fn a_restarted_empty_node_loses_nothing() {
     let mut c = common::cluster(11, SLAB, 64);
     let pages = 256;
-    let mem = RemoteMemory::connect(
-        c.cluster(),
-        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
-    )
-    .unwrap();
+    let mem = connect(&c, pages);
     let mut last = HashMap::new();
     write_round(&mem, pages, 1, &mut last);
     let victim = mem.group_of(0).unwrap().nodes[2] as usize;
@@ -160,11 +156,7 @@ fn a_lost_slab_is_regenerated_while_writes_go_on() {
     let slab = 8u64 << 20; // 16384 pages per range: regeneration takes a while
     let mut c = common::cluster_with(13, slab, 8, &[]);
     let pages = 16384u64;
-    let mem = RemoteMemory::connect(
-        c.cluster(),
-        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
-    )
-    .unwrap();
+    let mem = connect(&c, pages);
     let mut last = HashMap::new();
     write_round(&mem, pages, 1, &mut last);
     let g = mem.group_of(0).unwrap();
@@ -182,11 +174,7 @@ fn a_lost_slab_is_regenerated_while_writes_go_on() {
             }
         });
     });
-    wait_until("the regeneration finished", || {
-        let (started, done, failed) = mem.regenerations();
-        assert_eq!(failed, 0, "a regeneration failed");
-        started >= 1 && done == started
-    });
+    common::wait_regenerated(&mem, 1);
     let g2 = mem.group_of(0).unwrap();
     // Two more of the original members die: with the regenerated slab, 8 splits remain.
     let others: Vec<u16> = g2.nodes[..10]

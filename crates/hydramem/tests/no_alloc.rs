@@ -97,16 +97,7 @@ fn page_io_does_not_allocate() {
     c.kill(victim).unwrap();
     // The loss is detected, the split moved to the spare node and regenerated there (all of
     // which may allocate: it is not the data path); then reads decode at steady state.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let (started, done, failed) = mem.regenerations();
-        assert_eq!(failed, 0);
-        if started >= 1 && done == started {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "no regeneration");
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
+    common::wait_regenerated(&mem, 1);
     let mut page = [0u8; PAGE_SIZE];
     for _ in 0..3 {
         for p in 0..256u64 {

@@ -31,6 +31,24 @@ pub fn cluster_with(
     .expect("start memory nodes")
 }
 
+/// Waits until every regeneration the client started has finished (none may fail) and, when
+/// `at_least` > 0, until at least that many were started.
+pub fn wait_regenerated(mem: &hydramem::client::RemoteMemory, at_least: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let (started, done, failed) = mem.regenerations();
+        assert_eq!(failed, 0, "a regeneration failed");
+        if started >= at_least && done == started {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "regeneration did not finish"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// A raw protocol connection for tests that speak to a node directly.
 pub struct Raw {
     pub s: TcpStream,
