@@ -206,12 +206,16 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
         let mut impaired: Vec<(usize, Impairment)> = Vec::new();
         let t0 = Instant::now();
-        let settle = |mem: &RemoteMemory| {
-            // A healed fault stops counting only once every range is whole again.
+        let settle = |mem: &RemoteMemory, impaired: &[(usize, Impairment)]| {
+            // A healed fault stops counting only once the client sees the node again and
+            // every range is whole again.
             let deadline = Instant::now() + Duration::from_secs(20);
             while Instant::now() < deadline {
                 let st = mem.regen_stats();
-                if mem.degraded_ranges() == 0 && st.done + st.failed == st.started {
+                let all_back = (0..o.nodes as u16).all(|n| {
+                    mem.transport().is_up(n) || impaired.iter().any(|(m, _)| *m == n as usize)
+                });
+                if all_back && mem.degraded_ranges() == 0 && st.done + st.failed == st.started {
                     return;
                 }
                 std::thread::sleep(Duration::from_millis(20));
@@ -252,7 +256,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     "{:.2}s healed node {n}",
                     t0.elapsed().as_secs_f64()
                 ));
-                settle(&mem);
+                settle(&mem, &impaired);
             }
         }
         for (n, kind) in impaired.drain(..) {
@@ -262,7 +266,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                 Impairment::Slow => cluster.inject(n, Fault::Clear),
             };
         }
-        settle(&mem);
+        settle(&mem, &[]);
         stop.store(true, Ordering::Relaxed);
     });
 

@@ -718,7 +718,20 @@ impl RemoteMemory {
                 if !lost {
                     continue;
                 }
-                group = self.remap(range, j, node)?;
+                // No replacement node may be up right now (one is reconnecting, say): keep
+                // trying until the operation's deadline rather than fail at once.
+                group = loop {
+                    match self.remap(range, j, node) {
+                        Ok(g) => break g,
+                        Err(ClientError::Placement { .. })
+                            if start.elapsed() + Duration::from_millis(50)
+                                < self.config.op_timeout =>
+                        {
+                            std::thread::sleep(Duration::from_millis(50));
+                        }
+                        Err(e) => return Err(e.into()),
+                    }
+                };
                 op.retry(j);
                 post(&op, &group, j, split(j));
                 moved += 1;
