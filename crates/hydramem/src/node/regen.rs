@@ -2,9 +2,9 @@
 //!
 //! The client that lost split `target` of a coding group allocates a replacement slab here and
 //! sends REGEN naming the surviving splits. This node then reads the surviving splits of every
-//! page straight from their nodes — k of them, in batches of [`BATCH`] pages per vectored read,
-//! with the client's identity — decodes the missing split with ISA-L and stores it with the
-//! version of the splits it came from.
+//! page straight from their nodes — k of them, with the client's identity, in batches of up to
+//! [`BATCH`] pages per vectored read, the k requests in flight at once — decodes the missing
+//! split with ISA-L and stores it with the version of the splits it came from.
 //!
 //! Invariants: a page is rebuilt only from k splits of one version, and stored through the
 //! slab's version check, so a page the client writes while regeneration runs (its writes go
@@ -27,7 +27,7 @@ use crate::wire::{
 };
 
 /// Pages per vectored read from one source.
-pub const BATCH: u64 = 256;
+pub const BATCH: u64 = 1024;
 
 /// A connection to one surviving split's node.
 struct Source {
@@ -74,6 +74,13 @@ impl Source {
         versions: &mut [u64],
         out: &mut [u8],
     ) -> Result<(), String> {
+        self.ask(first, n, len)?;
+        self.receive(first, n, len, versions, out)
+    }
+
+    /// Sends the READV for slots `first..first + n` (the reply is read by `receive`), so that
+    /// the requests to all sources are in flight at once.
+    fn ask(&mut self, first: u64, n: u64, len: usize) -> Result<(), String> {
         let mut body = Vec::with_capacity(4 + n as usize * wire::ENTRY_LEN);
         body.extend_from_slice(&(n as u32).to_le_bytes());
         for p in 0..n {
@@ -90,7 +97,18 @@ impl Source {
         let fb = FrameBuilder::begin(&mut frame, Op::ReadV, false, Status::Ok, first);
         frame.extend_from_slice(&body);
         fb.finish(&mut frame).map_err(|e| e.to_string())?;
-        self.stream.write_all(&frame).map_err(|e| e.to_string())?;
+        self.stream.write_all(&frame).map_err(|e| e.to_string())
+    }
+
+    /// Reads the reply to `ask`.
+    fn receive(
+        &mut self,
+        first: u64,
+        n: u64,
+        len: usize,
+        versions: &mut [u64],
+        out: &mut [u8],
+    ) -> Result<(), String> {
         let mut hb = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut hb).map_err(|e| e.to_string())?;
         let h = Header::parse(&hb).map_err(|e| e.to_string())?;
@@ -188,16 +206,22 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
             sources.len()
         )));
     }
-    let b = BATCH as usize;
+    // Batches of up to BATCH pages whose replies stay well inside one frame.
+    let batch = BATCH.min((wire::MAX_BODY / 2 / (len + 24)).max(1) as u64);
+    let b = batch as usize;
     let mut versions = vec![vec![0u64; b]; sources.len()];
     let mut data = vec![vec![0u8; b * len]; sources.len()];
     let mut rebuilt = vec![0u8; len];
     let mut done = 0u64;
     let mut first = 0u64;
     while first < req.pages {
-        let n = BATCH.min(req.pages - first);
+        let n = batch.min(req.pages - first);
+        // Ask all k sources first, then collect: their round trips overlap.
+        for s in sources.iter_mut().take(k) {
+            s.ask(first, n, len).map_err(RegenError::Source)?;
+        }
         for (i, s) in sources.iter_mut().enumerate().take(k) {
-            s.read(first, n, len, &mut versions[i], &mut data[i])
+            s.receive(first, n, len, &mut versions[i], &mut data[i])
                 .map_err(RegenError::Source)?;
         }
         let mut fetched_rest = false;
