@@ -370,7 +370,11 @@ impl RemoteMemory {
     ) -> Result<Arc<RemoteMemory>, ClientError> {
         let layout = Layout::new(config.resilience, cluster.slab_size)?;
         let codec = match config.resilience {
-            Resilience::Hydra { k, r, .. } => Some(Codec::new(k as usize, r as usize)?),
+            Resilience::Hydra { k, r, .. } => {
+                let codec = Codec::new(k as usize, r as usize)?;
+                prepare_decode_tables(&codec, &layout);
+                Some(codec)
+            }
             Resilience::Replication { .. } => None,
         };
         let slots = Arc::new(Slots::new(layout, config.max_in_flight));
@@ -1385,6 +1389,37 @@ impl RemoteMemory {
             }
         }
         Ok(())
+    }
+}
+
+/// Builds the decode tables of every loss pattern a read can meet (any k of the k + r splits
+/// present, the data splits among the others missing) before the first read, so that no read
+/// pays the ~2 µs matrix inversion or the allocation of a first use. Skipped for codes with
+/// more than 4096 patterns, whose tables are then built on first use.
+fn prepare_decode_tables(codec: &Codec, l: &Layout) {
+    let (w, k) = (l.width, l.k);
+    let count = (0..k).fold(1u128, |c, i| c * (w - i) as u128 / (i as u128 + 1));
+    if count > 4096 || w > 24 {
+        return;
+    }
+    let s = l.split_len;
+    let zero = vec![0u8; s];
+    let mut out = vec![vec![0u8; s]; k];
+    for present in 0u32..(1 << w) {
+        if present.count_ones() as usize != k || present & ((1 << k) - 1) == (1 << k) - 1 {
+            continue; // not k splits, or all data present (no decode)
+        }
+        let p: Vec<(usize, &[u8])> = (0..w)
+            .filter(|j| present & (1 << j) != 0)
+            .map(|j| (j, &zero[..]))
+            .collect();
+        let mut missing: Vec<(usize, &mut [u8])> = out
+            .iter_mut()
+            .enumerate()
+            .filter(|(j, _)| present & (1 << j) == 0)
+            .map(|(j, b)| (j, &mut b[..]))
+            .collect();
+        let _ = codec.reconstruct(&p, &mut missing);
     }
 }
 
