@@ -414,7 +414,8 @@ pub fn run(
 pub struct ScenarioResult {
     /// Scheme label.
     pub scheme: String,
-    /// "healthy", "one node slow (+1 ms per reply)" or "one node killed".
+    /// "healthy", "one node slow (+1 ms per reply)", or "one node killed" while a regeneration
+    /// runs or not.
     pub scenario: String,
     /// Page write latency.
     pub write_latency: Latency,
@@ -517,11 +518,31 @@ pub fn failure_scenarios(
             }
             _ => {}
         }
-        let mut hists: Vec<(Histogram<u64>, Histogram<u64>)> =
-            mems.iter().map(|_| (hist(), hist())).collect();
+        // Index 0: steady; index 1 (killed phase only): while a regeneration is running.
+        let mut hists: Vec<[(Histogram<u64>, Histogram<u64>); 2]> = mems
+            .iter()
+            .map(|_| [(hist(), hist()), (hist(), hist())])
+            .collect();
         let mut page = [0u8; PAGE_SIZE];
-        for round in 0..rounds {
-            progress(scenario, round, rounds);
+        let regenerating = |mem: &RemoteMemory| {
+            let st = mem.regen_stats();
+            st.started > st.done + st.failed
+        };
+        let phase_start = Instant::now();
+        let mut round = 0;
+        loop {
+            // The killed phase goes on past its rounds while a regeneration has not started
+            // or not finished (up to 20 s), so that both windows are measured.
+            let extra = phase == 2
+                && phase_start.elapsed() < Duration::from_secs(20)
+                && mems.iter().any(|(_, m)| {
+                    let st = m.regen_stats();
+                    m.layout().coded() && (st.started == 0 || regenerating(m))
+                });
+            if round >= rounds && !extra {
+                break;
+            }
+            progress(scenario, round.min(rounds), rounds);
             for (i, (label, mem)) in mems.iter().enumerate() {
                 let err = |source| BenchError::Io {
                     scheme: label.clone(),
@@ -530,26 +551,39 @@ pub fn failure_scenarios(
                 for _ in 0..per_round {
                     let p = xorshift(&mut x) % o.pages;
                     fill_page(&mut page, o.seed, p, 0);
+                    let w = (phase == 2 && regenerating(mem)) as usize;
                     let t = Instant::now();
                     mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
-                    hists[i].0.record(t.elapsed().as_nanos() as u64).ok();
+                    hists[i][w].0.record(t.elapsed().as_nanos() as u64).ok();
                 }
                 for _ in 0..per_round {
                     let p = xorshift(&mut x) % o.pages;
+                    let w = (phase == 2 && regenerating(mem)) as usize;
                     let t = Instant::now();
                     mem.read_page(p * PAGE_SIZE as u64, &mut page)
                         .map_err(err)?;
-                    hists[i].1.record(t.elapsed().as_nanos() as u64).ok();
+                    hists[i][w].1.record(t.elapsed().as_nanos() as u64).ok();
                 }
             }
+            round += 1;
         }
-        for ((label, _), (wh, rh)) in mems.iter().zip(&hists) {
-            out.push(ScenarioResult {
-                scheme: label.clone(),
-                scenario: scenario.to_string(),
-                write_latency: Latency::from(wh),
-                read_latency: Latency::from(rh),
-            });
+        for ((label, _), h) in mems.iter().zip(&hists) {
+            for (w, (wh, rh)) in h.iter().enumerate() {
+                if wh.is_empty() || rh.is_empty() {
+                    continue;
+                }
+                let name = match (phase, w) {
+                    (2, 0) => format!("{scenario}, not regenerating"),
+                    (2, _) => format!("{scenario}, while regenerating"),
+                    _ => scenario.to_string(),
+                };
+                out.push(ScenarioResult {
+                    scheme: label.clone(),
+                    scenario: name,
+                    write_latency: Latency::from(wh),
+                    read_latency: Latency::from(rh),
+                });
+            }
         }
     }
     Ok(out)

@@ -188,13 +188,13 @@ fn run_failures(a: &BenchArgs) -> Result<()> {
     let results = bench::failure_scenarios(hydramem::embedded::self_exe()?, &o, &progress)?;
     pb.finish_and_clear();
     println!(
-        "\n{:<16} | {:<33} | {:>17} | {:>17}",
+        "\n{:<16} | {:<50} | {:>17} | {:>17}",
         "scheme", "scenario", "write µs p50/p99", "read µs p50/p99"
     );
-    println!("{}", "-".repeat(94));
+    println!("{}", "-".repeat(111));
     for r in &results {
         println!(
-            "{:<16} | {:<33} | {:>17} | {:>17}",
+            "{:<16} | {:<50} | {:>17} | {:>17}",
             r.scheme,
             r.scenario,
             format!(
