@@ -206,11 +206,25 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     println!("6. regenerating: the client moves the lost splits to the spare nodes, which rebuild them from the survivors");
     let t0 = Instant::now();
+    // Progress from the nodes themselves: the pages their regenerations have rebuilt.
+    let per_slab = mem.layout().pages_per_range;
+    let rebuilt = |c: &EmbeddedCluster| -> u64 {
+        c.cluster()
+            .nodes
+            .iter()
+            .filter_map(|n| status::fetch(n.addr, Duration::from_millis(200)).ok())
+            .map(|s| s.regen_pages)
+            .sum()
+    };
+    let base = rebuilt(&cluster);
+    let pb = bar(0, "regenerate (slots rebuilt)");
     let regen = loop {
         let st = mem.regen_stats();
         if st.failed > 0 {
             bail!("a slab regeneration failed (see the log)");
         }
+        pb.set_length(st.started.max(1) * per_slab);
+        pb.set_position(rebuilt(&cluster).saturating_sub(base));
         if st.started > 0 && st.done == st.started && mem.degraded_ranges() == 0 {
             break st;
         }
@@ -219,6 +233,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(20));
     };
+    pb.finish_with_message(format!("{} slabs", regen.done));
     println!(
         "   {} slabs ({}) rebuilt on the spare nodes while reads went on",
         regen.done,
