@@ -41,6 +41,18 @@ fn start_up(nodes: usize, file: &Path) -> Child {
     child
 }
 
+/// Runs `hydramem status --cluster FILE`: its result and its standard output.
+fn status(file: &Path) -> (std::process::Output, String) {
+    let out = Command::new(BIN)
+        .arg("status")
+        .arg("--cluster")
+        .arg(file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (out, text)
+}
+
 fn wait_gone(addrs: &[std::net::SocketAddr]) {
     let deadline = Instant::now() + Duration::from_secs(10);
     for a in addrs {
@@ -63,13 +75,7 @@ fn up_status_and_clean_sigterm() {
     let mut up = start_up(3, &file);
     let cluster = Cluster::load(&file).unwrap();
     assert_eq!(cluster.nodes.len(), 3);
-    let out = Command::new(BIN)
-        .arg("status")
-        .arg("--cluster")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (out, text) = status(&file);
     assert!(out.status.success(), "{text}");
     assert!(text.contains("3 nodes (3 up)"), "{text}");
     let json = Command::new(BIN)
@@ -92,13 +98,7 @@ fn up_status_and_clean_sigterm() {
 
     // status on a dead cluster names the nodes that are down and does not hang.
     cluster.save(&file).unwrap();
-    let out = Command::new(BIN)
-        .arg("status")
-        .arg("--cluster")
-        .arg(&file)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let (_, text) = status(&file);
     assert!(text.contains("DOWN") && text.contains("(0 up)"), "{text}");
 }
 

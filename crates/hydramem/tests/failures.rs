@@ -10,16 +10,10 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use hydramem::bench::fill_page;
-use hydramem::client::{ClientConfig, Mode, RemoteMemory, Resilience};
+use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::PAGE_SIZE;
 
-const SLAB: u64 = 1 << 20;
-const HYDRA: Resilience = Resilience::Hydra {
-    k: 8,
-    r: 2,
-    delta: 1,
-    mode: Mode::FailureRecovery,
-};
+use common::{HYDRA, SLAB};
 
 fn write_round(mem: &RemoteMemory, pages: u64, v: u64, last: &mut HashMap<u64, u64>) {
     let mut page = [0u8; PAGE_SIZE];

@@ -7,17 +7,11 @@ mod common;
 use std::time::{Duration, Instant};
 
 use hydramem::bench::fill_page;
-use hydramem::client::{ClientConfig, Mode, RemoteMemory, Resilience};
+use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::wire::Fault;
 use hydramem::PAGE_SIZE;
 
-const SLAB: u64 = 1 << 20;
-const HYDRA: Resilience = Resilience::Hydra {
-    k: 8,
-    r: 2,
-    delta: 1,
-    mode: Mode::FailureRecovery,
-};
+use common::{HYDRA, SLAB};
 
 fn faulty(nodes: usize) -> hydramem::embedded::EmbeddedCluster {
     common::cluster_with(nodes, SLAB, 16, &["--allow-fault-injection"])

@@ -65,21 +65,8 @@ impl Source {
         })
     }
 
-    /// Reads split slots `first..first + n`: their versions and data into `out`.
-    fn read(
-        &mut self,
-        first: u64,
-        n: u64,
-        len: usize,
-        versions: &mut [u64],
-        out: &mut [u8],
-    ) -> Result<(), String> {
-        self.ask(first, n, len)?;
-        self.receive(first, n, len, versions, out)
-    }
-
-    /// Sends the READV for slots `first..first + n` (the reply is read by `receive`), so that
-    /// the requests to all sources are in flight at once.
+    /// Sends the READV for split slots `first..first + n` (the reply is read by `receive`), so
+    /// that the requests to all sources are in flight at once.
     fn ask(&mut self, first: u64, n: u64, len: usize) -> Result<(), String> {
         let mut body = Vec::with_capacity(4 + n as usize * wire::ENTRY_LEN);
         body.extend_from_slice(&(n as u32).to_le_bytes());
@@ -100,7 +87,7 @@ impl Source {
         self.stream.write_all(&frame).map_err(|e| e.to_string())
     }
 
-    /// Reads the reply to `ask`.
+    /// Reads the reply to `ask`: the slots' versions and data into `out`.
     fn receive(
         &mut self,
         first: u64,
@@ -236,8 +223,12 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
             } else {
                 // A write is racing: look at every source for k splits of one version.
                 if !fetched_rest {
+                    // Like the first k: all requests in flight, then the replies.
+                    for s in sources.iter_mut().skip(k) {
+                        s.ask(first, n, len).map_err(RegenError::Source)?;
+                    }
                     for (i, s) in sources.iter_mut().enumerate().skip(k) {
-                        s.read(first, n, len, &mut versions[i], &mut data[i])
+                        s.receive(first, n, len, &mut versions[i], &mut data[i])
                             .map_err(RegenError::Source)?;
                     }
                     fetched_rest = true;

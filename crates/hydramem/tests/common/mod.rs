@@ -7,6 +7,17 @@ use std::net::{SocketAddr, TcpStream};
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
 use hydramem::wire::{ClientId, FrameBuilder, Header, Hello, Op, Status, HEADER_LEN};
 
+/// The slab size most tests use.
+pub const SLAB: u64 = 1 << 20;
+
+/// Hydra 8+2, Δ = 1, failure-recovery mode: the paper's default scheme.
+pub const HYDRA: hydramem::client::Resilience = hydramem::client::Resilience::Hydra {
+    k: 8,
+    r: 2,
+    delta: 1,
+    mode: hydramem::client::Mode::FailureRecovery,
+};
+
 /// Starts `nodes` memory node processes with small slabs.
 pub fn cluster(nodes: usize, slab_size: u64, slabs_per_node: u64) -> EmbeddedCluster {
     cluster_with(nodes, slab_size, slabs_per_node, &[])
