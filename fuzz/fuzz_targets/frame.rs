@@ -33,6 +33,8 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = wire::Stats::parse(data);
     let _ = wire::parse_list(data);
+    let _ = wire::parse_reclaims(data);
+    let _ = wire::Notice::parse(data);
     let _ = wire::HelloReply::parse(data);
     let _ = wire::Hello::parse(data);
 });

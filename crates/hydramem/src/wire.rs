@@ -25,7 +25,7 @@
 //! | op   | name    | request body                                   | reply body (status OK)                         |
 //! |------|---------|------------------------------------------------|------------------------------------------------|
 //! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32 |
-//! | 0x02 | PING    | empty                                          | empty                                          |
+//! | 0x02 | PING    | empty                                          | empty, or notice u32 (see [`Notice`])          |
 //! | 0x03 | ALLOC   | tag u64, split_len u32                         | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
 //! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
@@ -35,6 +35,8 @@
 //! | 0x11 | READV   | count u32, count × entry (32)                  | count u32, count × (cookie u64, status u32,    |
 //! |      |         |                                                | len u32, version u64, then len bytes of data)  |
 //! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
+//! | 0x08 | RECLAIMS| empty                                          | count u32, count × (slab u32, ms_left u32)     |
+//! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! A vectored entry is 32 bytes: slab u32, len u32, offset u64, cookie u64, version u64. The
@@ -53,7 +55,14 @@
 //! more entry to a frame it has already started: a client merges the splits that many threads
 //! send to one node while a previous frame is still being written into one vectored frame.
 //!
-//! Every request except HELLO and PING requires a prior HELLO on the connection: the client id
+//! **Reclaims.** A node that needs memory back (its machine runs short of free memory, or an
+//! operator drains it) marks slabs as *reclaimed* and tells their owners in the reply to their
+//! next heartbeat (PING): the [`Notice`] counts the asking client's reclaimed slabs and says
+//! whether the node takes new slabs at all. The owner asks RECLAIMS which slabs they are and how
+//! long it has before the node drops them, regenerates each elsewhere and FREEs it. Until then a
+//! reclaimed slab serves reads and writes as before.
+//!
+//! Every request except HELLO, PING, STATS, FAULT and DRAIN requires a prior HELLO on the connection: the client id
 //! given there is the identity that owns slabs. Slabs are visible only to the identity that
 //! allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does not exist and for
 //! one that belongs to someone else alike, so ownership cannot be probed.
@@ -136,6 +145,10 @@ pub enum Op {
     Stats = 0x06,
     /// Rebuild one of the caller's slabs from its coding group's other slabs (see [`Regen`]).
     Regen = 0x07,
+    /// The caller's slabs this node wants back, with the time left before it drops them.
+    Reclaims = 0x08,
+    /// Start (or cancel) draining the node: it takes no new slabs and reclaims all it holds.
+    Drain = 0x09,
     /// Vectored write of splits.
     WriteV = 0x10,
     /// Vectored read of splits.
@@ -146,7 +159,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 10] = [
+    pub const ALL: [Op; 12] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -157,6 +170,8 @@ impl Op {
         Op::ReadV,
         Op::Fault,
         Op::Regen,
+        Op::Reclaims,
+        Op::Drain,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -547,9 +562,16 @@ pub struct SlabStats {
     pub bytes_written: u64,
     /// Highest byte offset ever written + 1: the part of the slab that holds data.
     pub touched: u64,
+    /// [`SLAB_RECLAIMED`] when the node wants the slab back.
+    pub flags: u32,
+    /// Recent accesses (decaying count per control period) the node ranks eviction by.
+    pub activity: u64,
 }
 
-const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6;
+/// [`SlabStats::flags`]: the node has asked the owner to move this slab away.
+pub const SLAB_RECLAIMED: u32 = 1;
+
+const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8;
 
 /// STATS reply body: node-wide figures then one record per allocated slab.
 ///
@@ -562,7 +584,16 @@ const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6;
 /// | 4    | connected clients |
 /// | 4    | regenerations in progress on this node |
 /// | 8    | pages rebuilt by regenerations since the node started |
-/// | 4    | count of slab records, then count × 56-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64 |
+/// | 8    | memory of the machine (or its cgroup limit), bytes, as last measured |
+/// | 8    | of which available (free for use), bytes |
+/// | 8    | headroom the node keeps free for local applications, bytes |
+/// | 4    | slabs the node may hold now (its memory budget) |
+/// | 4    | pre-allocated, unmapped slabs ready to hand out |
+/// | 4    | draining (1) or not (0) |
+/// | 4    | slabs reclaimed (owners asked to move them) and not yet gone |
+/// | 8    | slabs moved away by their owners after a reclaim, since start |
+/// | 8    | slabs dropped before their owner moved them (grace expired), since start |
+/// | 4    | count of slab records, then count × 68-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64, flags u32, activity u64 |
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Stats {
     /// Node id.
@@ -579,6 +610,24 @@ pub struct Stats {
     pub regenerating: u32,
     /// Pages rebuilt by regenerations since the node started.
     pub regen_pages: u64,
+    /// Memory of the machine or its cgroup, as last measured.
+    pub mem_total: u64,
+    /// Of which available.
+    pub mem_available: u64,
+    /// Headroom kept free for local applications.
+    pub headroom: u64,
+    /// Slabs the node may hold now.
+    pub budget_slabs: u32,
+    /// Pre-allocated slabs ready to hand out.
+    pub pool_slabs: u32,
+    /// Whether the node is draining.
+    pub draining: bool,
+    /// Slabs reclaimed and not yet gone.
+    pub reclaiming: u32,
+    /// Slabs moved away by their owners after a reclaim.
+    pub evicted_moved: u64,
+    /// Slabs dropped when their grace period expired.
+    pub evicted_forced: u64,
     /// Every allocated slab.
     pub slabs: Vec<SlabStats>,
 }
@@ -598,6 +647,19 @@ impl Stats {
         out.extend_from_slice(&self.clients.to_le_bytes());
         out.extend_from_slice(&self.regenerating.to_le_bytes());
         out.extend_from_slice(&self.regen_pages.to_le_bytes());
+        for v in [self.mem_total, self.mem_available, self.headroom] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in [
+            self.budget_slabs,
+            self.pool_slabs,
+            self.draining as u32,
+            self.reclaiming,
+        ] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out.extend_from_slice(&self.evicted_moved.to_le_bytes());
+        out.extend_from_slice(&self.evicted_forced.to_le_bytes());
         out.extend_from_slice(&(self.slabs.len() as u32).to_le_bytes());
         for s in &self.slabs {
             out.extend_from_slice(&s.slab.to_le_bytes());
@@ -612,6 +674,8 @@ impl Stats {
             ] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
+            out.extend_from_slice(&s.flags.to_le_bytes());
+            out.extend_from_slice(&s.activity.to_le_bytes());
         }
     }
 
@@ -625,6 +689,15 @@ impl Stats {
         let clients = r.u32()?;
         let regenerating = r.u32()?;
         let regen_pages = r.u64()?;
+        let mem_total = r.u64()?;
+        let mem_available = r.u64()?;
+        let headroom = r.u64()?;
+        let budget_slabs = r.u32()?;
+        let pool_slabs = r.u32()?;
+        let draining = r.u32()? != 0;
+        let reclaiming = r.u32()?;
+        let evicted_moved = r.u64()?;
+        let evicted_forced = r.u64()?;
         let n = r.u32()? as usize;
         if n > r.remaining() / SLAB_STATS_LEN {
             return Err(WireError::Invalid("slab count exceeds the body"));
@@ -640,6 +713,8 @@ impl Stats {
                 bytes_read: r.u64()?,
                 bytes_written: r.u64()?,
                 touched: r.u64()?,
+                flags: r.u32()?,
+                activity: r.u64()?,
             });
         }
         r.end()?;
@@ -651,9 +726,99 @@ impl Stats {
             clients,
             regenerating,
             regen_pages,
+            mem_total,
+            mem_available,
+            headroom,
+            budget_slabs,
+            pool_slabs,
+            draining,
+            reclaiming,
+            evicted_moved,
+            evicted_forced,
             slabs,
         })
     }
+}
+
+/// What a node tells a client in the reply to its heartbeat (PING): how many of the client's
+/// slabs it has reclaimed, and whether it takes new slabs. An empty PING reply (from an
+/// observer connection, or a node with nothing to say) means "nothing reclaimed, accepting".
+///
+/// | bits  | field |
+/// |-------|-------|
+/// | 0–30  | slabs of the asking client the node has reclaimed |
+/// | 31    | 1 = the node refuses new slabs (draining, or out of memory budget) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Notice {
+    /// Reclaimed slabs of the asking client.
+    pub reclaimed: u32,
+    /// The node refuses new slabs.
+    pub refusing: bool,
+}
+
+const NOTICE_REFUSING: u32 = 1 << 31;
+
+impl Notice {
+    /// The notice as one word (the PING reply body).
+    pub fn encode(self) -> u32 {
+        self.reclaimed.min(NOTICE_REFUSING - 1) | if self.refusing { NOTICE_REFUSING } else { 0 }
+    }
+
+    /// Decodes a PING reply body (empty = nothing to say).
+    pub fn parse(body: &[u8]) -> Result<Notice, WireError> {
+        if body.is_empty() {
+            return Ok(Notice::default());
+        }
+        let mut r = Reader::new(body);
+        let w = r.u32()?;
+        r.end()?;
+        Ok(Notice::decode(w))
+    }
+
+    /// Decodes the word from [`Notice::encode`].
+    pub fn decode(w: u32) -> Notice {
+        Notice {
+            reclaimed: w & !NOTICE_REFUSING,
+            refusing: w & NOTICE_REFUSING != 0,
+        }
+    }
+}
+
+/// One reclaimed slab in a RECLAIMS reply: the slab and the milliseconds left before the node
+/// drops it whether or not it was moved (`u32::MAX`: no deadline, the node waits — a drain).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reclaim {
+    /// The slab.
+    pub slab: u32,
+    /// Milliseconds left.
+    pub ms_left: u32,
+}
+
+/// Appends a RECLAIMS reply body.
+pub fn put_reclaims(out: &mut Vec<u8>, list: &[Reclaim]) {
+    out.extend_from_slice(&(list.len() as u32).to_le_bytes());
+    for c in list {
+        out.extend_from_slice(&c.slab.to_le_bytes());
+        out.extend_from_slice(&c.ms_left.to_le_bytes());
+    }
+}
+
+/// Parses a RECLAIMS reply body.
+pub fn parse_reclaims(body: &[u8]) -> Result<Vec<Reclaim>, WireError> {
+    let mut r = Reader::new(body);
+    let n = r.u32()? as usize;
+    if n > r.remaining() / 8 {
+        return Err(WireError::Invalid("reclaim count exceeds the body"));
+    }
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        v.push(Reclaim {
+            slab: r.u32()?,
+            ms_left: r.u32()?,
+        });
+    }
+    r.end()?;
+    Ok(v)
 }
 
 /// Parses a LIST reply body into (slab, tag) pairs.
@@ -769,6 +934,9 @@ pub fn parse_vectored_reply<'a>(
 pub struct RegenSource {
     /// The split's index in the group (0..k data, k..k+r parity).
     pub split: u8,
+    /// The source holds the very bytes the target must get (the slab being moved away, or
+    /// another replica): copy it instead of decoding from k splits.
+    pub copy: bool,
     /// Its slab on that node.
     pub slab: u32,
     /// The node.
@@ -789,7 +957,7 @@ pub struct RegenSource {
 /// | 4    | split_len |
 /// | 4    | target slab on this node |
 /// | 8    | pages (split slots) to rebuild |
-/// | 4    | count of sources, then count × (split u8, reserved u8, addr length u16, slab u32, addr as UTF-8 "ip:port") |
+/// | 4    | count of sources, then count × (split u8, flags u8 (bit 0: copy source), addr length u16, slab u32, addr as UTF-8 "ip:port") |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regen {
     /// The owner of the slabs.
@@ -821,7 +989,7 @@ impl Regen {
         out.extend_from_slice(&(self.sources.len() as u32).to_le_bytes());
         for s in &self.sources {
             let a = s.addr.to_string();
-            out.extend_from_slice(&[s.split, 0]);
+            out.extend_from_slice(&[s.split, s.copy as u8]);
             out.extend_from_slice(&(a.len() as u16).to_le_bytes());
             out.extend_from_slice(&s.slab.to_le_bytes());
             out.extend_from_slice(a.as_bytes());
@@ -850,8 +1018,12 @@ impl Regen {
                 .ok()
                 .and_then(|a| a.parse().ok())
                 .ok_or(WireError::Invalid("REGEN source address is not ip:port"))?;
+            if b[1] > 1 {
+                return Err(WireError::Invalid("REGEN source has unknown flags"));
+            }
             sources.push(RegenSource {
                 split: b[0],
+                copy: b[1] == 1,
                 slab,
                 addr,
             });
@@ -887,6 +1059,11 @@ pub enum Fault {
     RefuseAlloc,
     /// Abort the node process at once.
     Crash,
+    /// Simulate a machine with this much memory (bytes; 0 = measure the real one again).
+    MemoryTotal(u64),
+    /// Simulate this much memory available if the node held no slabs (bytes; the node takes
+    /// its own slabs off it; `u64::MAX` = measure the real machine again).
+    MemoryAvailable(u64),
 }
 
 impl Fault {
@@ -899,6 +1076,8 @@ impl Fault {
             Fault::DropConnections => (3, 0),
             Fault::RefuseAlloc => (4, 0),
             Fault::Crash => (5, 0),
+            Fault::MemoryTotal(b) => (6, b),
+            Fault::MemoryAvailable(b) => (7, b),
         };
         out.extend_from_slice(&kind.to_le_bytes());
         out.extend_from_slice(&arg.to_le_bytes());
@@ -917,6 +1096,8 @@ impl Fault {
             3 => Fault::DropConnections,
             4 => Fault::RefuseAlloc,
             5 => Fault::Crash,
+            6 => Fault::MemoryTotal(arg),
+            7 => Fault::MemoryAvailable(arg),
             _ => return Err(WireError::Invalid("unknown fault kind")),
         })
     }
@@ -954,6 +1135,10 @@ pub enum Request<'a> {
     Fault(Fault),
     /// REGEN.
     Regen(Regen),
+    /// RECLAIMS.
+    Reclaims,
+    /// DRAIN: start (true) or cancel.
+    Drain(bool),
 }
 
 /// The entries of a vectored request, still in wire form (decoded lazily, no allocation).
@@ -1033,6 +1218,12 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
         Op::Free => Request::Free { slab: r.u32()? },
         Op::List => Request::List,
         Op::Stats => Request::Stats,
+        Op::Reclaims => Request::Reclaims,
+        Op::Drain => Request::Drain(match r.u32()? {
+            0 => false,
+            1 => true,
+            _ => return Err(WireError::Invalid("DRAIN mode must be 0 or 1")),
+        }),
         Op::ReadV => {
             let n = r.count()?;
             Request::ReadV(EntryList {
@@ -1178,7 +1369,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn header_round_trips(op in 0usize..10, reply: bool, st in 0usize..9, id: u64, len in 0u32..=MAX_BODY as u32) {
+        fn header_round_trips(op in 0usize..Op::ALL.len(), reply: bool, st in 0usize..9, id: u64, len in 0u32..=MAX_BODY as u32) {
             let h = Header { op: Op::ALL[op], reply, status: Status::ALL[st], id, body_len: len };
             prop_assert_eq!(Header::parse(&h.encode()).unwrap(), h);
         }
@@ -1215,8 +1406,8 @@ mod tests {
 
         #[test]
         fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
-            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5 }).collect();
-            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, slabs };
+            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5, flags: (i % 2) as u32, activity: seed >> 3 }).collect();
+            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, slabs };
             let mut out = Vec::new();
             s.put(&mut out);
             prop_assert_eq!(Stats::parse(&out).unwrap(), s);
@@ -1231,7 +1422,68 @@ mod tests {
             }
             let _ = Stats::parse(&bytes);
             let _ = parse_list(&bytes);
+            let _ = parse_reclaims(&bytes);
+            let _ = Notice::parse(&bytes);
             let _ = HelloReply::parse(&bytes);
         }
+
+        #[test]
+        fn notices_round_trip(reclaimed in 0u32..(1 << 31), refusing: bool) {
+            let n = Notice { reclaimed, refusing };
+            prop_assert_eq!(Notice::parse(&n.encode().to_le_bytes()).unwrap(), n);
+        }
+
+        #[test]
+        fn reclaims_round_trip(list in proptest::collection::vec((any::<u32>(), any::<u32>()), 0..50)) {
+            let list: Vec<Reclaim> = list.into_iter().map(|(slab, ms_left)| Reclaim { slab, ms_left }).collect();
+            let mut out = Vec::new();
+            put_reclaims(&mut out, &list);
+            prop_assert_eq!(parse_reclaims(&out).unwrap(), list);
+        }
+    }
+
+    #[test]
+    fn notice_and_drain_bodies_match_the_tables() {
+        assert_eq!(Notice::parse(&[]).unwrap(), Notice::default());
+        let n = Notice {
+            reclaimed: 3,
+            refusing: true,
+        };
+        assert_eq!(n.encode().to_le_bytes(), [3, 0, 0, 0x80]);
+        assert!(Notice::parse(&[1, 2]).is_err());
+        for (mode, want) in [(1u32, Some(true)), (0, Some(false)), (2, None)] {
+            let buf = frame(Op::Drain, 4, |o| o.extend_from_slice(&mode.to_le_bytes()));
+            let (h, body) = split(&buf);
+            match (parse_request(&h, body), want) {
+                (Ok(Request::Drain(d)), Some(w)) => assert_eq!(d, w),
+                (Err(_), None) => {}
+                (other, _) => panic!("DRAIN {mode} parsed as {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn regen_copy_flag_round_trips_and_unknown_flags_are_refused() {
+        let req = Regen {
+            client: ClientId::random(),
+            k: 1,
+            r: 1,
+            target: 1,
+            split_len: 4096,
+            slab: 9,
+            pages: 16,
+            sources: vec![RegenSource {
+                split: 1,
+                copy: true,
+                slab: 3,
+                addr: "127.0.0.1:9".parse().unwrap(),
+            }],
+        };
+        let mut out = Vec::new();
+        req.put(&mut out);
+        assert_eq!(Regen::parse(&out).unwrap(), req);
+        // flags byte of the first source: after 16 + 4 + 4 + 4 + 8 + 4 bytes and the split.
+        out[16 + 4 + 4 + 4 + 8 + 4 + 1] = 2;
+        assert!(Regen::parse(&out).is_err());
     }
 }

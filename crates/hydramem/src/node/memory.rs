@@ -49,6 +49,25 @@ impl SlabMemory {
         Ok(SlabMemory { ptr, len })
     }
 
+    /// Backs every page with memory now (zero-filled), so that first writes do not fault and
+    /// the machine's free memory reflects what the node has claimed. Uses
+    /// `MADV_POPULATE_WRITE` (Linux 5.14) and falls back to touching one byte per page.
+    pub fn populate(&self) {
+        const MADV_POPULATE_WRITE: libc::c_int = 23;
+        // SAFETY: the range is exactly this live mapping; the advice only faults pages in.
+        let r = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, MADV_POPULATE_WRITE) };
+        if r == 0 {
+            return;
+        }
+        let page = 4096;
+        for off in (0..self.len).step_by(page) {
+            // SAFETY: `off < len`, inside the live mapping; writing a zero over a zero page
+            // keeps the contents and makes the kernel back the page. Nobody else holds this
+            // mapping yet (it is populated before it is handed out).
+            unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(off), 0) };
+        }
+    }
+
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -113,5 +132,14 @@ mod tests {
         m.read(4000, &mut buf).unwrap();
         assert!(buf.iter().all(|b| *b == 7));
         assert!(SlabMemory::new(0).is_err());
+    }
+
+    #[test]
+    fn populated_memory_is_still_zero() {
+        let m = SlabMemory::new(64 << 10).unwrap();
+        m.populate();
+        let mut buf = vec![1u8; 64 << 10];
+        m.read(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|b| *b == 0));
     }
 }

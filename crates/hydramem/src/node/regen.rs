@@ -12,6 +12,11 @@
 //! *applied*, not held, and the slab ends with the newest data. A page whose k splits disagree
 //! (a write in flight) is re-read from every source; a page with no k splits of one version is
 //! left to the write that is racing it. Pages never written (version 0) are skipped.
+//!
+//! A source flagged *copy* holds the very bytes the target must get: the slab being moved off
+//! a node that reclaimed it, or another replica under replication. Then the node copies it
+//! (one split's bytes per page instead of k) and stores each split with its version, through
+//! the same version check; only if every copy source fails does it fall back to decoding.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -161,15 +166,21 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     let (k, r, target) = (req.k as usize, req.r as usize, req.target as usize);
     let len = req.split_len as usize;
     let bad = |m: &str| RegenError::Invalid(m.to_string());
-    if k == 0 || target >= k + r || req.sources.len() < k {
-        return Err(bad("need k >= 1, target < k + r and at least k sources"));
+    if k == 0 || target >= k + r || req.sources.is_empty() {
+        return Err(bad("need k >= 1, target < k + r and at least one source"));
     }
     let mut seen = 0u64;
     for s in &req.sources {
         let bit = 1u64 << s.split;
-        if s.split as usize >= k + r || s.split as usize == target || seen & bit != 0 {
+        if s.split as usize >= k + r {
+            return Err(bad("a source names a split outside the group"));
+        }
+        if s.copy {
+            continue;
+        }
+        if s.split as usize == target || seen & bit != 0 {
             return Err(bad(
-                "sources must be distinct splits of the group, not the target",
+                "decoding sources must be distinct splits of the group, not the target",
             ));
         }
         seen |= bit;
@@ -177,9 +188,24 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     let slab = node
         .slab(&req.client, req.slab)
         .map_err(|_| RegenError::NoSuchSlab(req.slab))?;
+    for c in req.sources.iter().filter(|s| s.copy) {
+        match copy_from(node, &slab, c, req) {
+            Ok(pages) => return Ok(pages),
+            Err(e) => {
+                tracing::warn!(error = %e, source = %c.addr, "copy source failed; trying the next")
+            }
+        }
+    }
+    let decoding = req.sources.iter().filter(|s| !s.copy).count();
+    if decoding < k {
+        return Err(RegenError::Source(format!(
+            "every copy source failed and only {decoding} of the {k} splits needed to decode \
+             were named"
+        )));
+    }
     let codec = Codec::new(k, r).map_err(|e| RegenError::Invalid(e.to_string()))?;
     let mut sources = Vec::new();
-    for s in &req.sources {
+    for s in req.sources.iter().filter(|s| !s.copy) {
         match Source::connect(s, req) {
             Ok(src) => sources.push(src),
             Err(e) => {
@@ -194,7 +220,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
         )));
     }
     // Batches of up to BATCH pages whose replies stay well inside one frame.
-    let batch = BATCH.min((wire::MAX_BODY / 2 / (len + 24)).max(1) as u64);
+    let batch = batch_for(len);
     let b = batch as usize;
     let mut versions = vec![vec![0u64; b]; sources.len()];
     let mut data = vec![vec![0u8; b * len]; sources.len()];
@@ -258,21 +284,68 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
             codec
                 .reconstruct(&present, &mut [(target, &mut rebuilt[..])])
                 .map_err(|e| RegenError::Invalid(e.to_string()))?;
-            match slab.write((first + p as u64) * len as u64, &rebuilt, version) {
-                Ok(()) | Err(Status::Stale) => done += 1,
-                Err(st) => {
-                    return Err(RegenError::Invalid(format!(
-                        "storing slot {}: {st}",
-                        first + p as u64
-                    )))
-                }
-            }
+            store(&slab, first + p as u64, &rebuilt, version)?;
+            done += 1;
         }
-        metrics::counter!("hydramem_node_regen_pages_total").increment(n);
-        metrics::counter!("hydramem_node_regen_bytes_received_total")
-            .increment(n * len as u64 * k as u64);
-        node.regen_pages.fetch_add(n, Ordering::Relaxed);
+        batch_done(node, n, n * len as u64 * k as u64);
         first += n;
     }
     Ok(done)
+}
+
+/// Pages per batch so that a reply of `len`-byte splits stays well inside one frame.
+fn batch_for(len: usize) -> u64 {
+    BATCH.min((wire::MAX_BODY / 2 / (len + 24)).max(1) as u64)
+}
+
+/// Copies every written split slot from a copy source into `slab`, with its version.
+fn copy_from(
+    node: &Node,
+    slab: &super::Slab,
+    c: &RegenSource,
+    req: &Regen,
+) -> Result<u64, RegenError> {
+    let len = req.split_len as usize;
+    let mut src = Source::connect(c, req).map_err(RegenError::Source)?;
+    let batch = batch_for(len);
+    let mut versions = vec![0u64; batch as usize];
+    let mut data = vec![0u8; batch as usize * len];
+    let (mut first, mut done) = (0u64, 0u64);
+    while first < req.pages {
+        let n = batch.min(req.pages - first);
+        src.ask(first, n, len).map_err(RegenError::Source)?;
+        src.receive(first, n, len, &mut versions, &mut data)
+            .map_err(RegenError::Source)?;
+        for p in 0..n as usize {
+            if versions[p] == 0 {
+                continue;
+            }
+            store(
+                slab,
+                first + p as u64,
+                &data[p * len..(p + 1) * len],
+                versions[p],
+            )?;
+            done += 1;
+        }
+        batch_done(node, n, n * len as u64);
+        first += n;
+    }
+    Ok(done)
+}
+
+/// Stores a rebuilt or copied split through the version check (a newer split the client wrote
+/// meanwhile stays).
+fn store(slab: &super::Slab, slot: u64, data: &[u8], version: u64) -> Result<(), RegenError> {
+    match slab.write(slot * data.len() as u64, data, version) {
+        Ok(()) | Err(Status::Stale) => Ok(()),
+        Err(st) => Err(RegenError::Invalid(format!("storing slot {slot}: {st}"))),
+    }
+}
+
+/// Counts a finished batch of `pages` slots for which `bytes` were received.
+fn batch_done(node: &Node, pages: u64, bytes: u64) {
+    metrics::counter!("hydramem_node_regen_pages_total").increment(pages);
+    metrics::counter!("hydramem_node_regen_bytes_received_total").increment(bytes);
+    node.regen_pages.fetch_add(pages, Ordering::Relaxed);
 }

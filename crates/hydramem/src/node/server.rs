@@ -210,6 +210,8 @@ impl Connection {
             Fault::Clear => {
                 f.delay_us.store(0, Ordering::Relaxed);
                 f.refuse_alloc.store(false, Ordering::Relaxed);
+                node.simulated.total.store(0, Ordering::Relaxed);
+                node.simulated.available.store(u64::MAX, Ordering::Relaxed);
                 *f.stopped.lock() = false;
                 f.resumed.notify_all();
             }
@@ -226,6 +228,8 @@ impl Connection {
             // Dies on the spot, without replying or cleaning up; exit rather than abort so
             // that test machines do not collect core dumps.
             Fault::Crash => std::process::exit(134),
+            Fault::MemoryTotal(b) => node.simulated.total.store(b, Ordering::Relaxed),
+            Fault::MemoryAvailable(b) => node.simulated.available.store(b, Ordering::Relaxed),
         }
         Status::Ok
     }
@@ -235,7 +239,15 @@ impl Connection {
         let node = self.node.clone();
         let out = &mut self.out;
         let client = match (&req, self.client, self.observer) {
-            (Request::Hello(_) | Request::Ping | Request::Stats | Request::Fault(_), _, _) => None,
+            (
+                Request::Hello(_)
+                | Request::Ping
+                | Request::Stats
+                | Request::Fault(_)
+                | Request::Drain(_),
+                _,
+                _,
+            ) => None,
             (_, Some(c), false) => Some(c),
             _ => {
                 let fb = FrameBuilder::begin(out, h.op, true, Status::NotIdentified, h.id);
@@ -269,7 +281,26 @@ impl Connection {
                 .put(out);
                 fb.finish(out)?;
             }
-            Request::Ping => fb_ok(out).finish(out)?,
+            Request::Ping => {
+                let fb = fb_ok(out);
+                // A client's heartbeat learns whether the node wants slabs back.
+                if let (Some(c), false) = (self.client, self.observer) {
+                    let n = node.notice_for(&c);
+                    if n != wire::Notice::default() {
+                        out.extend_from_slice(&n.encode().to_le_bytes());
+                    }
+                }
+                fb.finish(out)?
+            }
+            Request::Reclaims => {
+                let fb = fb_ok(out);
+                wire::put_reclaims(out, &node.reclaims_for(&client.expect("identified")));
+                fb.finish(out)?;
+            }
+            Request::Drain(start) => {
+                node.drain(start);
+                fb_ok(out).finish(out)?;
+            }
             Request::Regen(req) => {
                 let c = client.expect("identified");
                 let st = if req.client != c {
