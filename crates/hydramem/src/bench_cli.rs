@@ -56,6 +56,11 @@ pub struct BenchArgs {
     /// (11 nodes, 64 MiB slabs, --pages at most 16384).
     #[arg(long)]
     failures: bool,
+    /// Instead of the scheme comparison, time the regeneration of one slab of each of these
+    /// sizes (comma separated, e.g. 64MiB,1GiB) on a cluster of its own, against the loopback
+    /// bandwidth measured in the same run (paper 7.3).
+    #[arg(long, value_delimiter = ',', value_parser = hydramem::units::parse_size)]
+    regeneration: Vec<hydramem::units::Size>,
     /// Seed of page contents and access order.
     #[arg(long, env = "HYDRAMEM_SEED", default_value_t = 42)]
     seed: u64,
@@ -106,6 +111,9 @@ pub fn parse_scheme(s: &str) -> Result<Resilience> {
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.failures {
         return run_failures(&a);
+    }
+    if !a.regeneration.is_empty() {
+        return run_regeneration(&a);
     }
     let schemes: Vec<Resilience> = a
         .schemes
@@ -171,6 +179,52 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if results.iter().any(|r| r.verify_errors > 0) {
         anyhow::bail!("some reads returned wrong bytes (see verify_errors)");
     }
+    Ok(())
+}
+
+fn run_regeneration(a: &BenchArgs) -> Result<()> {
+    let o = a.options();
+    let sizes: Vec<u64> = a.regeneration.iter().map(|s| s.bytes()).collect();
+    println!(
+        "hydramem bench --regeneration: 11 nodes, hydra 8+2, one range per slab size, fill depth {}",
+        o.depth
+    );
+    let pb = ProgressBar::new(100);
+    pb.set_style(
+        ProgressStyle::with_template("[{bar:30}] {pos:>3}% {msg} {elapsed}")
+            .expect("template")
+            .progress_chars("=> "),
+    );
+    let progress = |phase: &str, done: u64, total: u64| {
+        pb.set_message(phase.to_string());
+        pb.set_position(done * 100 / total.max(1));
+    };
+    let results = bench::regeneration(hydramem::embedded::self_exe()?, &sizes, &o, &progress)?;
+    pb.finish_and_clear();
+    println!(
+        "\n{:>10} | {:>9} | {:>12} | {:>9} | {:>12} | {:>12} | {:>9} | {:>8}",
+        "slab", "pages", "received", "time s", "recv MB/s", "loopback MB/s", "of ideal", "verified"
+    );
+    println!("{}", "-".repeat(103));
+    for r in &results {
+        println!(
+            "{:>10} | {:>9} | {:>12} | {:>9.3} | {:>12.0} | {:>12.0} | {:>8.1}% | {:>8}",
+            hydramem::units::human(r.slab_size),
+            r.pages,
+            hydramem::units::human(r.bytes_received),
+            r.seconds,
+            r.received_mb_s,
+            r.loopback_mb_s,
+            100.0 * r.fraction_of_ideal,
+            r.verified_pages
+        );
+    }
+    if let Some(dir) = a.json.parent() {
+        std::fs::create_dir_all(dir).ok();
+    }
+    std::fs::write(&a.json, serde_json::to_string_pretty(&results)?)
+        .with_context(|| format!("writing {}", a.json.display()))?;
+    println!("JSON written to {}", a.json.display());
     Ok(())
 }
 

@@ -19,6 +19,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use hydramem::cluster::Cluster;
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
+use hydramem::node::control::{self, ControlConfig, MemorySource, SystemMemory};
 use hydramem::node::{server, Node, NodeConfig};
 use hydramem::units::{human, parse_size, Size};
 
@@ -61,7 +62,10 @@ enum Cmd {
 }
 
 #[derive(clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 struct NodeArgs {
+    #[command(subcommand)]
+    action: Option<NodeAction>,
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, env = "HYDRAMEM_LISTEN", default_value = "127.0.0.1:7400")]
     listen: String,
@@ -81,6 +85,76 @@ struct NodeArgs {
     /// Print "listening ADDR" on stdout once ready (used by `up`).
     #[arg(long, hide = true)]
     announce: bool,
+    /// Share of the machine's memory (or its cgroup limit) kept free for local applications;
+    /// below it the node gives slabs back.
+    #[arg(long, env = "HYDRAMEM_HEADROOM", default_value_t = 0.25)]
+    headroom: f64,
+    /// How often the node measures free memory and adjusts its slabs.
+    #[arg(long, env = "HYDRAMEM_CONTROL_PERIOD", default_value = "1s", value_parser = parse_duration)]
+    control_period: Duration,
+    /// Slabs kept mapped and backed ahead of allocation, within the memory budget.
+    #[arg(long, env = "HYDRAMEM_PREALLOC", default_value_t = 1)]
+    prealloc: usize,
+    /// E': extra random candidates examined per batch eviction (the E least active of E + E'
+    /// are reclaimed).
+    #[arg(long, env = "HYDRAMEM_EVICT_EXTRA", default_value_t = 2)]
+    evict_extra: usize,
+    /// Time an owner has to move a reclaimed slab before the node drops it.
+    #[arg(long, env = "HYDRAMEM_RECLAIM_GRACE", default_value = "30s", value_parser = parse_duration)]
+    reclaim_grace: Duration,
+}
+
+#[derive(Subcommand)]
+enum NodeAction {
+    /// Drain a running node for maintenance: it takes no new slabs and its clients move every
+    /// slab it holds elsewhere (no data is lost); waits until it holds none, then it can stop.
+    Drain(DrainArgs),
+}
+
+#[derive(clap::Args)]
+struct DrainArgs {
+    /// The node: its address (ip:port), or its id in --cluster.
+    node: String,
+    /// Cluster file, to name the node by id.
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
+    cluster: PathBuf,
+    /// Give up waiting after this long (the drain itself goes on).
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    timeout: Duration,
+    /// Return once the drain is started, without waiting.
+    #[arg(long)]
+    no_wait: bool,
+    /// Cancel a drain: the node takes slabs again and keeps the ones not yet moved.
+    #[arg(long, conflicts_with = "no_wait")]
+    cancel: bool,
+}
+
+/// Parses "500ms", "2s", "1.5s", "10m".
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = t
+        .find(|c: char| c.is_ascii_alphabetic())
+        .map(|i| t.split_at(i))
+        .unwrap_or((t, "s"));
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (e.g. 500ms, 2s, 10m)"))?;
+    let secs = match unit {
+        "ms" => v / 1000.0,
+        "s" => v,
+        "m" | "min" => v * 60.0,
+        "h" => v * 3600.0,
+        _ => return Err(format!("unknown unit in {s:?}: use ms, s, m or h")),
+    };
+    if !secs.is_finite() || secs < 0.0 {
+        return Err(format!("{s:?} must be a non-negative duration"));
+    }
+    Ok(Duration::from_secs_f64(secs))
 }
 
 #[derive(clap::Args)]
@@ -249,6 +323,17 @@ fn stop_flag() -> Result<Arc<AtomicBool>> {
 }
 
 fn run_node(a: NodeArgs) -> Result<()> {
+    if let Some(NodeAction::Drain(d)) = a.action {
+        return run_drain(d);
+    }
+    let control = ControlConfig {
+        period: a.control_period,
+        headroom: a.headroom,
+        prealloc: a.prealloc,
+        evict_extra: a.evict_extra,
+        grace: a.reclaim_grace,
+    };
+    control.validate().map_err(anyhow::Error::msg)?;
     let config = NodeConfig {
         id: a.id,
         capacity: a.capacity.bytes(),
@@ -277,6 +362,27 @@ fn run_node(a: NodeArgs) -> Result<()> {
         println!("listening {local}");
     }
     let shutdown = server::Shutdown::new();
+    // Memory management: the first step runs before serving, so that the first ALLOC already
+    // sees the budget.
+    let source = SystemMemory::new();
+    tracing::info!(
+        headroom = control.headroom,
+        period = ?control.period,
+        prealloc = control.prealloc,
+        grace = ?control.grace,
+        cgroup_levels = source.cgroup_levels(),
+        "memory management"
+    );
+    if let Ok(s) = source.sample() {
+        node.control_step(s, &control);
+    }
+    {
+        let (node, sd) = (node.clone(), shutdown.clone());
+        std::thread::Builder::new()
+            .name("hm-control".into())
+            .spawn(move || control::run(node, Box::new(source), control, sd))
+            .context("starting the memory control thread")?;
+    }
     let stop = stop_flag()?;
     let sd = shutdown.clone();
     std::thread::spawn(move || {
@@ -288,6 +394,84 @@ fn run_node(a: NodeArgs) -> Result<()> {
     });
     server::run(listener, node, shutdown)?;
     Ok(())
+}
+
+fn run_drain(d: DrainArgs) -> Result<()> {
+    let addr: std::net::SocketAddr = match d.node.parse() {
+        Ok(a) => a,
+        Err(_) => {
+            let id: u32 = d.node.parse().with_context(|| {
+                format!("{:?} is neither an address (ip:port) nor a node id", d.node)
+            })?;
+            let cluster = Cluster::load(&d.cluster)?;
+            cluster
+                .nodes
+                .iter()
+                .find(|n| n.id == id)
+                .map(|n| n.addr)
+                .with_context(|| format!("no node with id {id} in {}", d.cluster.display()))?
+        }
+    };
+    let t = Duration::from_secs(5);
+    let stats = |what: &str| {
+        hydramem::status::fetch(addr, t)
+            .map_err(|e| anyhow::anyhow!("cannot {what} node at {addr}: {e}; is it running?"))
+    };
+    let before = stats("reach")?;
+    hydramem::status::drain(addr, !d.cancel, t)
+        .map_err(|e| anyhow::anyhow!("node at {addr} refused DRAIN: {e}"))?;
+    if d.cancel {
+        println!("drain of node {} at {addr} cancelled", before.node_id);
+        return Ok(());
+    }
+    println!(
+        "draining node {} at {addr}: {} slabs to move",
+        before.node_id,
+        before.slabs.len()
+    );
+    if d.no_wait {
+        return Ok(());
+    }
+    let total = before.slabs.len() as u64;
+    let bar = indicatif::ProgressBar::new(total).with_style(
+        indicatif::ProgressStyle::with_template("{bar:40} {pos}/{len} slabs moved  {elapsed}")
+            .expect("valid template"),
+    );
+    let start = std::time::Instant::now();
+    loop {
+        let st = stats("poll")?;
+        let left = st.slabs.len() as u64;
+        bar.set_length(total.max(left));
+        bar.set_position(total.saturating_sub(left));
+        if left == 0 {
+            bar.finish();
+            println!(
+                "node {} at {addr} holds no slabs ({} moved by their owners, {} dropped); it can be stopped now",
+                st.node_id, st.evicted_moved, st.evicted_forced
+            );
+            return Ok(());
+        }
+        if start.elapsed() > d.timeout {
+            bar.abandon();
+            let mut owners: Vec<String> = st
+                .slabs
+                .iter()
+                .map(|s| format!("{:08x}", s.owner))
+                .collect();
+            owners.sort();
+            owners.dedup();
+            bail!(
+                "node {} at {addr} still holds {left} slabs after {:?} (owners {}): their clients \
+                 are not connected or cannot place them elsewhere; start them, add memory nodes, \
+                 or wait longer (the drain goes on; `hydramem node drain --cancel {}` stops it)",
+                st.node_id,
+                d.timeout,
+                owners.join(", "),
+                d.node
+            );
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
 }
 
 fn run_up(a: UpArgs, log: &str) -> Result<()> {

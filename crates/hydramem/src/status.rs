@@ -83,6 +83,14 @@ pub fn inject(addr: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result
     request(&mut s, Op::Fault, &body).map(|_| ())
 }
 
+/// Starts (`start`) or cancels draining the node at `addr` (DRAIN, an admin request).
+pub fn drain(addr: SocketAddr, start: bool, timeout: Duration) -> Result<(), String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    request(&mut s, Op::Drain, &u32::from(start).to_le_bytes()).map(|_| ())
+}
+
 /// Status of every node of the cluster, in cluster-file order.
 pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
     cluster
@@ -115,13 +123,15 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
     );
     let _ = writeln!(
         o,
-        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12} {:>6}",
+        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>7} {:>10} {:>8} {:>10} {:>12} {:>12} {:>6}",
         "node",
         "address",
         "health",
         "capacity",
         "used",
         "slabs",
+        "budget",
+        "mem avail",
         "clients",
         "rss",
         "reads",
@@ -136,15 +146,25 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                 used += s.used();
                 let reads: u64 = s.slabs.iter().map(|x| x.reads).sum();
                 let writes: u64 = s.slabs.iter().map(|x| x.writes).sum();
+                // drain: the node is being drained; evict: it reclaimed slabs (memory pressure).
+                let health = if s.draining {
+                    "drain"
+                } else if s.reclaiming > 0 {
+                    "evict"
+                } else {
+                    "up"
+                };
                 let _ = writeln!(
                     o,
-                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>8} {:>10} {:>12} {:>12} {:>6}",
+                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>7} {:>10} {:>8} {:>10} {:>12} {:>12} {:>6}",
                     r.id,
                     r.addr.to_string(),
-                    "up",
+                    health,
                     human(s.capacity),
                     human(s.used()),
                     s.slabs.len(),
+                    s.budget_slabs,
+                    human(s.mem_available),
                     s.clients,
                     human(s.rss),
                     reads,
@@ -171,9 +191,18 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
             _ => None,
         })
         .sum();
+    let (mut reclaiming, mut moved, mut forced) = (0u64, 0u64, 0u64);
+    for r in rows {
+        if let StatusResult::Up(s) = &r.result {
+            reclaiming += s.reclaiming as u64;
+            moved += s.evicted_moved;
+            forced += s.evicted_forced;
+        }
+    }
     let _ = writeln!(
         o,
-        "total: {} of {} donated memory in use; {regen} slab regenerations in progress",
+        "total: {} of {} donated memory in use; {regen} slab regenerations in progress; \
+         {reclaiming} slabs reclaimed and being moved ({moved} moved, {forced} dropped so far)",
         human(used),
         human(cap)
     );
@@ -189,20 +218,25 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         let _ = writeln!(o, "\nslabs (per-slab access counters):");
         let _ = writeln!(
             o,
-            "{:>4} {:>6} {:>10} {:>18} {:>12} {:>12} {:>10}",
-            "node", "slab", "client", "tag", "reads", "writes", "holds"
+            "{:>4} {:>6} {:>10} {:>18} {:>12} {:>12} {:>10} {:>9}",
+            "node", "slab", "client", "tag", "reads", "writes", "holds", "state"
         );
         for (id, x) in slab_rows.iter().take(200) {
             let _ = writeln!(
                 o,
-                "{:>4} {:>6} {:>10} {:>#18x} {:>12} {:>12} {:>10}",
+                "{:>4} {:>6} {:>10} {:>#18x} {:>12} {:>12} {:>10} {:>9}",
                 id,
                 x.slab,
                 format!("{:08x}", x.owner),
                 x.tag,
                 x.reads,
                 x.writes,
-                human(x.touched)
+                human(x.touched),
+                if x.flags & wire::SLAB_RECLAIMED != 0 {
+                    "reclaimed"
+                } else {
+                    "mapped"
+                }
             );
         }
         if slab_rows.len() > 200 {

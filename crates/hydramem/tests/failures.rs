@@ -182,3 +182,27 @@ fn a_lost_slab_is_regenerated_while_writes_go_on() {
     }
     check(&mem, &last.into_inner().unwrap());
 }
+
+#[test]
+fn a_lost_replica_is_copied_from_a_surviving_one() {
+    let mut c = common::cluster(4, SLAB, 8);
+    let pages = 1024u64; // 4 ranges of 256 whole-page copies per 1 MiB slab
+    let mem = RemoteMemory::connect(
+        c.cluster(),
+        ClientConfig::new(
+            hydramem::client::Resilience::Replication { copies: 2 },
+            pages * PAGE_SIZE as u64,
+        ),
+    )
+    .unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let g = mem.group_of(0).unwrap();
+    c.kill(g.nodes[0] as usize).unwrap();
+    common::wait_regenerated(&mem, 1);
+    // The other original copy dies too: only the regenerated copy is left.
+    let g2 = mem.group_of(0).unwrap();
+    assert!(!g2.nodes[..2].contains(&g.nodes[0]));
+    c.kill(g.nodes[1] as usize).unwrap();
+    check(&mem, &last);
+}

@@ -232,6 +232,10 @@ pub struct Group {
     pub nodes: [u16; MAX_WIDTH],
     /// Slab id per split.
     pub slabs: [u32; MAX_WIDTH],
+    /// Splits whose slab is a replacement still being regenerated. Reads ask them last (coded
+    /// schemes) or never (replication: one copy is a whole page, and a not yet copied one would
+    /// answer with an old or empty page that no other copy outvotes); writes go to them.
+    pub fresh: u32,
 }
 
 /// Counters of one client.
@@ -281,7 +285,7 @@ pub struct RemoteMemory {
     codec: Option<Codec>,
     slots: Arc<Slots>,
     transport: Box<dyn Transport>,
-    ranges: Box<[ArcSwapOption<Group>]>,
+    ranges: Arc<[ArcSwapOption<Group>]>,
     placement: Mutex<Placement>,
     domains: Vec<Option<u32>>,
     stats: ClientStats,
@@ -291,6 +295,16 @@ pub struct RemoteMemory {
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
     regen: Arc<RegenCounters>,
+    /// Slabs being moved off a node that reclaimed them: (node, slab), freed once the move's
+    /// regeneration is done.
+    moving: Mutex<Vec<(u16, u32)>>,
+    /// Reclaimed slabs that could not be moved yet (no node could take them): retried, and
+    /// repaired as lost if their node drops them first.
+    stuck: Mutex<Vec<(u16, u32)>>,
+    /// Regenerations that ended, for the maintenance thread to act on.
+    ended: Arc<Mutex<Vec<(RegenJob, bool)>>>,
+    /// Regenerations that failed, retried every [`REPAIR_RETRY`].
+    retry: Mutex<(Instant, Vec<RegenJob>)>,
     /// No repair before this instant (after one found no replacement node).
     repair_after: Mutex<Instant>,
 }
@@ -299,6 +313,30 @@ pub struct RemoteMemory {
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a repair that found no replacement node waits before trying again.
 const REPAIR_RETRY: Duration = Duration::from_secs(1);
+
+/// One background regeneration: split `split` of `range`, into `slab` on `node`, optionally
+/// copying from the slab it replaces (`from`, when that slab is still readable: a move).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct RegenJob {
+    range: usize,
+    split: usize,
+    node: u16,
+    slab: u32,
+    from: Option<(u16, u32)>,
+}
+
+/// Why a split moves to a replacement slab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum MoveReason {
+    /// Its node failed or lost the slab: the old slab is unreadable, regenerate by decoding.
+    Lost,
+    /// Its node reclaimed the slab (memory pressure, drain) and still serves it: copy it, then
+    /// free it.
+    Reclaimed {
+        /// The slab being moved away.
+        slab: u32,
+    },
+}
 
 /// Counts of background slab regenerations.
 #[derive(Debug, Default)]
@@ -460,6 +498,7 @@ impl RemoteMemory {
                     let g = found.entry(range).or_insert(Group {
                         nodes: [slots::NO_NODE; MAX_WIDTH],
                         slabs: [0; MAX_WIDTH],
+                        fresh: 0,
                     });
                     g.nodes[split as usize] = node;
                     g.slabs[split as usize] = slab;
@@ -493,13 +532,17 @@ impl RemoteMemory {
             codec,
             slots,
             transport: Box::new(transport),
-            ranges,
+            ranges: Arc::from(ranges),
             placement: Mutex::new(Placement { placer, loads }),
             domains,
             stats: ClientStats::default(),
             clock: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
+            moving: Mutex::new(Vec::new()),
+            stuck: Mutex::new(Vec::new()),
+            ended: Arc::new(Mutex::new(Vec::new())),
+            retry: Mutex::new((Instant::now(), Vec::new())),
             repair_after: Mutex::new(Instant::now()),
         });
         // Maintenance: repair ranges that lost a member, release stale slabs of nodes that came
@@ -534,7 +577,7 @@ impl RemoteMemory {
                     if node != slots::NO_NODE && self.transport.is_up(node) {
                         continue;
                     }
-                    if let Err(e) = self.remap(range, j, node) {
+                    if let Err(e) = self.remap(range, j, node, MoveReason::Lost) {
                         // No spare node now; the range stays degraded and is retried later.
                         tracing::debug!(range, split = j, error = %e, "cannot repair yet");
                         stuck = true;
@@ -546,7 +589,162 @@ impl RemoteMemory {
                 *self.repair_after.lock() = now + REPAIR_RETRY;
             }
         }
+        for node in 0..self.transport.nodes() as u16 {
+            if self.transport.notice(node).reclaimed > 0 && self.transport.is_up(node) {
+                self.move_reclaimed(node);
+            }
+        }
+        self.unstick();
+        self.regenerations_ended();
         self.release_orphans();
+    }
+
+    /// Moves every slab of ours that `node` reclaimed (it runs short of memory, or drains) to a
+    /// replacement node, copying it while the old slab still serves, then frees the old one.
+    fn move_reclaimed(&self, node: u16) {
+        let list = match self.transport.call(node, Op::Reclaims, &[]) {
+            Ok(b) => match wire::parse_reclaims(&b) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %protocol(&*self.transport, node, e), "bad RECLAIMS reply");
+                    return;
+                }
+            },
+            Err(e) => {
+                tracing::debug!(node, error = %e, "cannot list reclaimed slabs yet");
+                return;
+            }
+        };
+        let w = self.layout.width;
+        for c in list {
+            if self.moving.lock().contains(&(node, c.slab)) {
+                continue;
+            }
+            let at = (0..self.ranges.len()).find_map(|range| {
+                let g = self.ranges[range].load();
+                let g = g.as_ref()?;
+                (0..w)
+                    .find(|&j| g.nodes[j] == node && g.slabs[j] == c.slab)
+                    .map(|j| (range, j))
+            });
+            match at {
+                Some((range, j)) => {
+                    tracing::info!(
+                        node,
+                        slab = c.slab,
+                        range,
+                        split = j,
+                        ms_left = c.ms_left,
+                        "node reclaimed a slab: moving it"
+                    );
+                    metrics::counter!("hydramem_client_reclaims_total").increment(1);
+                    match self.remap(range, j, node, MoveReason::Reclaimed { slab: c.slab }) {
+                        Ok(_) => self.stuck.lock().retain(|x| *x != (node, c.slab)),
+                        Err(e) => {
+                            let mut stuck = self.stuck.lock();
+                            if !stuck.contains(&(node, c.slab)) {
+                                tracing::warn!(node, slab = c.slab, range, ms_left = c.ms_left, error = %e, "cannot move a reclaimed slab yet; retrying");
+                                stuck.push((node, c.slab));
+                            }
+                        }
+                    }
+                }
+                None => {
+                    // Not part of any range (left over from an earlier move or a lost mapping).
+                    let _ = self.transport.call(node, Op::Free, &c.slab.to_le_bytes());
+                }
+            }
+        }
+    }
+
+    /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer
+    /// reports any reclaimed slab of ours, or is down): their splits are lost, so repair them
+    /// like a failed node's.
+    fn unstick(&self) {
+        let stuck = {
+            let s = self.stuck.lock();
+            if s.is_empty() {
+                return;
+            }
+            s.clone()
+        };
+        let w = self.layout.width;
+        for (node, slab) in stuck {
+            let at = (0..self.ranges.len()).find_map(|range| {
+                let g = self.ranges[range].load();
+                let g = g.as_ref()?;
+                (0..w)
+                    .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
+                    .map(|j| (range, j))
+            });
+            let Some((range, j)) = at else {
+                self.stuck.lock().retain(|x| *x != (node, slab));
+                continue;
+            };
+            if self.transport.notice(node).reclaimed > 0 && self.transport.is_up(node) {
+                continue; // still reclaimed: `move_reclaimed` keeps trying
+            }
+            if self.remap(range, j, node, MoveReason::Lost).is_ok() {
+                tracing::warn!(node, slab, range, split = j, "a reclaimed slab was dropped before it could be moved; regenerated it elsewhere");
+                self.stuck.lock().retain(|x| *x != (node, slab));
+            }
+        }
+    }
+
+    /// Acts on regenerations that ended: a finished move frees the slab it replaced; a failed
+    /// regeneration is retried while its slab is still the range's.
+    fn regenerations_ended(&self) {
+        let ended = {
+            let mut e = self.ended.lock();
+            if e.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *e)
+        };
+        for (job, ok) in ended {
+            if ok {
+                if let Some((node, slab)) = job.from {
+                    match self.transport.call(node, Op::Free, &slab.to_le_bytes()) {
+                        Ok(_) | Err(TransportError::Refused { .. }) => {
+                            tracing::info!(node, slab, range = job.range, "moved slab released")
+                        }
+                        // Its node went away meanwhile: free it when it is back.
+                        Err(_) => self.orphans.lock().push((node, slab)),
+                    }
+                    self.moving.lock().retain(|m| *m != (node, slab));
+                }
+            } else {
+                self.retry.lock().1.push(job);
+            }
+        }
+        let due = {
+            let mut r = self.retry.lock();
+            if r.1.is_empty() || r.0 > Instant::now() {
+                return;
+            }
+            r.0 = Instant::now() + REPAIR_RETRY;
+            std::mem::take(&mut r.1)
+        };
+        for job in due {
+            let current = self.ranges[job.range].load_full();
+            match current {
+                Some(g) if g.nodes[job.split] == job.node && g.slabs[job.split] == job.slab => {
+                    tracing::info!(
+                        range = job.range,
+                        split = job.split,
+                        "retrying a regeneration that failed"
+                    );
+                    self.regenerate(job, &g);
+                }
+                _ => {
+                    // The split moved again: the old slab of a move is no longer needed.
+                    if let Some(m) = job.from {
+                        self.moving.lock().retain(|x| *x != m);
+                        self.orphans.lock().push(m);
+                    }
+                }
+            }
+        }
     }
 
     /// A fresh page version: a hybrid logical clock, the wall clock in nanoseconds unless that
@@ -701,6 +899,26 @@ impl RemoteMemory {
                     Some(Err(()))
                 }
             });
+            if result == Some(Ok(())) && reroutes < 2 * l.width {
+                // A move may have switched splits of this range to new slabs while the write
+                // was in flight, and its copy may have read the old slab before this split
+                // landed there: send such splits to their new slabs too (same version).
+                if let Some(cur) = self.ranges[range].load_full() {
+                    if !Arc::ptr_eq(&cur, &group) {
+                        let mut moved = 0;
+                        for j in 0..l.width {
+                            if cur.nodes[j] != group.nodes[j] || cur.slabs[j] != group.slabs[j] {
+                                op.retry(j);
+                                post(&op, &cur, j, split(j));
+                                moved += 1;
+                            }
+                        }
+                        group = cur;
+                        reroutes += moved.max(1);
+                        continue;
+                    }
+                }
+            }
             if result != Some(Err(())) || reroutes >= 2 * l.width {
                 break result;
             }
@@ -725,7 +943,7 @@ impl RemoteMemory {
                 // No replacement node may be up right now (one is reconnecting, say): keep
                 // trying until the operation's deadline rather than fail at once.
                 group = loop {
-                    match self.remap(range, j, node) {
+                    match self.remap(range, j, node, MoveReason::Lost) {
                         Ok(g) => break g,
                         Err(ClientError::Placement { .. })
                             if start.elapsed() + Duration::from_millis(50)
@@ -774,7 +992,13 @@ impl RemoteMemory {
     /// replacement slab chosen by placement, never on a node that already holds a split of the
     /// range. The old slab is remembered and freed once its node answers again. Returns the
     /// range's new coding group (or the current one if another thread already moved it).
-    fn remap(&self, range: usize, j: usize, lost: u16) -> Result<Arc<Group>, ClientError> {
+    fn remap(
+        &self,
+        range: usize,
+        j: usize,
+        lost: u16,
+        why: MoveReason,
+    ) -> Result<Arc<Group>, ClientError> {
         let mut pl = self.placement.lock();
         let g = self.ranges[range]
             .load_full()
@@ -782,8 +1006,15 @@ impl RemoteMemory {
         if g.nodes[j] != lost {
             return Ok(g);
         }
+        if let MoveReason::Reclaimed { slab } = why {
+            if g.slabs[j] != slab {
+                return Ok(g);
+            }
+        }
+        let reclaimed = matches!(why, MoveReason::Reclaimed { .. });
         let l = &self.layout;
-        let mut excluded: Vec<u16> = Vec::new();
+        // A node that reclaims a slab is never its replacement.
+        let mut excluded: Vec<u16> = if reclaimed { vec![lost] } else { Vec::new() };
         loop {
             let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
             for n in &excluded {
@@ -807,7 +1038,7 @@ impl RemoteMemory {
                     .or_else(|e| {
                         // No spare node: the lost node itself will do if it is back (it
                         // restarted and lost the slab, or returned after being declared failed).
-                        if views[lost as usize].available {
+                        if views[lost as usize].available && !reclaimed {
                             Ok(lost as usize)
                         } else {
                             Err(e)
@@ -828,12 +1059,20 @@ impl RemoteMemory {
                     let mut ng = (*g).clone();
                     ng.nodes[j] = chosen;
                     ng.slabs[j] = slab;
+                    ng.fresh |= 1 << j;
                     let ng = Arc::new(ng);
+                    if reclaimed {
+                        // Before the switch, so that maintenance never takes the old slab,
+                        // no longer in any group, for a leftover.
+                        self.moving.lock().push((lost, g.slabs[j]));
+                    }
                     self.ranges[range].store(Some(ng.clone()));
                     pl.loads[chosen as usize] += 1;
                     if lost != slots::NO_NODE {
                         pl.loads[lost as usize] = pl.loads[lost as usize].saturating_sub(1);
-                        self.orphans.lock().push((lost, g.slabs[j]));
+                        if !reclaimed {
+                            self.orphans.lock().push((lost, g.slabs[j]));
+                        }
                     }
                     metrics::counter!("hydramem_client_splits_remapped_total").increment(1);
                     tracing::warn!(
@@ -844,7 +1083,14 @@ impl RemoteMemory {
                         "split moved to a replacement slab (its older pages stay readable from the other splits)"
                     );
                     drop(pl);
-                    self.regenerate(range, j, &ng);
+                    let job = RegenJob {
+                        range,
+                        split: j,
+                        node: chosen,
+                        slab,
+                        from: reclaimed.then_some((lost, g.slabs[j])),
+                    };
+                    self.regenerate(job, &ng);
                     self.release_orphans();
                     return Ok(ng);
                 }
@@ -857,27 +1103,46 @@ impl RemoteMemory {
         }
     }
 
-    /// Starts background regeneration of split `j` of `range` on the node that now holds it
-    /// (paper 4.2): that node reads the surviving splits from their nodes, decodes and fills
-    /// the slab, while this client keeps reading and writing the range. Writes go to the new
-    /// slab already; the node's version check keeps them from being overwritten by older
-    /// regenerated splits.
-    fn regenerate(&self, range: usize, j: usize, g: &Group) {
-        let Resilience::Hydra { k, r, .. } = self.layout.resilience else {
-            return; // Replicas are not regenerated here (yet): the surviving copies serve reads.
+    /// Starts background regeneration of split `job.split` of `job.range` on the node that now
+    /// holds it (paper 4.2): that node reads the surviving splits from their nodes, decodes and
+    /// fills the slab, while this client keeps reading and writing the range. Writes go to the
+    /// new slab already; the node's version check keeps them from being overwritten by older
+    /// regenerated splits. A move (`job.from`) lets the node copy the old slab instead, and
+    /// replicas are always copied from a surviving replica.
+    fn regenerate(&self, job: RegenJob, g: &Group) {
+        let width = self.layout.width;
+        let (k, r, copies) = match self.layout.resilience {
+            Resilience::Hydra { k, r, .. } => (k, r, false),
+            Resilience::Replication { .. } => (1, (width - 1) as u8, true),
         };
         let addr = |n: u16| self.transport.addr(n).parse::<std::net::SocketAddr>().ok();
-        let sources: Vec<crate::wire::RegenSource> = (0..self.layout.width)
-            .filter(|&i| i != j && g.nodes[i] != slots::NO_NODE && self.transport.is_up(g.nodes[i]))
-            .filter_map(|i| {
-                Some(crate::wire::RegenSource {
-                    split: i as u8,
-                    slab: g.slabs[i],
-                    addr: addr(g.nodes[i])?,
+        let j = job.split;
+        let mut sources: Vec<crate::wire::RegenSource> = Vec::new();
+        if let Some((node, slab)) = job.from {
+            if let Some(a) = addr(node) {
+                sources.push(crate::wire::RegenSource {
+                    split: j as u8,
+                    copy: true,
+                    slab,
+                    addr: a,
+                });
+            }
+        }
+        sources.extend(
+            (0..width)
+                .filter(|&i| {
+                    i != j && g.nodes[i] != slots::NO_NODE && self.transport.is_up(g.nodes[i])
                 })
-            })
-            .collect();
-        let Some(target) = addr(g.nodes[j]) else {
+                .filter_map(|i| {
+                    Some(crate::wire::RegenSource {
+                        split: i as u8,
+                        copy: copies,
+                        slab: g.slabs[i],
+                        addr: addr(g.nodes[i])?,
+                    })
+                }),
+        );
+        let Some(target) = addr(job.node) else {
             return;
         };
         let req = crate::wire::Regen {
@@ -886,11 +1151,14 @@ impl RemoteMemory {
             r,
             target: j as u8,
             split_len: self.layout.split_len as u32,
-            slab: g.slabs[j],
+            slab: job.slab,
             pages: self.layout.pages_per_range,
             sources,
         };
         let regen = self.regen.clone();
+        let ended = self.ended.clone();
+        let ranges = self.ranges.clone();
+        let range = job.range;
         regen.started.fetch_add(1, Ordering::SeqCst);
         metrics::gauge!("hydramem_client_regenerations_in_progress").increment(1.0);
         let spawned = std::thread::Builder::new()
@@ -899,37 +1167,52 @@ impl RemoteMemory {
                 let t0 = Instant::now();
                 let result = send_regen(target, &req);
                 metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
+                let ok = result.is_ok();
                 match result {
                     Ok(pages) => {
+                        // Complete: reads may use it again (unless the split moved meanwhile).
+                        ranges[range].rcu(|g| {
+                            g.as_ref().map(|g| {
+                                let mut ng = (**g).clone();
+                                if ng.nodes[j] == job.node && ng.slabs[j] == job.slab {
+                                    ng.fresh &= !(1 << j);
+                                }
+                                Arc::new(ng)
+                            })
+                        });
                         regen.pages.fetch_add(pages, Ordering::SeqCst);
                         regen
                             .nanos
                             .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
                         regen.done.fetch_add(1, Ordering::SeqCst);
                         metrics::counter!("hydramem_client_regenerations_total").increment(1);
-                        tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), "slab regenerated");
+                        tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), moved = job.from.is_some(), "slab regenerated");
                     }
                     Err(e) => {
                         regen.failed.fetch_add(1, Ordering::SeqCst);
-                        tracing::warn!(range, split = j, %target, error = %e, "slab regeneration failed; the range stays degraded");
+                        tracing::warn!(range, split = j, %target, error = %e, "slab regeneration failed; the range stays degraded until a retry succeeds");
                     }
                 }
+                ended.lock().push((job, ok));
             });
         if spawned.is_err() {
             self.regen.failed.fetch_add(1, Ordering::SeqCst);
+            self.ended.lock().push((job, false));
         }
     }
 
-    /// Mapped ranges with a member on a node that is down (not yet repaired).
+    /// Mapped ranges with a member on a node that is down (not yet repaired) or a split still
+    /// being regenerated.
     pub fn degraded_ranges(&self) -> usize {
         let w = self.layout.width;
         self.ranges
             .iter()
             .filter(|r| {
                 r.load().as_ref().is_some_and(|g| {
-                    g.nodes[..w]
-                        .iter()
-                        .any(|n| *n == slots::NO_NODE || !self.transport.is_up(*n))
+                    g.fresh != 0
+                        || g.nodes[..w]
+                            .iter()
+                            .any(|n| *n == slots::NO_NODE || !self.transport.is_up(*n))
                 })
             })
             .count()
@@ -1039,19 +1322,36 @@ impl RemoteMemory {
         let offset = l.split_offset(pir);
         let mut op = self.slots.acquire(page.as_mut_ptr());
         // Candidate splits: those whose node is up, in random order.
+        // Regenerated splits first, in random order; then (coded schemes only) the splits
+        // still being regenerated, which may lack older pages.
         let mut order = [0u8; MAX_WIDTH];
         let mut n = 0;
-        for j in 0..l.width {
-            let node = group.nodes[j];
-            if node != slots::NO_NODE && self.transport.is_up(node) {
-                order[n] = j as u8;
-                n += 1;
+        let mut settled = 0;
+        for fresh in [false, true] {
+            if fresh && !l.coded() {
+                break;
+            }
+            for j in 0..l.width {
+                let node = group.nodes[j];
+                if (group.fresh & (1 << j) != 0) == fresh
+                    && node != slots::NO_NODE
+                    && self.transport.is_up(node)
+                {
+                    order[n] = j as u8;
+                    n += 1;
+                }
+            }
+            if !fresh {
+                settled = n;
             }
         }
         RNG.with(|r| {
             let mut r = r.borrow_mut();
-            for i in (1..n).rev() {
+            for i in (1..settled).rev() {
                 order.swap(i, r.random_range(0..=i));
+            }
+            for i in (settled + 1..n).rev() {
+                order.swap(i, r.random_range(settled..=i));
             }
         });
         let mut next = 0;
@@ -1307,6 +1607,7 @@ impl RemoteMemory {
             let mut g = Group {
                 nodes: [slots::NO_NODE; MAX_WIDTH],
                 slabs: [0; MAX_WIDTH],
+                fresh: 0,
             };
             let mut failed = None;
             for (j, &node) in chosen.iter().enumerate() {
@@ -1423,10 +1724,12 @@ fn prepare_decode_tables(codec: &Codec, l: &Layout) {
     }
 }
 
+/// The placer's view: a node takes new slabs if it is up and has not said it refuses them
+/// (draining, or out of memory budget).
 fn node_views(t: &dyn Transport, loads: &[u64], domains: &[Option<u32>]) -> Vec<NodeView> {
     (0..t.nodes())
         .map(|i| NodeView {
-            available: t.is_up(i as u16),
+            available: t.is_up(i as u16) && !t.notice(i as u16).refusing,
             load: loads[i],
             domain: domains[i],
         })

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -115,6 +115,8 @@ struct Conn {
     send: Mutex<SendState>,
     /// Highest request id of a PING this node answered (heartbeats need no allocation).
     pong: AtomicU64,
+    /// The node's last heartbeat notice ([`wire::Notice`] as one word).
+    notice: AtomicU32,
 }
 
 type CallReply = (Status, Vec<u8>);
@@ -176,6 +178,7 @@ impl TcpTransport {
                         stream: ArcSwapOption::from_pointee(stream),
                         send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
+                        notice: AtomicU32::new(0),
                     });
                     outcomes.push(Ok(reply));
                 }
@@ -188,6 +191,7 @@ impl TcpTransport {
                         stream: ArcSwapOption::empty(),
                         send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
+                        notice: AtomicU32::new(0),
                     });
                     outcomes.push(Err(e.to_string()));
                 }
@@ -503,6 +507,7 @@ impl Shared {
             .lock()
             .push((node, mio::net::TcpStream::from_std(clone)));
         let _ = self.waker.wake();
+        c.notice.store(0, Ordering::Relaxed);
         c.up.store(true, Ordering::Release);
         metrics::counter!("hydramem_client_reconnects_total").increment(1);
         tracing::info!(node, addr = %c.addr, "memory node is back: reconnected");
@@ -532,6 +537,14 @@ impl Transport for TcpTransport {
             .conns
             .get(node as usize)
             .is_some_and(|c| c.up.load(Ordering::Acquire))
+    }
+
+    fn notice(&self, node: u16) -> wire::Notice {
+        self.shared
+            .conns
+            .get(node as usize)
+            .map(|c| wire::Notice::decode(c.notice.load(Ordering::Relaxed)))
+            .unwrap_or_default()
     }
 
     fn post_write(
@@ -777,9 +790,11 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
             sh.completions.read_done(cookie, status, version, data)
         }),
         Op::Ping => {
-            sh.conns[node as usize]
-                .pong
-                .fetch_max(h.id, Ordering::AcqRel);
+            let c = &sh.conns[node as usize];
+            // Store the notice before the pong, so a heartbeat that saw its answer sees it.
+            c.notice
+                .store(wire::Notice::parse(body)?.encode(), Ordering::Relaxed);
+            c.pong.fetch_max(h.id, Ordering::AcqRel);
             Ok(())
         }
         _ => {

@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use crate::wire::{Entry, Op, Status};
+use crate::wire::{Entry, Notice, Op, Status};
 
 /// Receives split completions; implemented by the client's slot table.
 pub trait Completions: Send + Sync {
@@ -78,6 +78,11 @@ pub trait Transport: Send + Sync {
     fn nodes(&self) -> usize;
     /// Whether the node is currently connected.
     fn is_up(&self, node: u16) -> bool;
+    /// What the node said in its last heartbeat reply: slabs of ours it reclaimed, and whether
+    /// it takes new slabs. A transport without heartbeats reports nothing.
+    fn notice(&self, _node: u16) -> Notice {
+        Notice::default()
+    }
     /// Posts a split write. With `flush == false` the request may wait for a later post or
     /// [`Transport::flush`] to the same node, so that many splits share one vectored frame.
     fn post_write(
