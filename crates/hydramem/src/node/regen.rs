@@ -227,25 +227,37 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     let mut rebuilt = vec![0u8; len];
     let mut done = 0u64;
     let mut first = 0u64;
+    // Ask all k sources first, then collect, so that their round trips overlap; and ask for
+    // the next batch before decoding this one, so that the sources read and send it meanwhile.
+    let ask_k = |sources: &mut Vec<Source>, first: u64| -> Result<(), RegenError> {
+        if first < req.pages {
+            let n = batch.min(req.pages - first);
+            for s in sources.iter_mut().take(k) {
+                s.ask(first, n, len).map_err(RegenError::Source)?;
+            }
+        }
+        Ok(())
+    };
+    ask_k(&mut sources, 0)?;
     while first < req.pages {
         let n = batch.min(req.pages - first);
-        // Ask all k sources first, then collect: their round trips overlap.
-        for s in sources.iter_mut().take(k) {
-            s.ask(first, n, len).map_err(RegenError::Source)?;
-        }
         for (i, s) in sources.iter_mut().enumerate().take(k) {
             s.receive(first, n, len, &mut versions[i], &mut data[i])
                 .map_err(RegenError::Source)?;
         }
+        ask_k(&mut sources, first + n)?;
         let mut fetched_rest = false;
+        let mut chosen = [0usize; 64];
         for p in 0..n as usize {
             let v = versions[0][p];
             let agree = (0..k).all(|i| versions[i][p] == v);
-            let chosen: Vec<usize> = if agree {
+            if agree {
                 if v == 0 {
                     continue; // never written
                 }
-                (0..k).collect()
+                for (c, i) in chosen.iter_mut().zip(0..k) {
+                    *c = i;
+                }
             } else {
                 // A write is racing: look at every source for k splits of one version.
                 if !fetched_rest {
@@ -269,20 +281,22 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
                     })
                     .max();
                 match newest {
-                    Some(v) if v != 0 => (0..sources.len())
-                        .filter(|i| versions[*i][p] == v)
-                        .take(k)
-                        .collect(),
+                    Some(v) if v != 0 => {
+                        let holders = (0..sources.len()).filter(|i| versions[*i][p] == v);
+                        for (c, i) in chosen.iter_mut().zip(holders.take(k)) {
+                            *c = i;
+                        }
+                    }
                     _ => continue,
                 }
-            };
+            }
             let version = versions[chosen[0]][p];
-            let present: Vec<(usize, &[u8])> = chosen
-                .iter()
-                .map(|&i| (sources[i].split, &data[i][p * len..(p + 1) * len]))
-                .collect();
+            let mut present: [(usize, &[u8]); 64] = [(0, &[]); 64];
+            for (slot, &i) in present.iter_mut().zip(&chosen[..k]) {
+                *slot = (sources[i].split, &data[i][p * len..(p + 1) * len]);
+            }
             codec
-                .reconstruct(&present, &mut [(target, &mut rebuilt[..])])
+                .reconstruct(&present[..k], &mut [(target, &mut rebuilt[..])])
                 .map_err(|e| RegenError::Invalid(e.to_string()))?;
             store(&slab, first + p as u64, &rebuilt, version)?;
             done += 1;
@@ -311,11 +325,19 @@ fn copy_from(
     let mut versions = vec![0u64; batch as usize];
     let mut data = vec![0u8; batch as usize * len];
     let (mut first, mut done) = (0u64, 0u64);
+    if req.pages > 0 {
+        src.ask(0, batch.min(req.pages), len)
+            .map_err(RegenError::Source)?;
+    }
     while first < req.pages {
         let n = batch.min(req.pages - first);
-        src.ask(first, n, len).map_err(RegenError::Source)?;
         src.receive(first, n, len, &mut versions, &mut data)
             .map_err(RegenError::Source)?;
+        // The next batch is read and sent while this one is stored.
+        if first + n < req.pages {
+            src.ask(first + n, batch.min(req.pages - first - n), len)
+                .map_err(RegenError::Source)?;
+        }
         for p in 0..n as usize {
             if versions[p] == 0 {
                 continue;
