@@ -255,6 +255,30 @@ pub struct ClientStats {
     pub rerouted: AtomicU64,
 }
 
+/// Prometheus handles, registered once at connect so that the data path only records into
+/// them (without `--metrics` they are no-ops).
+struct ClientMetrics {
+    read_seconds: metrics::Histogram,
+    write_seconds: metrics::Histogram,
+    read_errors: metrics::Counter,
+    write_errors: metrics::Counter,
+    reissued: metrics::Counter,
+    rerouted: metrics::Counter,
+}
+
+impl ClientMetrics {
+    fn register() -> ClientMetrics {
+        ClientMetrics {
+            read_seconds: metrics::histogram!("hydramem_client_op_seconds", "op" => "read"),
+            write_seconds: metrics::histogram!("hydramem_client_op_seconds", "op" => "write"),
+            read_errors: metrics::counter!("hydramem_client_op_errors_total", "op" => "read"),
+            write_errors: metrics::counter!("hydramem_client_op_errors_total", "op" => "write"),
+            reissued: metrics::counter!("hydramem_client_splits_reissued_total"),
+            rerouted: metrics::counter!("hydramem_client_splits_rerouted_total"),
+        }
+    }
+}
+
 /// How one read attempt ended, when it did not fail.
 enum ReadOutcome {
     /// The page is in the caller's buffer.
@@ -289,6 +313,7 @@ pub struct RemoteMemory {
     placement: Mutex<Placement>,
     domains: Vec<Option<u32>>,
     stats: ClientStats,
+    metrics: ClientMetrics,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).
     clock: AtomicU64,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
@@ -536,6 +561,7 @@ impl RemoteMemory {
             placement: Mutex::new(Placement { placer, loads }),
             domains,
             stats: ClientStats::default(),
+            metrics: ClientMetrics::register(),
             clock: AtomicU64::new(0),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
@@ -965,9 +991,16 @@ impl RemoteMemory {
             self.stats
                 .rerouted
                 .fetch_add(moved as u64, Ordering::Relaxed);
+            self.metrics.rerouted.increment(moved as u64);
         };
         let p = op.close();
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .write_seconds
+            .record(start.elapsed().as_secs_f64());
+        if !matches!(result, Some(Ok(()))) {
+            self.metrics.write_errors.increment(1);
+        }
         match result {
             Some(Ok(())) => Ok(()),
             Some(Err(())) => Err(IoError::Unavailable {
@@ -1286,6 +1319,17 @@ impl RemoteMemory {
     /// the read is repeated, up to `op_timeout`; it never returns mixed bytes.
     pub fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
         let start = Instant::now();
+        let r = self.read_page_at(addr, page, start);
+        self.metrics
+            .read_seconds
+            .record(start.elapsed().as_secs_f64());
+        if r.is_err() {
+            self.metrics.read_errors.increment(1);
+        }
+        r
+    }
+
+    fn read_page_at(&self, addr: u64, page: &mut Page, start: Instant) -> Result<(), IoError> {
         let mut backoff = Duration::from_micros(20);
         loop {
             match self.read_once(addr, page, start)? {
@@ -1397,6 +1441,7 @@ impl RemoteMemory {
                 self.stats
                     .reissued
                     .fetch_add(more as u64, Ordering::Relaxed);
+                self.metrics.reissued.increment(more as u64);
                 if more > 0 {
                     return None;
                 }
@@ -1407,6 +1452,7 @@ impl RemoteMemory {
                     self.stats
                         .reissued
                         .fetch_add(more as u64, Ordering::Relaxed);
+                    self.metrics.reissued.increment(more as u64);
                     return None;
                 }
                 if pending == 0 {
