@@ -177,10 +177,71 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let (healthy_rate, bad1) = read_all(&mem, pages, 8, "read (all nodes up)")?;
     let healthy_p50 = qd1_read_p50(&mem, pages, 2000)?;
 
+    // Maintenance: drain a member, stop it, bring it back empty.
+    let drained = mem.group_of(0).expect("range 0 is mapped").nodes[0] as usize;
+    let addr = cluster.cluster().nodes[drained].addr;
+    println!("4. maintenance: draining memory node {drained}; its slab moves to a spare node while reads go on");
+    let t0 = Instant::now();
+    let before = mem.regen_stats();
+    status::drain(addr, true, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+    let total = status::fetch(addr, Duration::from_secs(2))
+        .map_err(anyhow::Error::msg)?
+        .slabs
+        .len() as u64;
+    let pb = bar(total, "drain (slabs moved)");
+    let mut reads = 0u64;
+    let mut page = [0u8; PAGE_SIZE];
+    loop {
+        let left = status::fetch(addr, Duration::from_secs(2))
+            .map_err(anyhow::Error::msg)?
+            .slabs
+            .len() as u64;
+        pb.set_position(total.saturating_sub(left));
+        if left == 0 {
+            break;
+        }
+        if t0.elapsed() > Duration::from_secs(30) {
+            bail!("node {drained} still holds {left} slabs after 30 s of draining");
+        }
+        // Reads go on meanwhile.
+        for _ in 0..64 {
+            let p = reads * 7919 % pages;
+            mem.read_page(p * PAGE_SIZE as u64, &mut page)?;
+            reads += 1;
+        }
+    }
+    let drain_secs = t0.elapsed().as_secs_f64();
+    pb.finish_with_message(format!("{drain_secs:.2} s"));
+    let after_drain = mem.regen_stats();
+    let moved = after_drain.done - before.done;
+    cluster.restart(drained)?;
+    let back = Instant::now();
+    while !mem.transport().is_up(drained as u16) {
+        if back.elapsed() > Duration::from_secs(10) {
+            bail!("node {drained} did not come back after its restart");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    println!(
+        "   {moved} slab copied off node {drained} in {drain_secs:.2} s ({reads} reads meanwhile); node {drained} stopped and restarted empty"
+    );
+
+    let mut per_node = Vec::new();
+    for n in &cluster.cluster().nodes {
+        let st = status::fetch(n.addr, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+        per_node.push((
+            n.id as usize,
+            st.slabs
+                .iter()
+                .filter(|s| s.owner == me)
+                .map(|s| s.touched)
+                .sum::<u64>(),
+        ));
+    }
     per_node.sort_by_key(|(_, b)| std::cmp::Reverse(*b));
     let victims: Vec<usize> = per_node.iter().take(2).map(|(i, _)| *i).collect();
     println!(
-        "4. SIGKILL memory nodes {} and {} (the two holding the most data: their slabs are gone)",
+        "5. SIGKILL memory nodes {} and {} (the two holding the most data: their slabs are gone)",
         victims[0], victims[1]
     );
     for v in &victims {
@@ -189,7 +250,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     std::thread::sleep(Duration::from_millis(100));
     let decodes0 = mem.stats().decodes.load(Ordering::Relaxed);
     println!(
-        "5. reading everything back from the {} surviving nodes",
+        "6. reading everything back from the {} surviving nodes",
         a.nodes - 2
     );
     let (degraded_rate, bad2) = read_all(&mem, pages, 8, "read (2 nodes dead)")?;
@@ -204,7 +265,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     );
     let degraded_p50 = qd1_read_p50(&mem, pages, 2000)?;
 
-    println!("6. regenerating: the client moves the lost splits to the spare nodes, which rebuild them from the survivors");
+    println!("7. regenerating: the client moves the lost splits to the spare nodes, which rebuild them from the survivors");
     let t0 = Instant::now();
     // Progress from the nodes themselves: the pages their regenerations have rebuilt.
     let per_slab = mem.layout().pages_per_range;
@@ -223,9 +284,15 @@ pub fn run(a: DemoArgs) -> Result<()> {
         if st.failed > 0 {
             bail!("a slab regeneration failed (see the log)");
         }
-        pb.set_length(st.started.max(1) * per_slab);
+        // Only the regenerations of this step (not the drain's copy).
+        let started = st.started - after_drain.started;
+        pb.set_length(started.max(1) * per_slab);
         pb.set_position(rebuilt(&cluster).saturating_sub(base));
-        if st.started > 0 && st.done == st.started && mem.degraded_ranges() == 0 {
+        if started > 0 && st.done == st.started && mem.degraded_ranges() == 0 {
+            let mut st = st;
+            st.started = started;
+            st.done -= after_drain.done;
+            st.busy -= after_drain.busy;
             break st;
         }
         if t0.elapsed() > Duration::from_secs(30) {
@@ -247,7 +314,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         .take(2)
         .collect();
     println!(
-        "7. SIGKILL memory nodes {} and {} too: 4 of 12 machines gone, but never more than 2 splits of a page",
+        "8. SIGKILL memory nodes {} and {} too: 4 of 12 machines gone, but never more than 2 splits of a page",
         more[0], more[1]
     );
     for v in &more {
