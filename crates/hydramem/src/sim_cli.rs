@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use hydramem::placement::{Policy, PolicyKind};
 use hydramem::sim::montecarlo::{estimate_loss, McOptions};
-use hydramem::sim::sweep::{self, mc_text};
+use hydramem::sim::sweep::{self, mc_text, pct};
 use hydramem::sim::{analysis, balance, plot, Initial, Params, View};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -145,7 +145,7 @@ struct SweepArgs {
     #[arg(long, value_parser = ["all", "fig15", "fig16", "copysets"], default_value = "all")]
     only: String,
     /// Monte Carlo trials per policy and point of Figure 15.
-    #[arg(long, default_value_t = 200_000)]
+    #[arg(long, default_value_t = 1_000_000)]
     trials: u64,
     /// Placements per Monte Carlo run.
     #[arg(long, default_value_t = 8)]
@@ -203,14 +203,6 @@ fn bar(len: u64, what: &str) -> ProgressBar {
     );
     pb.set_message(what.to_string());
     pb
-}
-
-fn pct(p: f64) -> String {
-    if p >= 1e-3 || p == 0.0 {
-        format!("{:.3}%", p * 100.0)
-    } else {
-        format!("{p:.2e}")
-    }
 }
 
 fn loss(a: LossArgs) -> Result<()> {
@@ -342,7 +334,7 @@ fn sweep(a: SweepArgs) -> Result<()> {
     let t = threads(a.threads);
     let base = Params::paper_base();
     let (trials, max_n) = if a.quick {
-        (a.trials.min(5_000), a.max_n.min(10_000))
+        (a.trials.min(5_000), a.max_n.min(1_000))
     } else {
         (a.trials, a.max_n)
     };

@@ -125,6 +125,10 @@ fn check(n: usize, failed: usize, width: usize, r: usize) -> Result<(), SimError
 pub fn codingsets_loss(group_sizes: &[usize], failed: usize, r: usize) -> Result<f64, SimError> {
     let n: usize = group_sizes.iter().sum();
     check(n, failed, r + 1, r)?;
+    if failed <= r {
+        // No group can see more than r failures (and the sum below would leave rounding dust).
+        return Ok(0.0);
+    }
     // alive[m] = P(no group so far has lost data, and m failures are still to place).
     let mut alive = vec![0.0f64; failed + 1];
     alive[failed] = 1.0;

@@ -74,7 +74,7 @@ impl Vary {
             (Vary::S, true) => &[4.0, 16.0],
             (Vary::F, false) => &[0.005, 0.01, 0.015, 0.02, 0.03, 0.04, 0.05],
             (Vary::F, true) => &[0.01, 0.02],
-            (Vary::N, false) => &[200.0, 500.0, 1000.0, 2000.0, 5000.0, 10000.0],
+            (Vary::N, false) => &[500.0, 1000.0, 2000.0, 5000.0, 10000.0, 20000.0],
             (Vary::N, true) => &[500.0, 1000.0],
         };
         v.to_vec()
@@ -423,9 +423,12 @@ pub fn balance_csv(rows: &[BalanceRow]) -> String {
     s
 }
 
-fn pct(p: f64) -> String {
+/// A probability as text: a percentage, more digits close to 100 %, scientific below 0.1 %.
+pub fn pct(p: f64) -> String {
     if p == 0.0 {
         "0".into()
+    } else if (0.999..1.0).contains(&p) {
+        format!("{:.5}%", p * 100.0)
     } else if p >= 1e-3 {
         format!("{:.3}%", p * 100.0)
     } else {
@@ -695,9 +698,9 @@ pub fn balance_charts(rows: &[BalanceRow]) -> Vec<(String, Chart)> {
                     x_label: "N (nodes)".into(),
                     y_label: "max / mean slabs per node".into(),
                     log_x: true,
-                    // Herding in waves reaches tens of times the mean: a log axis keeps the
-                    // other policies readable.
-                    log_y: matches!(view, View::Waves(_)),
+                    // Herding (stale views) reaches thousands of times the mean: a log axis
+                    // then keeps the other policies readable.
+                    log_y: sel.iter().any(|r| r.balance.max_over_mean > 5.0),
                     series,
                 },
             ));
