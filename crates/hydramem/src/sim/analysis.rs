@@ -129,14 +129,22 @@ pub fn codingsets_loss(group_sizes: &[usize], failed: usize, r: usize) -> Result
         // No group can see more than r failures (and the sum below would leave rounding dust).
         return Ok(0.0);
     }
-    // alive[m] = P(no group so far has lost data, and m failures are still to place).
+    // alive[m] = P(no group so far has lost data, and m failures are still to place), non-zero
+    // only in lo..=hi. Entries below TINY are dropped (counted as loss, so the result can only
+    // err upwards, by less than G · F · TINY): that keeps the window to the few thousand
+    // likely values of m even at N = 1,000,000.
+    const TINY: f64 = 1e-30;
     let mut alive = vec![0.0f64; failed + 1];
+    let mut next = vec![0.0f64; failed + 1];
     alive[failed] = 1.0;
+    let (mut lo, mut hi) = (failed, failed);
     let mut remaining = n as u64;
     for &s in group_sizes {
         let s = s as u64;
-        let mut next = vec![0.0f64; failed + 1];
-        for (m, &p) in alive.iter().enumerate() {
+        let new_lo = lo.saturating_sub(r.min(s as usize));
+        next[new_lo..=hi].fill(0.0);
+        for m in lo..=hi {
+            let p = alive[m];
             if p == 0.0 {
                 continue;
             }
@@ -145,10 +153,20 @@ pub fn codingsets_loss(group_sizes: &[usize], failed: usize, r: usize) -> Result
                 next[m - j as usize] += p * q;
             }
         }
-        alive = next;
+        std::mem::swap(&mut alive, &mut next);
+        lo = new_lo;
+        while lo < hi && alive[lo] < TINY {
+            alive[lo] = 0.0;
+            lo += 1;
+        }
+        while hi > lo && alive[hi] < TINY {
+            alive[hi] = 0.0;
+            hi -= 1;
+        }
         remaining -= s;
     }
-    Ok((1.0 - alive[0]).clamp(0.0, 1.0))
+    let survive = if lo == 0 { alive[0] } else { 0.0 };
+    Ok((1.0 - survive).clamp(0.0, 1.0))
 }
 
 /// The sizes of CodingSets' extended groups without failure domains: G = max(1, ⌊N / (w+l)⌋)
