@@ -1,7 +1,8 @@
 //! The paper's sweeps: Figure 15 (probability of data loss, one parameter varied at a time
 //! around k = 8, r = 2, l = 2, S = 16, f = 1 %, N = 1000) and Figure 16 (load balance against
 //! N for CodingSets with l = 0..4, EC-Cache and power of two), plus the copysets check.
-//! Each produces rows that [`write_csv`], [`markdown`] and [`super::plot`] turn into files.
+//! Each produces rows that [`loss_csv`], [`balance_csv`], [`markdown`] and [`super::plot`]
+//! turn into files.
 //!
 //! Invariant: every row carries all its parameters, so a CSV line can be reproduced alone
 //! with `hydramem sim loss` or `hydramem sim balance`.
