@@ -9,16 +9,27 @@
 //! id = 0
 //! addr = "127.0.0.1:7400"
 //! domain = "rack-a"   # optional failure domain
+//!
+//! [placement]          # optional; this is the default
+//! policy = "codingsets" # or "ec-cache", "power-of-two"
+//! l = 2                 # CodingSets' load-balancing factor (codingsets only)
 //! ```
 //!
+//! The placement policy lives in the cluster file, not in each client's settings, because
+//! CodingSets only keeps its copyset count low when every client forms the same extended groups
+//! from the same nodes with the same l.
+//!
 //! Invariants checked on load: at least one node, distinct ids and addresses, addresses that
-//! parse, and a slab size that is a positive multiple of 4096.
+//! parse, a slab size that is a positive multiple of 4096, a known placement policy, and `l`
+//! given only for CodingSets.
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
+
+use crate::placement::{Policy, PolicyKind};
 
 /// One memory node as the cluster file lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -33,11 +44,26 @@ pub struct NodeEntry {
     pub domain: Option<String>,
 }
 
+/// The optional `[placement]` table: which policy clients use to place address ranges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlacementConfig {
+    /// `codingsets` (Hydra's, the default), `ec-cache` or `power-of-two`.
+    pub policy: PolicyKind,
+    /// CodingSets' load-balancing factor (spare nodes per extended group); when absent the
+    /// client's own setting applies (2 by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub l: Option<usize>,
+}
+
 /// The whole cluster file.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Cluster {
     /// Size of every slab on every node of this cluster.
     pub slab_size: u64,
+    /// How clients place address ranges; CodingSets with the client's l when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<PlacementConfig>,
     /// The memory nodes.
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,
@@ -103,6 +129,14 @@ impl Cluster {
         if self.nodes.is_empty() {
             return Err("it lists no [[node]]; start nodes with `hydramem up` or add them".into());
         }
+        if let Some(PlacementConfig { policy, l: Some(l) }) = self.placement {
+            if policy != PolicyKind::Codingsets {
+                return Err(format!(
+                    "[placement] sets l = {l} for policy \"{policy}\", but l applies to \
+                     codingsets only; remove l or use policy = \"codingsets\""
+                ));
+            }
+        }
         let mut ids = HashSet::new();
         let mut addrs = HashSet::new();
         for n in &self.nodes {
@@ -114,6 +148,16 @@ impl Cluster {
             }
         }
         Ok(())
+    }
+
+    /// The placement policy clients of this cluster use: the `[placement]` table's, with
+    /// `default_l` as CodingSets' l when the file gives none; CodingSets with `default_l` when
+    /// the file has no `[placement]` table.
+    pub fn placement_policy(&self, default_l: usize) -> Policy {
+        match self.placement {
+            Some(p) => p.policy.with_l(p.l.unwrap_or(default_l)),
+            None => Policy::CodingSets { l: default_l },
+        }
     }
 
     /// Writes the file atomically (temporary file, then rename), so a reader never sees half.
@@ -145,6 +189,7 @@ mod tests {
         let path = dir.join("c.toml");
         let c = Cluster {
             slab_size: 1 << 20,
+            placement: None,
             nodes: vec![
                 NodeEntry {
                     id: 0,
@@ -172,5 +217,36 @@ mod tests {
             Err(ClusterError::Parse { .. })
         ));
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn placement_setting() {
+        let base = "slab_size = 4096\n[[node]]\nid = 0\naddr = \"127.0.0.1:1\"\n";
+        let parse = |extra: &str| -> Result<Cluster, String> {
+            let c: Cluster =
+                toml::from_str(&format!("{base}{extra}")).map_err(|e| e.to_string())?;
+            c.validate().map(|()| c)
+        };
+        let c = parse("").unwrap();
+        assert_eq!(c.placement, None);
+        assert_eq!(c.placement_policy(2), Policy::CodingSets { l: 2 });
+        let c = parse("[placement]\npolicy = \"codingsets\"\nl = 4\n").unwrap();
+        assert_eq!(c.placement_policy(2), Policy::CodingSets { l: 4 });
+        let c = parse("[placement]\npolicy = \"codingsets\"\n").unwrap();
+        assert_eq!(c.placement_policy(3), Policy::CodingSets { l: 3 });
+        let c = parse("[placement]\npolicy = \"ec-cache\"\n").unwrap();
+        assert_eq!(c.placement_policy(2), Policy::EcCache);
+        let c = parse("[placement]\npolicy = \"power-of-two\"\n").unwrap();
+        assert_eq!(c.placement_policy(2), Policy::PowerOfTwo);
+        let e = parse("[placement]\npolicy = \"power-of-two\"\nl = 1\n").unwrap_err();
+        assert!(e.contains("codingsets only"), "{e}");
+        let e = parse("[placement]\npolicy = \"copysets\"\n").unwrap_err();
+        assert!(e.contains("copysets"), "{e}");
+        let e = parse("[placement]\npolicy = \"ec-cache\"\nspare = 1\n").unwrap_err();
+        assert!(e.contains("spare"), "{e}");
+        // The table survives a round trip through the writer.
+        let c = parse("[placement]\npolicy = \"codingsets\"\nl = 1\n").unwrap();
+        let text = toml::to_string_pretty(&c).unwrap();
+        assert_eq!(toml::from_str::<Cluster>(&text).unwrap(), c);
     }
 }

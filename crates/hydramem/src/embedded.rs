@@ -80,6 +80,7 @@ impl EmbeddedCluster {
         let mut c = EmbeddedCluster {
             cluster: Cluster {
                 slab_size: options.slab_size,
+                placement: None,
                 nodes: Vec::new(),
             },
             options,

@@ -1,4 +1,5 @@
-//! The `hydramem` command line: memory nodes, the embedded cluster, status, benchmark, demo.
+//! The `hydramem` command line: memory nodes, the embedded cluster, status, benchmark, demo,
+//! soak, and the placement simulator.
 //!
 //! Precedence of settings: command-line flags, then the environment (`HYDRAMEM_<OPTION>`), then
 //! an optional TOML file given with `--config FILE` (or `HYDRAMEM_CONFIG`), whose tables are
@@ -7,6 +8,7 @@
 
 mod bench_cli;
 mod demo;
+mod sim_cli;
 mod soak;
 
 use std::net::TcpListener;
@@ -59,6 +61,9 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Many seeded fault runs: nodes killed, paused, restarted and slowed under load.
     Soak(soak::SoakArgs),
+    /// Placement simulator: probability of data loss and load balance of CodingSets, EC-Cache
+    /// and power of two choices (paper Figures 15 and 16).
+    Sim(sim_cli::SimArgs),
 }
 
 #[derive(clap::Args)]
@@ -191,6 +196,8 @@ struct StatusArgs {
     json: bool,
 }
 
+/// Subcommands whose options a `--config` file may set (`sim` has sub-subcommands and takes
+/// its options on the command line only).
 const SUBCOMMANDS: [&str; 6] = ["node", "up", "status", "bench", "demo", "soak"];
 
 /// The command line with the config file's settings for the subcommand inserted right after
@@ -295,6 +302,7 @@ fn main() {
         Cmd::Bench(a) => bench_cli::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Soak(a) => soak::run(a),
+        Cmd::Sim(a) => sim_cli::run(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");

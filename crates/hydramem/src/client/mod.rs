@@ -35,7 +35,7 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
 use crate::cluster::Cluster;
-use crate::placement::{NodeView, Placer, Policy};
+use crate::placement::{NodeView, Placer};
 use crate::wire::{self, ClientId, Entry, Hello, Op, Status};
 use crate::PAGE_SIZE;
 use layout::MAX_WIDTH;
@@ -65,7 +65,8 @@ pub struct ClientConfig {
     pub straggler_after: Duration,
     /// Page operations in flight at once (callers beyond it wait).
     pub max_in_flight: usize,
-    /// CodingSets load-balancing factor l.
+    /// CodingSets load-balancing factor l, used unless the cluster file's `[placement]` sets
+    /// one (the file also chooses the policy).
     pub placement_l: usize,
     /// Seed for placement and split choice (random when `None`).
     pub seed: Option<u64>,
@@ -543,9 +544,7 @@ impl RemoteMemory {
         let views = node_views(&transport, &loads, &domains);
         let seed = config.seed.unwrap_or_else(rand::random);
         let placer = Placer::new(
-            Policy::CodingSets {
-                l: config.placement_l,
-            },
+            cluster.placement_policy(config.placement_l),
             layout.width,
             &views,
             seed,

@@ -10,12 +10,22 @@
 //! nearly every (r + 1)-subset of the cluster a copyset, so almost any correlated failure loses
 //! data.
 //!
-//! CodingSets partitions the N memory nodes once into disjoint **extended groups** of
-//! `width + l` nodes (`l` = load-balancing factor). A new address range takes the `width`
-//! least-loaded available nodes of *one* extended group. Each extended group contributes at most
-//! C(width + l, r + 1) copysets and groups never share nodes, which cuts the probability of data
-//! loss under correlated failures by about an order of magnitude, while the `l` spare nodes per
-//! group still let the placer steer around loaded nodes.
+//! Three policies ([`Policy`]) share this module, so that the client and the simulator
+//! (`crate::sim`) run the very same code:
+//!
+//! * **CodingSets** (Hydra's, the default) partitions the N memory nodes once into disjoint
+//!   **extended groups** of `width + l` nodes (`l` = load-balancing factor). A new address range
+//!   takes the `width` least-loaded available nodes of *one* extended group. Each extended group
+//!   contributes at most C(width + l, r + 1) copysets and groups never share nodes, which cuts
+//!   the probability of data loss under correlated failures by about an order of magnitude,
+//!   while the `l` spare nodes per group still let the placer steer around loaded nodes.
+//! * **EC-Cache** takes `width` nodes uniformly at random for every range, ignoring load (the
+//!   baseline of the paper's §7.2).
+//! * **Power of two choices** (Infiniswap) picks every split separately: two random candidates,
+//!   preferring nodes this placer has not handed out yet, and the less loaded of the two.
+//!
+//! The rest of this section describes CodingSets; the random policies are described under
+//! "Random policies" below.
 //!
 //! # Invariants
 //!
@@ -83,6 +93,33 @@
 //!   that cannot host, or an error) O(N log s + G log G).
 //! * `replace`: O(s · width) in the home group; the fallback walks the heap like `place`.
 //!
+//! # Random policies (`random.rs`)
+//!
+//! EC-Cache and power of two choices form no groups ([`Placer::groups`] is empty). For both:
+//!
+//! * [`Placer::place`] returns `width` distinct available nodes, never two in one failure
+//!   domain, chosen split by split; each split's candidates are drawn uniformly among the nodes
+//!   still eligible for it (available, not yet in the range, domain not yet used). Without
+//!   domains and with every node available, EC-Cache's ranges are therefore uniform random
+//!   `width`-subsets, independent of each other — the model behind the closed forms of
+//!   `crate::sim::analysis`.
+//! * Power of two draws two candidates per split (independently, so they may coincide) and
+//!   takes the less loaded (ties at random). Like Infiniswap it prefers nodes that hold none of
+//!   this client's slabs yet (`M_new`): while some eligible node is new, both candidates are new
+//!   nodes. "Holds none of this client's slabs" is tracked as "never returned by this placer";
+//!   [`Placer::forget_history`] clears that memory (the simulator uses it to model a new client).
+//! * [`Placer::replace`] keeps each policy's rule: EC-Cache takes a uniformly random eligible
+//!   node, power of two the less loaded of two random eligible candidates (new nodes first);
+//!   eligible means available, not a member, and not in the domain of another member.
+//! * When the available nodes span fewer than `width` failure domains, placement fails with
+//!   [`PlacementError::TooFewDomains`] (and [`Placer::new`] does when all nodes do) — as for
+//!   CodingSets, a range is never placed with two splits in one domain; the operator must add
+//!   domains or lower k + r. With at least `width` domains available a range can always be
+//!   completed, so the random policies never fail otherwise.
+//! * Cost: a candidate is drawn by rejection (up to 64 uniform draws); only if all are rejected
+//!   (most nodes ineligible, e.g. a few huge domains) does it scan all N nodes. So `place` is
+//!   O(width²) expected, O(N · width) worst case.
+//!
 //! # Determinism
 //!
 //! Everything is a pure function of the arguments and of a [`SmallRng`] seeded from `seed`: the
@@ -94,6 +131,8 @@ use std::collections::{BinaryHeap, HashSet};
 
 use rand::rngs::SmallRng;
 use rand::{RngCore, SeedableRng};
+
+mod random;
 
 /// What the placer knows about one memory node. Slices of these are indexed by node index
 /// 0..N, the order of the cluster file.
@@ -118,6 +157,90 @@ pub enum Policy {
         /// Load-balancing factor: spare nodes per extended group (the paper uses 2).
         l: usize,
     },
+    /// EC-Cache: `width` nodes uniformly at random per range, load ignored.
+    EcCache,
+    /// Power of two choices per split (Infiniswap): new nodes first, then the less loaded of
+    /// two random candidates.
+    PowerOfTwo,
+}
+
+/// The name of a policy without its parameters, as the cluster file and the command line
+/// spell it: `codingsets`, `ec-cache`, `power-of-two`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyKind {
+    /// [`Policy::CodingSets`].
+    Codingsets,
+    /// [`Policy::EcCache`].
+    EcCache,
+    /// [`Policy::PowerOfTwo`].
+    PowerOfTwo,
+}
+
+impl PolicyKind {
+    /// Every policy, in the order reports list them.
+    pub const ALL: [PolicyKind; 3] = [
+        PolicyKind::Codingsets,
+        PolicyKind::EcCache,
+        PolicyKind::PowerOfTwo,
+    ];
+
+    /// The spelling used in cluster files and on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::Codingsets => "codingsets",
+            PolicyKind::EcCache => "ec-cache",
+            PolicyKind::PowerOfTwo => "power-of-two",
+        }
+    }
+
+    /// The policy of this kind; `l` is used by CodingSets only.
+    pub fn with_l(self, l: usize) -> Policy {
+        match self {
+            PolicyKind::Codingsets => Policy::CodingSets { l },
+            PolicyKind::EcCache => Policy::EcCache,
+            PolicyKind::PowerOfTwo => Policy::PowerOfTwo,
+        }
+    }
+}
+
+impl std::fmt::Display for PolicyKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for PolicyKind {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        PolicyKind::ALL
+            .into_iter()
+            .find(|k| k.name().eq_ignore_ascii_case(s))
+            .ok_or_else(|| {
+                format!("unknown placement policy {s:?}: use codingsets, ec-cache or power-of-two")
+            })
+    }
+}
+
+impl Policy {
+    /// The policy's kind (its name without parameters).
+    pub fn kind(self) -> PolicyKind {
+        match self {
+            Policy::CodingSets { .. } => PolicyKind::Codingsets,
+            Policy::EcCache => PolicyKind::EcCache,
+            Policy::PowerOfTwo => PolicyKind::PowerOfTwo,
+        }
+    }
+}
+
+impl std::fmt::Display for Policy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Policy::CodingSets { l } => write!(f, "codingsets l={l}"),
+            other => f.write_str(other.kind().name()),
+        }
+    }
 }
 
 /// Why a placement could not be made.
@@ -202,10 +325,14 @@ pub enum PlacementError {
 pub struct Placer {
     policy: Policy,
     width: usize,
-    /// The extended groups, each sorted by node index.
+    /// Nodes of the cluster the placer was built for.
+    n: usize,
+    /// The extended groups, each sorted by node index (CodingSets only; empty otherwise).
     groups: Vec<Vec<usize>>,
-    /// Node index → group index.
+    /// Node index → group index (CodingSets only; empty otherwise).
     group_of: Vec<usize>,
+    /// Nodes handed out so far (power of two only).
+    history: Option<random::History>,
     /// One entry per group, keyed by the fill last seen for it (lazy min-heap).
     heap: BinaryHeap<Reverse<Entry>>,
     rng: SmallRng,
@@ -300,22 +427,42 @@ fn domain_key(v: &NodeView, i: usize) -> u64 {
     }
 }
 
+/// The checks every policy makes at construction: a positive width, at least `width` nodes,
+/// and (when domains are given) at least `width` distinct domains.
+fn check_cluster(width: usize, nodes: &[NodeView]) -> Result<(), PlacementError> {
+    if width == 0 {
+        return Err(PlacementError::ZeroWidth);
+    }
+    if nodes.len() < width {
+        return Err(PlacementError::TooFewNodes {
+            needed: width,
+            available: nodes.len(),
+        });
+    }
+    if nodes.iter().any(|v| v.domain.is_some()) {
+        let domains: HashSet<u64> = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, v)| domain_key(v, i))
+            .collect();
+        if domains.len() < width {
+            return Err(PlacementError::TooFewDomains {
+                needed: width,
+                available: domains.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Partitions the nodes into extended groups (see the module documentation).
 fn form_groups(
     width: usize,
     l: usize,
     nodes: &[NodeView],
 ) -> Result<Vec<Vec<usize>>, PlacementError> {
+    check_cluster(width, nodes)?;
     let n = nodes.len();
-    if width == 0 {
-        return Err(PlacementError::ZeroWidth);
-    }
-    if n < width {
-        return Err(PlacementError::TooFewNodes {
-            needed: width,
-            available: n,
-        });
-    }
     let keys: Vec<u64> = nodes
         .iter()
         .enumerate()
@@ -333,12 +480,6 @@ fn form_groups(
             runs.push((start, pos - start));
             start = pos;
         }
-    }
-    if have_domains && runs.len() < width {
-        return Err(PlacementError::TooFewDomains {
-            needed: width,
-            available: runs.len(),
-        });
     }
     // Largest domain first; the stable sort keeps ties in key order (unknown domains last).
     runs.sort_by_key(|&(_, len)| Reverse(len));
@@ -446,11 +587,13 @@ fn least_loaded_eligible(
 }
 
 impl Placer {
-    /// Partitions the N nodes into disjoint extended groups of `width + l` nodes (`width` =
-    /// k + r for erasure coding, n for n-way replication); leftover nodes join existing groups.
+    /// A placer for the N nodes of `nodes` (`width` = k + r for erasure coding, n for n-way
+    /// replication). CodingSets partitions them into disjoint extended groups of `width + l`
+    /// nodes; leftover nodes join existing groups. The random policies form no groups.
     ///
     /// Only the nodes' failure domains shape the groups (availability and load do not), so
-    /// clients with the same cluster file form the same groups; `seed` drives tie-breaking.
+    /// clients with the same cluster file form the same groups; `seed` drives every random
+    /// choice (tie-breaking, and the random policies' draws).
     ///
     /// Errors: [`PlacementError::ZeroWidth`]; [`PlacementError::TooFewNodes`] when N < `width`;
     /// [`PlacementError::TooFewDomains`] when domains are given and the nodes span fewer than
@@ -461,10 +604,18 @@ impl Placer {
         nodes: &[NodeView],
         seed: u64,
     ) -> Result<Placer, PlacementError> {
-        let groups = match policy {
-            Policy::CodingSets { l } => form_groups(width, l, nodes)?,
+        let (groups, history) = match policy {
+            Policy::CodingSets { l } => (form_groups(width, l, nodes)?, None),
+            Policy::EcCache => {
+                check_cluster(width, nodes)?;
+                (Vec::new(), None)
+            }
+            Policy::PowerOfTwo => {
+                check_cluster(width, nodes)?;
+                (Vec::new(), Some(random::History::new(nodes.len())))
+            }
         };
-        let mut group_of = vec![0; nodes.len()];
+        let mut group_of = vec![0; if groups.is_empty() { 0 } else { nodes.len() }];
         for (g, members) in groups.iter().enumerate() {
             for &i in members {
                 group_of[i] = g;
@@ -473,8 +624,10 @@ impl Placer {
         let mut placer = Placer {
             policy,
             width,
+            n: nodes.len(),
             groups,
             group_of,
+            history,
             heap: BinaryHeap::new(),
             rng: SmallRng::seed_from_u64(seed),
             since_rebuild: 0,
@@ -484,11 +637,13 @@ impl Placer {
         Ok(placer)
     }
 
-    /// Nodes for a new address range: `width` distinct node indices, all from one extended
-    /// group, the `width` least-loaded available nodes of that group (ties broken at random),
-    /// never two in the same failure domain. The group is the one with the lowest fill (mean
-    /// load of its available members) among those that can host a range; ties at random.
-    /// Returned in split order 0..width (least loaded first).
+    /// Nodes for a new address range: `width` distinct, available node indices, never two in
+    /// the same failure domain, returned in split order 0..width.
+    ///
+    /// CodingSets: all from one extended group, the `width` least-loaded available nodes of
+    /// that group (ties broken at random, least loaded first). The group is the one with the
+    /// lowest fill (mean load of its available members) among those that can host a range;
+    /// ties at random. EC-Cache and power of two: see the module documentation.
     ///
     /// The caller is expected to count the new slabs in the loads it passes next time; the
     /// placer keeps no load of its own.
@@ -498,9 +653,37 @@ impl Placer {
     /// [`PlacementError::TooFewDomains`] or [`PlacementError::NoGroupCanHost`] when no group
     /// has `width` available nodes in distinct domains.
     ///
-    /// Cost: O(s log s + log G) amortised (see the module documentation).
+    /// Cost: O(s log s + log G) amortised for CodingSets, O(width²) expected for the random
+    /// policies (see the module documentation).
     pub fn place(&mut self, nodes: &[NodeView]) -> Result<Vec<usize>, PlacementError> {
         self.check_len(nodes)?;
+        if !matches!(self.policy, Policy::CodingSets { .. }) {
+            let prefer_low_load = self.policy == Policy::PowerOfTwo;
+            let mut picked = Vec::with_capacity(self.width);
+            let mut used = Vec::with_capacity(self.width);
+            for _ in 0..self.width {
+                let eligible = |i: usize| {
+                    nodes[i].available
+                        && !picked.contains(&i)
+                        && !used.contains(&domain_key(&nodes[i], i))
+                };
+                let Some(i) = random::choose(
+                    nodes,
+                    &eligible,
+                    prefer_low_load,
+                    self.history.as_ref(),
+                    &mut self.rng,
+                ) else {
+                    return Err(self.diagnose(nodes, picked.len()));
+                };
+                used.push(domain_key(&nodes[i], i));
+                picked.push(i);
+            }
+            if let Some(h) = self.history.as_mut() {
+                picked.iter().for_each(|&i| h.mark(i));
+            }
+            return Ok(picked);
+        }
         self.since_rebuild += 1;
         if self.since_rebuild > self.groups.len() {
             self.rebuild(nodes);
@@ -524,12 +707,14 @@ impl Placer {
     /// available node that is not in `current` and not in the failure domain of another
     /// member (it may share the lost node's domain).
     ///
-    /// It prefers the extended group of the coding group (the group holding most of
+    /// CodingSets prefers the extended group of the coding group (the group holding most of
     /// `current`, the lost node's group on a tie), taking its least-loaded eligible node (ties
     /// at random). Only when that group has no eligible spare — always the case when l = 0 and
     /// the group has no leftover nodes — it falls back to the least-filled other group that has
     /// one; that breaks the CodingSets invariant for this range (its nodes then span two
     /// extended groups, adding copysets) in exchange for restoring its redundancy.
+    /// EC-Cache takes a uniformly random eligible node; power of two the less loaded of two
+    /// random eligible candidates, nodes new to this placer first.
     ///
     /// Errors: [`PlacementError::NodeCountMismatch`]; [`PlacementError::InvalidRequest`] when
     /// `current` names a node ≥ N or `lost` is not in `current`;
@@ -565,6 +750,21 @@ impl Placer {
                 && !forbidden.contains(&domain_key(&nodes[i], i))
         };
 
+        if !matches!(self.policy, Policy::CodingSets { .. }) {
+            let prefer_low_load = self.policy == Policy::PowerOfTwo;
+            let chosen = random::choose(
+                nodes,
+                &eligible,
+                prefer_low_load,
+                self.history.as_ref(),
+                &mut self.rng,
+            )
+            .ok_or(PlacementError::NoReplacement { lost })?;
+            if let Some(h) = self.history.as_mut() {
+                h.mark(chosen);
+            }
+            return Ok(chosen);
+        }
         let home = self.home_group(current, lost);
         if let Some(i) = least_loaded_eligible(nodes, &self.groups[home], eligible, &mut self.rng) {
             return Ok(i);
@@ -575,12 +775,14 @@ impl Placer {
         .ok_or(PlacementError::NoReplacement { lost })
     }
 
-    /// The extended groups, each sorted by node index (for status and simulation).
+    /// The extended groups, each sorted by node index (for status and simulation); empty for
+    /// the random policies, which form no groups.
     pub fn groups(&self) -> &[Vec<usize>] {
         &self.groups
     }
 
-    /// The index in [`Placer::groups`] of the extended group of `node`, if it exists.
+    /// The index in [`Placer::groups`] of the extended group of `node`, if it exists (never
+    /// for the random policies).
     pub fn group_of(&self, node: usize) -> Option<usize> {
         self.group_of.get(node).copied()
     }
@@ -595,21 +797,37 @@ impl Placer {
         self.policy
     }
 
+    /// Memory nodes of the cluster the placer was built for.
+    pub fn nodes(&self) -> usize {
+        self.n
+    }
+
     /// Re-reads every group's fill from `nodes` (O(N)). `place` does this by itself every G
     /// placements; call it after loads dropped (slabs freed) or nodes came back to make the
-    /// very next placement exact again.
+    /// very next placement exact again. The random policies keep no cached view: for them it
+    /// only checks the length.
     pub fn refresh(&mut self, nodes: &[NodeView]) -> Result<(), PlacementError> {
         self.check_len(nodes)?;
         self.rebuild(nodes);
         Ok(())
     }
 
+    /// Forgets which nodes this placer has handed out, so that power of two prefers all nodes
+    /// alike again (no effect on the other policies). A client never needs it; the simulator
+    /// reuses one placer for many simulated clients and calls it between them. O(nodes handed
+    /// out since the last call).
+    pub fn forget_history(&mut self) {
+        if let Some(h) = self.history.as_mut() {
+            h.forget();
+        }
+    }
+
     fn check_len(&self, nodes: &[NodeView]) -> Result<(), PlacementError> {
-        if nodes.len() == self.group_of.len() {
+        if nodes.len() == self.n {
             Ok(())
         } else {
             Err(PlacementError::NodeCountMismatch {
-                expected: self.group_of.len(),
+                expected: self.n,
                 got: nodes.len(),
             })
         }
@@ -734,7 +952,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn up(n: usize) -> Vec<NodeView> {
+    /// `n` available nodes with no load and no domain.
+    pub(super) fn up(n: usize) -> Vec<NodeView> {
         vec![
             NodeView {
                 available: true,
@@ -1065,6 +1284,100 @@ mod tests {
     }
 
     #[test]
+    fn random_policies_check_the_cluster_and_form_no_groups() {
+        for policy in [Policy::EcCache, Policy::PowerOfTwo] {
+            assert_eq!(
+                Placer::new(policy, 0, &up(5), 1).unwrap_err(),
+                PlacementError::ZeroWidth
+            );
+            assert_eq!(
+                Placer::new(policy, 6, &up(5), 1).unwrap_err(),
+                PlacementError::TooFewNodes {
+                    needed: 6,
+                    available: 5
+                }
+            );
+            let mut nodes = up(12);
+            for (i, v) in nodes.iter_mut().enumerate() {
+                v.domain = Some((i % 3) as u32);
+            }
+            assert_eq!(
+                Placer::new(policy, 4, &nodes, 1).unwrap_err(),
+                PlacementError::TooFewDomains {
+                    needed: 4,
+                    available: 3
+                }
+            );
+            let mut p = Placer::new(policy, 3, &nodes, 1).unwrap();
+            assert!(p.groups().is_empty());
+            assert_eq!(p.group_of(0), None);
+            assert_eq!(p.policy(), policy);
+            // Three domains, one of them down: no range can be placed.
+            for v in nodes.iter_mut().filter(|v| v.domain == Some(1)) {
+                v.available = false;
+            }
+            assert_eq!(
+                p.place(&nodes).unwrap_err(),
+                PlacementError::TooFewDomains {
+                    needed: 3,
+                    available: 2
+                }
+            );
+            assert!(p.place(&up(11)).is_err());
+        }
+    }
+
+    #[test]
+    fn ec_cache_ignores_load_and_spreads_uniformly() {
+        // 20 nodes, width 4, loads never updated and skewed: each node is still in 1/5 of the
+        // ranges (1000 of 5000, standard deviation about 28).
+        let mut nodes = up(20);
+        for (i, v) in nodes.iter_mut().enumerate() {
+            v.load = (i * i) as u64;
+        }
+        let mut p = Placer::new(Policy::EcCache, 4, &nodes, 8).unwrap();
+        let mut hits = [0u32; 20];
+        for _ in 0..5000 {
+            for i in p.place(&nodes).unwrap() {
+                hits[i] += 1;
+            }
+        }
+        assert!(hits.iter().all(|&h| (860..=1140).contains(&h)), "{hits:?}");
+    }
+
+    #[test]
+    fn power_of_two_balances_better_than_ec_cache() {
+        // 200 nodes, width 10, 400 ranges (20 slabs per node on average), one client per range.
+        let spread = |policy| {
+            let mut nodes = up(200);
+            let mut p = Placer::new(policy, 10, &nodes, 4).unwrap();
+            for _ in 0..400 {
+                p.forget_history();
+                for i in p.place(&nodes).unwrap() {
+                    nodes[i].load += 1;
+                }
+            }
+            nodes.iter().map(|v| v.load).max().unwrap()
+        };
+        let ec = spread(Policy::EcCache);
+        let two = spread(Policy::PowerOfTwo);
+        assert!(two < ec, "power of two max {two}, EC-Cache max {ec}");
+        assert!(two <= 25, "power of two max {two} for a mean of 20");
+    }
+
+    #[test]
+    fn policy_names_round_trip() {
+        for kind in PolicyKind::ALL {
+            assert_eq!(kind.name().parse::<PolicyKind>(), Ok(kind));
+            assert_eq!(kind.with_l(3).kind(), kind);
+        }
+        assert_eq!(Policy::CodingSets { l: 2 }.to_string(), "codingsets l=2");
+        assert_eq!(Policy::PowerOfTwo.to_string(), "power-of-two");
+        let e = "copysets".parse::<PolicyKind>().unwrap_err();
+        assert!(e.contains("codingsets, ec-cache or power-of-two"), "{e}");
+    }
+
+    #[test]
     fn large_cluster_places_quickly() {
         // 1,000,000 nodes, 8 + 2 with l = 2: 83,333 groups; 200,000 placements.
         let n = 1_000_000;
@@ -1185,6 +1498,19 @@ mod tests {
         }
     }
 
+    /// The invariants every random-policy range keeps: `width` distinct, available nodes in
+    /// distinct failure domains.
+    fn check_random_placement(nodes: &[NodeView], width: usize, chosen: &[usize]) {
+        assert_eq!(chosen.len(), width);
+        for (a, &i) in chosen.iter().enumerate() {
+            assert!(nodes[i].available, "unavailable node {i} chosen");
+            for &j in &chosen[a + 1..] {
+                assert_ne!(i, j, "node chosen twice");
+                assert_ne!(key(nodes, i), key(nodes, j), "two nodes in one domain");
+            }
+        }
+    }
+
     fn check_new_error(err: &PlacementError, width: usize, nodes: &[NodeView]) {
         let mut d: Vec<u64> = (0..nodes.len()).map(|i| key(nodes, i)).collect();
         d.sort_unstable();
@@ -1299,11 +1625,112 @@ mod tests {
         }
 
         #[test]
-        fn prop_same_seed_same_result((width, l, mut nodes, seed) in cluster()) {
-            let Ok(mut a) = Placer::new(Policy::CodingSets { l }, width, &nodes, seed) else {
+        fn prop_random_place_is_valid(
+            (width, _l, mut nodes, seed) in cluster(),
+            two in any::<bool>(),
+        ) {
+            let policy = if two { Policy::PowerOfTwo } else { Policy::EcCache };
+            let mut p = match Placer::new(policy, width, &nodes, seed) {
+                Ok(p) => p,
+                Err(e) => { check_new_error(&e, width, &nodes); return Ok(()); }
+            };
+            prop_assert!(p.groups().is_empty());
+            for _ in 0..20 {
+                match p.place(&nodes) {
+                    Ok(chosen) => {
+                        check_random_placement(&nodes, width, &chosen);
+                        for i in chosen {
+                            nodes[i].load += 1;
+                        }
+                    }
+                    Err(e) => {
+                        // Only when the available nodes span fewer than `width` domains.
+                        let mut d: Vec<u64> = (0..nodes.len())
+                            .filter(|&i| nodes[i].available)
+                            .map(|i| key(&nodes, i))
+                            .collect();
+                        d.sort_unstable();
+                        d.dedup();
+                        prop_assert!(d.len() < width, "{e} with {} domains available", d.len());
+                        let expected = matches!(
+                            e,
+                            PlacementError::TooFewNodes { .. } | PlacementError::TooFewDomains { .. }
+                        );
+                        prop_assert!(expected, "unexpected error {}", e);
+                        return Ok(());
+                    }
+                }
+            }
+        }
+
+        #[test]
+        fn prop_random_replace_is_valid(
+            (width, _l, mut nodes, seed) in cluster(),
+            two in any::<bool>(),
+            pick in any::<usize>(),
+            down in any::<bool>(),
+        ) {
+            let policy = if two { Policy::PowerOfTwo } else { Policy::EcCache };
+            let Ok(mut p) = Placer::new(policy, width, &nodes, seed) else { return Ok(()); };
+            let Ok(current) = p.place(&nodes) else { return Ok(()); };
+            let lost = current[pick % width];
+            if down {
+                nodes[lost].available = false;
+            }
+            let eligible = |i: usize| {
+                nodes[i].available
+                    && !current.contains(&i)
+                    && !current.iter().any(|&o| o != lost && key(&nodes, o) == key(&nodes, i))
+            };
+            match p.replace(&nodes, &current, lost) {
+                Ok(r) => prop_assert!(eligible(r), "replacement {r} not eligible"),
+                Err(e) => {
+                    prop_assert_eq!(e, PlacementError::NoReplacement { lost });
+                    prop_assert!((0..nodes.len()).all(|i| !eligible(i)));
+                }
+            }
+        }
+
+        #[test]
+        fn prop_power_of_two_spreads_over_new_nodes_first(
+            n in 1usize..200,
+            width in 1usize..12,
+            down in proptest::collection::vec(any::<bool>(), 200),
+            seed in any::<u64>(),
+        ) {
+            // Without domains, every range finds `width` new available nodes as long as any are
+            // left, so the first ⌊available / width⌋ ranges never share a node.
+            let mut nodes = up(n.max(width));
+            for (v, d) in nodes.iter_mut().zip(&down) {
+                v.available = !d;
+            }
+            let available = nodes.iter().filter(|v| v.available).count();
+            let mut p = Placer::new(Policy::PowerOfTwo, width, &nodes, seed).unwrap();
+            let mut seen = HashSet::new();
+            for _ in 0..available / width {
+                for i in p.place(&nodes).unwrap() {
+                    prop_assert!(seen.insert(i), "node {} handed out twice", i);
+                    nodes[i].load += 1;
+                }
+            }
+            // After forgetting, the nodes handed out are candidates again.
+            p.forget_history();
+            if available >= width {
+                let again = p.place(&nodes).unwrap();
+                check_random_placement(&nodes, width, &again);
+            }
+        }
+
+        #[test]
+        fn prop_same_seed_same_result(
+            (width, l, mut nodes, seed) in cluster(),
+            which in 0usize..3,
+        ) {
+            let policy = PolicyKind::ALL[which].with_l(l);
+            let Ok(mut a) = Placer::new(policy, width, &nodes, seed) else {
                 return Ok(());
             };
-            let mut b = Placer::new(Policy::CodingSets { l }, width, &nodes, seed).unwrap();
+            let mut b = Placer::new(policy, width, &nodes, seed).unwrap();
             prop_assert_eq!(a.groups(), b.groups());
             for round in 0..20 {
                 let ra = a.place(&nodes);
