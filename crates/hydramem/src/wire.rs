@@ -25,7 +25,7 @@
 //! | op   | name    | request body                                   | reply body (status OK)                         |
 //! |------|---------|------------------------------------------------|------------------------------------------------|
 //! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32 |
-//! | 0x02 | PING    | empty                                          | empty, or notice u32 (see [`Notice`])          |
+//! | 0x02 | PING    | empty                                          | empty, or a notice (8 bytes, see [`Notice`])   |
 //! | 0x03 | ALLOC   | tag u64, split_len u32                         | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
 //! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
@@ -741,27 +741,50 @@ impl Stats {
 }
 
 /// What a node tells a client in the reply to its heartbeat (PING): how many of the client's
-/// slabs it has reclaimed, and whether it takes new slabs. An empty PING reply (from an
-/// observer connection, or a node with nothing to say) means "nothing reclaimed, accepting".
+/// slabs it has reclaimed, whether it takes new slabs, and how many slabs it holds for all
+/// clients (so that placement sees other clients' allocations within a heartbeat, instead of
+/// every client placing on the loads it saw at connect). An empty PING reply (an observer
+/// connection, or an older node) means "nothing reclaimed, accepting, load unknown".
 ///
-/// | bits  | field |
-/// |-------|-------|
-/// | 0–30  | slabs of the asking client the node has reclaimed |
-/// | 31    | 1 = the node refuses new slabs (draining, or out of memory budget) |
+/// | size | field |
+/// |------|-------|
+/// | 4    | word: bits 0–30 slabs of the asking client the node has reclaimed; bit 31 = the node refuses new slabs (draining, or out of memory budget) |
+/// | 4    | slabs the node holds, for all clients (`u32::MAX`: not reported) |
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Notice {
     /// Reclaimed slabs of the asking client.
     pub reclaimed: u32,
     /// The node refuses new slabs.
     pub refusing: bool,
+    /// Slabs the node holds (`None`: not reported).
+    pub slabs: Option<u32>,
 }
 
 const NOTICE_REFUSING: u32 = 1 << 31;
 
 impl Notice {
-    /// The notice as one word (the PING reply body).
-    pub fn encode(self) -> u32 {
-        self.reclaimed.min(NOTICE_REFUSING - 1) | if self.refusing { NOTICE_REFUSING } else { 0 }
+    /// The notice as one u64, exactly the 8 body bytes read little-endian (word in the low
+    /// half, slab count in the high half), for lock-free storage.
+    pub fn encode(self) -> u64 {
+        let w = self.reclaimed.min(NOTICE_REFUSING - 1)
+            | if self.refusing { NOTICE_REFUSING } else { 0 };
+        u64::from(w) | u64::from(self.slabs.unwrap_or(u32::MAX)) << 32
+    }
+
+    /// Decodes [`Notice::encode`].
+    pub fn decode(v: u64) -> Notice {
+        let w = v as u32;
+        let slabs = (v >> 32) as u32;
+        Notice {
+            reclaimed: w & !NOTICE_REFUSING,
+            refusing: w & NOTICE_REFUSING != 0,
+            slabs: (slabs != u32::MAX).then_some(slabs),
+        }
+    }
+
+    /// Appends the PING reply body.
+    pub fn put(self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&self.encode().to_le_bytes());
     }
 
     /// Decodes a PING reply body (empty = nothing to say).
@@ -770,17 +793,9 @@ impl Notice {
             return Ok(Notice::default());
         }
         let mut r = Reader::new(body);
-        let w = r.u32()?;
+        let v = r.u64()?;
         r.end()?;
-        Ok(Notice::decode(w))
-    }
-
-    /// Decodes the word from [`Notice::encode`].
-    pub fn decode(w: u32) -> Notice {
-        Notice {
-            reclaimed: w & !NOTICE_REFUSING,
-            refusing: w & NOTICE_REFUSING != 0,
-        }
+        Ok(Notice::decode(v))
     }
 }
 
@@ -1428,9 +1443,11 @@ mod tests {
         }
 
         #[test]
-        fn notices_round_trip(reclaimed in 0u32..(1 << 31), refusing: bool) {
-            let n = Notice { reclaimed, refusing };
-            prop_assert_eq!(Notice::parse(&n.encode().to_le_bytes()).unwrap(), n);
+        fn notices_round_trip(reclaimed in 0u32..(1 << 31), refusing: bool, slabs in proptest::option::of(0u32..u32::MAX)) {
+            let n = Notice { reclaimed, refusing, slabs };
+            let mut out = Vec::new();
+            n.put(&mut out);
+            prop_assert_eq!(Notice::parse(&out).unwrap(), n);
         }
 
         #[test]
@@ -1448,9 +1465,12 @@ mod tests {
         let n = Notice {
             reclaimed: 3,
             refusing: true,
+            slabs: Some(5),
         };
-        assert_eq!(n.encode().to_le_bytes(), [3, 0, 0, 0x80]);
-        assert!(Notice::parse(&[1, 2]).is_err());
+        let mut out = Vec::new();
+        n.put(&mut out);
+        assert_eq!(out, [3, 0, 0, 0x80, 5, 0, 0, 0]);
+        assert!(Notice::parse(&[1, 2, 3, 4]).is_err());
         for (mode, want) in [(1u32, Some(true)), (0, Some(false)), (2, None)] {
             let buf = frame(Op::Drain, 4, |o| o.extend_from_slice(&mode.to_le_bytes()));
             let (h, body) = split(&buf);

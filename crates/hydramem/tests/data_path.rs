@@ -419,3 +419,42 @@ fn concurrent_overwrites_never_read_mixed() {
         );
     }
 }
+
+#[test]
+fn placement_sees_other_clients_allocations_within_heartbeats() {
+    // Two clients connect before either allocates; then one maps ranges. The other must learn
+    // the nodes' new loads from its heartbeats, not keep the all-zero view it connected with
+    // (or every client that started together would pick the same "emptiest" group).
+    let c = common::cluster(24, common::SLAB, 16);
+    let cfg = || hydramem::client::ClientConfig::new(common::HYDRA, 64 << 20);
+    let a = hydramem::client::RemoteMemory::connect(c.cluster(), cfg()).unwrap();
+    let b = hydramem::client::RemoteMemory::connect(c.cluster(), cfg()).unwrap();
+    let page = [3u8; hydramem::PAGE_SIZE];
+    let rb = a.layout().range_bytes();
+    for r in 0..3 {
+        a.write_page(r * rb, &page).unwrap();
+    }
+    let truth = || -> Vec<u64> {
+        c.cluster()
+            .nodes
+            .iter()
+            .map(|n| {
+                hydramem::status::fetch(n.addr, std::time::Duration::from_secs(2))
+                    .unwrap()
+                    .slabs
+                    .len() as u64
+            })
+            .collect()
+    };
+    assert_eq!(truth().iter().sum::<u64>(), 30);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while b.placement_loads() != truth() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "client b still assumes loads {:?}, the nodes hold {:?}",
+            b.placement_loads(),
+            truth()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}

@@ -620,6 +620,7 @@ impl RemoteMemory {
             }
         }
         self.unstick();
+        self.refresh_loads();
         self.regenerations_ended();
         self.release_orphans();
     }
@@ -680,6 +681,32 @@ impl RemoteMemory {
                 }
             }
         }
+    }
+
+    /// Takes every node's slab count from its last heartbeat as its load, so that this client
+    /// places new ranges knowing what other clients allocated since it connected (without it,
+    /// clients that connected together keep choosing the same "emptiest" group). Allocates
+    /// only when a load changed.
+    fn refresh_loads(&self) {
+        let mut pl = self.placement.lock();
+        let mut changed = false;
+        for i in 0..self.transport.nodes() {
+            if let Some(slabs) = self.transport.notice(i as u16).slabs {
+                if pl.loads[i] != u64::from(slabs) {
+                    pl.loads[i] = u64::from(slabs);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            let views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let _ = pl.placer.refresh(&views);
+        }
+    }
+
+    /// The load (slabs) this client's placement assumes for every node, in cluster-file order.
+    pub fn placement_loads(&self) -> Vec<u64> {
+        self.placement.lock().loads.clone()
     }
 
     /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer

@@ -26,7 +26,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -115,8 +115,8 @@ struct Conn {
     send: Mutex<SendState>,
     /// Highest request id of a PING this node answered (heartbeats need no allocation).
     pong: AtomicU64,
-    /// The node's last heartbeat notice ([`wire::Notice`] as one word).
-    notice: AtomicU32,
+    /// The node's last heartbeat notice ([`wire::Notice::encode`]).
+    notice: AtomicU64,
 }
 
 type CallReply = (Status, Vec<u8>);
@@ -178,7 +178,7 @@ impl TcpTransport {
                         stream: ArcSwapOption::from_pointee(stream),
                         send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
-                        notice: AtomicU32::new(0),
+                        notice: AtomicU64::new(wire::Notice::default().encode()),
                     });
                     outcomes.push(Ok(reply));
                 }
@@ -191,7 +191,7 @@ impl TcpTransport {
                         stream: ArcSwapOption::empty(),
                         send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
-                        notice: AtomicU32::new(0),
+                        notice: AtomicU64::new(wire::Notice::default().encode()),
                     });
                     outcomes.push(Err(e.to_string()));
                 }
@@ -507,7 +507,8 @@ impl Shared {
             .lock()
             .push((node, mio::net::TcpStream::from_std(clone)));
         let _ = self.waker.wake();
-        c.notice.store(0, Ordering::Relaxed);
+        c.notice
+            .store(wire::Notice::default().encode(), Ordering::Relaxed);
         c.up.store(true, Ordering::Release);
         metrics::counter!("hydramem_client_reconnects_total").increment(1);
         tracing::info!(node, addr = %c.addr, "memory node is back: reconnected");

@@ -346,8 +346,9 @@ impl Node {
 
     /// What to tell `owner` in a heartbeat reply.
     pub fn notice_for(&self, owner: &ClientId) -> Notice {
-        let refusing = self.draining.load(Ordering::Relaxed)
-            || self.slabs.read().len() as u64 >= self.budget.load(Ordering::Relaxed);
+        let held = self.slabs.read().len() as u64;
+        let refusing =
+            self.draining.load(Ordering::Relaxed) || held >= self.budget.load(Ordering::Relaxed);
         let reclaimed = if self.reclaiming.load(Ordering::Relaxed) == 0 {
             0
         } else {
@@ -360,6 +361,7 @@ impl Node {
         Notice {
             reclaimed,
             refusing,
+            slabs: Some(held.min(u32::MAX as u64 - 1) as u32),
         }
     }
 

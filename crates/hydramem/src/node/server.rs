@@ -285,10 +285,7 @@ impl Connection {
                 let fb = fb_ok(out);
                 // A client's heartbeat learns whether the node wants slabs back.
                 if let (Some(c), false) = (self.client, self.observer) {
-                    let n = node.notice_for(&c);
-                    if n != wire::Notice::default() {
-                        out.extend_from_slice(&n.encode().to_le_bytes());
-                    }
+                    node.notice_for(&c).put(out);
                 }
                 fb.finish(out)?
             }
