@@ -615,6 +615,9 @@ impl RemoteMemory {
             }
         }
         for node in 0..self.transport.nodes() as u16 {
+            if self.transport.take_restarted(node) {
+                self.node_restarted(node);
+            }
             if self.transport.notice(node).reclaimed > 0 && self.transport.is_up(node) {
                 self.move_reclaimed(node);
             }
@@ -707,6 +710,34 @@ impl RemoteMemory {
     /// The load (slabs) this client's placement assumes for every node, in cluster-file order.
     pub fn placement_loads(&self) -> Vec<u64> {
         self.placement.lock().loads.clone()
+    }
+
+    /// A node came back as a new process: every split of ours it held is lost. They are
+    /// repaired like a dropped reclaimed slab (`unstick`): regenerated on a replacement node,
+    /// or on the restarted node itself when no other can take them.
+    fn node_restarted(&self, node: u16) {
+        let w = self.layout.width;
+        let mut lost = Vec::new();
+        for range in self.ranges.iter() {
+            if let Some(g) = range.load().as_ref() {
+                for j in 0..w {
+                    if g.nodes[j] == node {
+                        lost.push((node, g.slabs[j]));
+                    }
+                }
+            }
+        }
+        tracing::warn!(
+            node,
+            splits = lost.len(),
+            "memory node restarted empty: repairing the splits it held"
+        );
+        let mut stuck = self.stuck.lock();
+        for l in lost {
+            if !stuck.contains(&l) {
+                stuck.push(l);
+            }
+        }
     }
 
     /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer
