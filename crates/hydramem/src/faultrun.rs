@@ -1,6 +1,7 @@
 //! The fault-run harness: a seeded, write-heavy random workload over many threads while memory
-//! nodes are killed (SIGKILL), paused (SIGSTOP/SIGCONT), restarted empty and slowed down at
-//! random times, never more than `max_faults` at once, with a checker that every acknowledged
+//! nodes are killed (SIGKILL), paused (SIGSTOP/SIGCONT), restarted empty, slowed down, and
+//! squeezed (their machine's memory simulated as exhausted, so they reclaim every slab and the
+//! client must move them) at random times, never more than `max_faults` at once, with a checker that every acknowledged
 //! write reads back exactly — during the run and at the end.
 //!
 //! Each worker thread owns the pages `p ≡ t (mod threads)`, so the last acknowledged value of
@@ -105,6 +106,16 @@ enum Impairment {
     Killed,
     Paused,
     Slow,
+    Squeezed,
+}
+
+/// Heals one impairment.
+fn heal(cluster: &mut EmbeddedCluster, n: usize, kind: Impairment) -> Result<(), String> {
+    match kind {
+        Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
+        Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
+        Impairment::Slow | Impairment::Squeezed => cluster.inject(n, Fault::Clear),
+    }
 }
 
 /// Runs one seeded fault run.
@@ -118,6 +129,8 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             "--log".into(),
             "error".into(),
             "--allow-fault-injection".into(),
+            "--control-period".into(),
+            "100ms".into(),
         ],
     })
     .map_err(|e| e.to_string())?;
@@ -228,15 +241,21 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     .filter(|n| !impaired.iter().any(|(m, _)| m == n))
                     .collect();
                 let n = healthy[rng.random_range(0..healthy.len())];
-                let kind = match rng.random_range(0..3) {
+                let kind = match rng.random_range(0..4) {
                     0 => Impairment::Killed,
                     1 => Impairment::Paused,
-                    _ => Impairment::Slow,
+                    2 => Impairment::Slow,
+                    _ => Impairment::Squeezed,
                 };
                 let ok = match kind {
                     Impairment::Killed => cluster.kill(n).is_ok(),
                     Impairment::Paused => cluster.pause(n).is_ok(),
                     Impairment::Slow => cluster.inject(n, Fault::DelayReplies(5_000)).is_ok(),
+                    // A machine of 1 GiB with nothing available: the budget drops to 0.
+                    Impairment::Squeezed => {
+                        cluster.inject(n, Fault::MemoryTotal(1 << 30)).is_ok()
+                            && cluster.inject(n, Fault::MemoryAvailable(0)).is_ok()
+                    }
                 };
                 if ok {
                     faults.push(format!(
@@ -247,11 +266,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                 }
             } else if !impaired.is_empty() {
                 let (n, kind) = impaired.remove(rng.random_range(0..impaired.len()));
-                let _ = match kind {
-                    Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
-                    Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-                    Impairment::Slow => cluster.inject(n, Fault::Clear),
-                };
+                let _ = heal(&mut cluster, n, kind);
                 faults.push(format!(
                     "{:.2}s healed node {n}",
                     t0.elapsed().as_secs_f64()
@@ -260,11 +275,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             }
         }
         for (n, kind) in impaired.drain(..) {
-            let _ = match kind {
-                Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
-                Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-                Impairment::Slow => cluster.inject(n, Fault::Clear),
-            };
+            let _ = heal(&mut cluster, n, kind);
         }
         settle(&mem, &[]);
         stop.store(true, Ordering::Relaxed);
