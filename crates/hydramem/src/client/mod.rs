@@ -644,18 +644,11 @@ impl RemoteMemory {
                 return;
             }
         };
-        let w = self.layout.width;
         for c in list {
             if self.moving.lock().contains(&(node, c.slab)) {
                 continue;
             }
-            let at = (0..self.ranges.len()).find_map(|range| {
-                let g = self.ranges[range].load();
-                let g = g.as_ref()?;
-                (0..w)
-                    .find(|&j| g.nodes[j] == node && g.slabs[j] == c.slab)
-                    .map(|j| (range, j))
-            });
+            let at = self.locate_slab(node, c.slab);
             match at {
                 Some((range, j)) => {
                     tracing::info!(
@@ -740,6 +733,18 @@ impl RemoteMemory {
         }
     }
 
+    /// The (range, split) whose slab is `slab` on `node`, if any range uses it.
+    fn locate_slab(&self, node: u16, slab: u32) -> Option<(usize, usize)> {
+        let w = self.layout.width;
+        (0..self.ranges.len()).find_map(|range| {
+            let g = self.ranges[range].load();
+            let g = g.as_ref()?;
+            (0..w)
+                .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
+                .map(|j| (range, j))
+        })
+    }
+
     /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer
     /// reports any reclaimed slab of ours, or is down): their splits are lost, so repair them
     /// like a failed node's.
@@ -751,15 +756,8 @@ impl RemoteMemory {
             }
             s.clone()
         };
-        let w = self.layout.width;
         for (node, slab) in stuck {
-            let at = (0..self.ranges.len()).find_map(|range| {
-                let g = self.ranges[range].load();
-                let g = g.as_ref()?;
-                (0..w)
-                    .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
-                    .map(|j| (range, j))
-            });
+            let at = self.locate_slab(node, slab);
             let Some((range, j)) = at else {
                 self.stuck.lock().retain(|x| *x != (node, slab));
                 continue;
