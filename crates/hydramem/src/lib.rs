@@ -28,6 +28,7 @@ pub mod embedded;
 pub mod faultrun;
 pub mod node;
 pub mod placement;
+pub mod shutdown;
 pub mod sim;
 pub mod status;
 pub mod units;

@@ -10,13 +10,10 @@
 //! A frame that fails to parse ends that connection with a logged reason; the node and its
 //! other connections are unaffected. [`run`] returns when [`Shutdown::trigger`] is called.
 
-use std::collections::HashMap;
 use std::io::{self, BufReader, Read, Write};
-use std::net::{Shutdown as NetShutdown, SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::net::{Shutdown as NetShutdown, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-
-use parking_lot::Mutex;
 
 use super::Node;
 use crate::wire::{
@@ -24,46 +21,21 @@ use crate::wire::{
     WireError, HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
 };
 
-/// Stops a running [`run`]: the accept loop ends and every open connection is shut down.
-#[derive(Default)]
-pub struct Shutdown {
-    stop: AtomicBool,
-    addr: Mutex<Option<SocketAddr>>,
-    /// A clone of every open connection, so that `trigger` can shut them down; each
-    /// connection removes its own entry when it ends (otherwise the clone would keep the
-    /// socket open after the connection thread is gone).
-    conns: Mutex<HashMap<u64, TcpStream>>,
-    next: AtomicU64,
-}
+/// Stops a running [`run`]: the accept loop ends and every open connection is shut down
+/// (both directions: a node's clients re-send what was in flight to a node that stops).
+pub type Shutdown = crate::shutdown::Shutdown<TcpStream>;
 
 impl Shutdown {
     /// A fresh, untriggered handle.
     pub fn new() -> Arc<Shutdown> {
-        Arc::new(Shutdown::default())
-    }
-
-    /// Whether shutdown was requested.
-    pub fn is_triggered(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
-    }
-
-    /// Requests shutdown and wakes the accept loop.
-    pub fn trigger(&self) {
-        self.stop.store(true, Ordering::SeqCst);
-        if let Some(addr) = *self.addr.lock() {
-            // Wakes the blocking accept; it sees the flag and returns.
-            let _ = TcpStream::connect(addr);
-        }
-        for (_, c) in self.conns.lock().drain() {
-            let _ = c.shutdown(NetShutdown::Both);
-        }
+        Shutdown::with(NetShutdown::Both)
     }
 }
 
 /// Serves `node` on `listener` until `shutdown` is triggered.
 pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> io::Result<()> {
     let local = listener.local_addr()?;
-    *shutdown.addr.lock() = Some(local);
+    shutdown.set_waker(crate::shutdown::Waker::Tcp(local));
     tracing::info!(addr = %local, node = node.config().id, "memory node serving");
     for conn in listener.incoming() {
         if shutdown.is_triggered() {
@@ -80,10 +52,7 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
         };
         let peer = stream.peer_addr().ok();
         let _ = stream.set_nodelay(true);
-        let key = shutdown.next.fetch_add(1, Ordering::Relaxed);
-        if let Ok(c) = stream.try_clone() {
-            shutdown.conns.lock().insert(key, c);
-        }
+        let key = shutdown.register(&stream);
         let node = node.clone();
         let sd = shutdown.clone();
         let spawned = std::thread::Builder::new()
@@ -101,7 +70,7 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
                 if conn.counted {
                     node.client_disconnected();
                 }
-                if let Some(c) = sd.conns.lock().remove(&key) {
+                if let Some(c) = sd.unregister(key) {
                     let _ = c.shutdown(NetShutdown::Both);
                 }
             });
@@ -219,11 +188,7 @@ impl Connection {
             Fault::StopAnswering => *f.stopped.lock() = true,
             Fault::RefuseAlloc => f.refuse_alloc.store(true, Ordering::Relaxed),
             Fault::DropConnections => {
-                for (k, c) in self.shutdown.conns.lock().iter() {
-                    if *k != self.key {
-                        let _ = c.shutdown(NetShutdown::Both);
-                    }
-                }
+                self.shutdown.drop_others(self.key);
             }
             // Dies on the spot, without replying or cleaning up; exit rather than abort so
             // that test machines do not collect core dumps.
