@@ -1,0 +1,409 @@
+//! The handshake: the fixed newstyle greeting and option haggling, up to the moment the client
+//! enters the transmission phase (NBD_OPT_GO or NBD_OPT_EXPORT_NAME) or leaves.
+//!
+//! Supported options: EXPORT_NAME, ABORT, LIST, INFO, GO and STRUCTURED_REPLY; every other
+//! option (STARTTLS, metadata contexts, extended headers, ...) is answered NBD_REP_ERR_UNSUP,
+//! which conforming clients take as "not available" and carry on without. The server has one
+//! export; the empty name (the protocol's default export) names it too.
+//!
+//! Invariants: every option gets exactly one final reply (LIST and INFO/GO send theirs after
+//! their informational replies); a client's mistake inside a well-framed option is an error
+//! reply and the haggling goes on, while a broken frame (wrong magic, unknown client flags, an
+//! unknown export asked with EXPORT_NAME, which has no error reply) ends the connection; option
+//! data is bounded, so a client cannot make the server allocate much. The transmission flags
+//! told here are the ones [`transmission_flags`] computes, and they describe exactly what the
+//! transmission phase does.
+
+use std::io::{self, Read, Write};
+
+use super::wire::{self, InfoRequest, OptionHeader, OptionName};
+use super::{ExportConfig, NbdError, MAX_PAYLOAD};
+use crate::PAGE_SIZE;
+
+/// Largest option data read and parsed; longer data is skipped and refused with
+/// NBD_REP_ERR_TOO_BIG (an INFO/GO with a 4096-byte name and every info type is far below).
+const MAX_OPTION_DATA: u32 = 16 << 10;
+/// Longest option data skipped before the server gives up on the client and closes.
+const MAX_OPTION_SKIP: u32 = 16 << 20;
+
+/// What the handshake agreed on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Negotiated {
+    /// Structured replies were negotiated.
+    pub structured: bool,
+    /// The transmission flags told to the client.
+    pub flags: u16,
+}
+
+/// The transmission flags of this server. Every one is true of the transmission phase:
+/// FLUSH is a barrier with nothing left to flush and FUA is implied, because a write is
+/// replied to only once acknowledged under the resilience mode; TRIM and WRITE_ZEROES zero
+/// pages; all connections share one remote memory and one page-lock table, and a replied
+/// write is visible to every connection at once, hence CAN_MULTI_CONN; DF is honoured
+/// trivially (a read is always one chunk) and may only be told with structured replies.
+pub fn transmission_flags(structured: bool) -> u16 {
+    let mut f = wire::TFLAG_HAS_FLAGS
+        | wire::TFLAG_SEND_FLUSH
+        | wire::TFLAG_SEND_FUA
+        | wire::TFLAG_SEND_TRIM
+        | wire::TFLAG_SEND_WRITE_ZEROES
+        | wire::TFLAG_CAN_MULTI_CONN;
+    if structured {
+        f |= wire::TFLAG_SEND_DF;
+    }
+    f
+}
+
+/// Runs the handshake on a fresh connection. `Ok(Some(_))` enters transmission; `Ok(None)`
+/// means the client ended the session (ABORT, or it closed between options); `Err` is a
+/// protocol violation or I/O failure, after which the connection is closed.
+/// `shutting_down` is asked before each option: while true, options are refused with
+/// NBD_REP_ERR_SHUTDOWN, as the protocol asks of a server that is stopping.
+pub fn negotiate(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    export: &ExportConfig,
+    size: u64,
+    shutting_down: impl Fn() -> bool,
+) -> Result<Option<Negotiated>, NbdError> {
+    w.write_all(&wire::greeting())?;
+    w.flush()?;
+    let mut cf = [0u8; 4];
+    if !read_or_eof(r, &mut cf)? {
+        return Ok(None);
+    }
+    let client = wire::parse_client_flags(cf)?;
+    let mut structured = false;
+    let mut out = Vec::new();
+    loop {
+        let mut hb = [0u8; wire::OPTION_HEADER_LEN];
+        if !read_or_eof(r, &mut hb)? {
+            return Ok(None);
+        }
+        let h = OptionHeader::parse(&hb)?;
+        out.clear();
+        if h.len > MAX_OPTION_DATA {
+            if h.option == wire::OPT_EXPORT_NAME || h.len > MAX_OPTION_SKIP {
+                return Err(NbdError::OptionTooLarge {
+                    option: OptionName(h.option).to_string(),
+                    len: h.len,
+                });
+            }
+            io::copy(&mut r.by_ref().take(h.len as u64), &mut io::sink())?;
+            let msg = format!("option data of {} bytes is too large", h.len);
+            wire::put_option_reply(&mut out, h.option, wire::REP_ERR_TOO_BIG, msg.as_bytes());
+            send(w, &out)?;
+            continue;
+        }
+        let mut data = vec![0u8; h.len as usize];
+        r.read_exact(&mut data)?;
+        tracing::debug!(option = %OptionName(h.option), len = h.len, "NBD option");
+        if shutting_down() && h.option != wire::OPT_ABORT {
+            if h.option == wire::OPT_EXPORT_NAME {
+                return Ok(None);
+            }
+            let msg = b"the server is shutting down";
+            wire::put_option_reply(&mut out, h.option, wire::REP_ERR_SHUTDOWN, msg);
+            send(w, &out)?;
+            continue;
+        }
+        match h.option {
+            wire::OPT_EXPORT_NAME => {
+                let name = String::from_utf8(data)
+                    .map_err(|_| wire::WireError::Invalid("export name (not UTF-8)"))?;
+                if !export.serves(&name) {
+                    return Err(NbdError::UnknownExport(name));
+                }
+                let flags = transmission_flags(structured);
+                send(w, &wire::export_name_reply(size, flags, client.no_zeroes))?;
+                return Ok(Some(Negotiated { structured, flags }));
+            }
+            wire::OPT_ABORT => {
+                wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
+                // The client may already have closed: that is its right after ABORT.
+                let _ = send(w, &out);
+                return Ok(None);
+            }
+            wire::OPT_LIST if data.is_empty() => {
+                let server = wire::rep_server(&export.name, &export.description);
+                wire::put_option_reply(&mut out, h.option, wire::REP_SERVER, &server);
+                wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
+            }
+            wire::OPT_STRUCTURED_REPLY if data.is_empty() => {
+                structured = true;
+                wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
+            }
+            wire::OPT_LIST | wire::OPT_STRUCTURED_REPLY => {
+                let msg = format!("{} takes no data", OptionName(h.option));
+                wire::put_option_reply(&mut out, h.option, wire::REP_ERR_INVALID, msg.as_bytes());
+            }
+            wire::OPT_INFO | wire::OPT_GO => {
+                if let Some(n) = info(&mut out, h.option, &data, export, size, structured) {
+                    send(w, &out)?;
+                    return Ok(Some(n));
+                }
+            }
+            other => {
+                let msg = format!("{} is not supported by this server", OptionName(other));
+                wire::put_option_reply(&mut out, other, wire::REP_ERR_UNSUP, msg.as_bytes());
+            }
+        }
+        send(w, &out)?;
+    }
+}
+
+/// Answers INFO or GO into `out`; returns the agreement when a GO succeeded.
+fn info(
+    out: &mut Vec<u8>,
+    option: u32,
+    data: &[u8],
+    export: &ExportConfig,
+    size: u64,
+    structured: bool,
+) -> Option<Negotiated> {
+    let req = match InfoRequest::parse(data) {
+        Ok(r) => r,
+        Err(e) => {
+            let msg = e.to_string();
+            wire::put_option_reply(out, option, wire::REP_ERR_INVALID, msg.as_bytes());
+            return None;
+        }
+    };
+    if !export.serves(&req.name) {
+        let msg = format!(
+            "no export named {:?}; this server serves {:?}",
+            req.name, export.name
+        );
+        wire::put_option_reply(out, option, wire::REP_ERR_UNKNOWN, msg.as_bytes());
+        return None;
+    }
+    let flags = transmission_flags(structured);
+    wire::put_option_reply(out, option, wire::REP_INFO, &wire::info_export(size, flags));
+    // Block sizes are sent whether asked or not (the protocol allows it, and ours are the
+    // defaults a client assumes anyway: any alignment works, pages are preferred).
+    let bs = wire::info_block_size(1, PAGE_SIZE as u32, MAX_PAYLOAD as u32);
+    wire::put_option_reply(out, option, wire::REP_INFO, &bs);
+    if req.infos.contains(&wire::INFO_NAME) {
+        let b = wire::info_string(wire::INFO_NAME, &export.name);
+        wire::put_option_reply(out, option, wire::REP_INFO, &b);
+    }
+    if req.infos.contains(&wire::INFO_DESCRIPTION) {
+        let b = wire::info_string(wire::INFO_DESCRIPTION, &export.description);
+        wire::put_option_reply(out, option, wire::REP_INFO, &b);
+    }
+    wire::put_option_reply(out, option, wire::REP_ACK, &[]);
+    (option == wire::OPT_GO).then_some(Negotiated { structured, flags })
+}
+
+fn send(w: &mut impl Write, b: &[u8]) -> io::Result<()> {
+    w.write_all(b)?;
+    w.flush()
+}
+
+/// Fills `buf`; `Ok(false)` if the peer closed before its first byte (a clean end between
+/// messages), an error if it closed in the middle.
+pub fn read_or_eof(r: &mut impl Read, buf: &mut [u8]) -> io::Result<bool> {
+    let mut got = 0;
+    while got < buf.len() {
+        match r.read(&mut buf[got..]) {
+            Ok(0) if got == 0 => return Ok(false),
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbd::wire::*;
+
+    fn config() -> ExportConfig {
+        ExportConfig {
+            name: "disk".into(),
+            description: "a test export".into(),
+            workers: 1,
+        }
+    }
+
+    fn option(out: &mut Vec<u8>, option: u32, data: &[u8]) {
+        OptionHeader {
+            option,
+            len: data.len() as u32,
+        }
+        .put(out);
+        out.extend_from_slice(data);
+    }
+
+    /// Runs the handshake on `input` (after the client flags) and returns its result and the
+    /// bytes the server sent after the greeting.
+    fn run(input: &[u8]) -> (Result<Option<Negotiated>, NbdError>, Vec<u8>) {
+        let mut all = (FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES)
+            .to_be_bytes()
+            .to_vec();
+        all.extend_from_slice(input);
+        let mut out = Vec::new();
+        let r = negotiate(&mut &all[..], &mut out, &config(), 1 << 20, || false);
+        assert_eq!(&out[..GREETING_LEN], &greeting());
+        (r, out[GREETING_LEN..].to_vec())
+    }
+
+    /// Splits option replies into (option, type, data).
+    fn replies(mut b: &[u8]) -> Vec<(u32, u32, Vec<u8>)> {
+        let mut v = Vec::new();
+        while b.len() >= 20 {
+            assert_eq!(
+                u64::from_be_bytes(b[..8].try_into().unwrap()),
+                OPTION_REPLY_MAGIC
+            );
+            let opt = u32::from_be_bytes(b[8..12].try_into().unwrap());
+            let ty = u32::from_be_bytes(b[12..16].try_into().unwrap());
+            let len = u32::from_be_bytes(b[16..20].try_into().unwrap()) as usize;
+            v.push((opt, ty, b[20..20 + len].to_vec()));
+            b = &b[20 + len..];
+        }
+        assert!(b.is_empty(), "{} stray bytes", b.len());
+        v
+    }
+
+    #[test]
+    fn go_after_structured_reply_and_list() {
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_LIST, &[]);
+        option(&mut inp, OPT_STRUCTURED_REPLY, &[]);
+        let mut go = Vec::new();
+        InfoRequest {
+            name: String::new(),
+            infos: vec![INFO_BLOCK_SIZE, INFO_NAME, INFO_DESCRIPTION],
+        }
+        .put(&mut go);
+        option(&mut inp, OPT_GO, &go);
+        let (r, out) = run(&inp);
+        let n = r.unwrap().unwrap();
+        assert!(n.structured);
+        assert_eq!(n.flags, transmission_flags(true));
+        let rs = replies(&out);
+        assert_eq!(
+            rs[0],
+            (OPT_LIST, REP_SERVER, rep_server("disk", "a test export"))
+        );
+        assert_eq!(rs[1], (OPT_LIST, REP_ACK, vec![]));
+        assert_eq!(rs[2], (OPT_STRUCTURED_REPLY, REP_ACK, vec![]));
+        let infos: Vec<_> = rs[3..rs.len() - 1].iter().map(|r| r.2.clone()).collect();
+        assert!(infos.contains(&info_export(1 << 20, n.flags).to_vec()));
+        assert!(infos.contains(&info_block_size(1, 4096, MAX_PAYLOAD as u32).to_vec()));
+        assert!(infos.contains(&info_string(INFO_NAME, "disk")));
+        assert_eq!(rs.last().unwrap(), &(OPT_GO, REP_ACK, vec![]));
+    }
+
+    #[test]
+    fn unknown_options_and_exports_are_errors_not_disconnects() {
+        let mut inp = Vec::new();
+        option(&mut inp, 42, b"whatever");
+        option(&mut inp, OPT_LIST, b"x");
+        let mut info = Vec::new();
+        InfoRequest {
+            name: "other".into(),
+            infos: vec![],
+        }
+        .put(&mut info);
+        option(&mut inp, OPT_INFO, &info);
+        option(&mut inp, OPT_GO, &[0, 0, 0, 9]); // name longer than the data
+        option(&mut inp, OPT_ABORT, &[]);
+        let (r, out) = run(&inp);
+        assert_eq!(r.unwrap(), None);
+        let types: Vec<u32> = replies(&out).iter().map(|r| r.1).collect();
+        assert_eq!(
+            types,
+            [
+                REP_ERR_UNSUP,
+                REP_ERR_INVALID,
+                REP_ERR_UNKNOWN,
+                REP_ERR_INVALID,
+                REP_ACK
+            ]
+        );
+    }
+
+    #[test]
+    fn export_name_enters_transmission_without_padding() {
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_EXPORT_NAME, b"disk");
+        let (r, out) = run(&inp);
+        let n = r.unwrap().unwrap();
+        assert!(!n.structured);
+        assert_eq!(out, export_name_reply(1 << 20, n.flags, true));
+        assert_eq!(n.flags & TFLAG_SEND_DF, 0);
+    }
+
+    #[test]
+    fn broken_frames_end_the_connection() {
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_EXPORT_NAME, b"nope");
+        assert!(matches!(run(&inp).0, Err(NbdError::UnknownExport(_))));
+        let bad = [0u8; 16];
+        assert!(matches!(run(&bad).0, Err(NbdError::Wire(_))));
+        let mut half = Vec::new();
+        option(&mut half, OPT_GO, &[0; 10]);
+        half.truncate(20);
+        assert!(matches!(run(&half).0, Err(NbdError::Io(_))));
+        // A clean close between options is not an error.
+        assert_eq!(run(&[]).0.unwrap(), None);
+    }
+
+    #[test]
+    fn oversized_options_are_skipped_then_refused() {
+        let mut inp = Vec::new();
+        option(&mut inp, 77, &vec![0; MAX_OPTION_DATA as usize + 1]);
+        option(&mut inp, OPT_ABORT, &[]);
+        let (r, out) = run(&inp);
+        assert_eq!(r.unwrap(), None);
+        let rs = replies(&out);
+        assert_eq!(rs[0].1, REP_ERR_TOO_BIG);
+        assert_eq!(rs[1].1, REP_ACK);
+        let mut huge = Vec::new();
+        OptionHeader {
+            option: 77,
+            len: u32::MAX,
+        }
+        .put(&mut huge);
+        assert!(matches!(run(&huge).0, Err(NbdError::OptionTooLarge { .. })));
+    }
+
+    #[test]
+    fn refuses_options_while_shutting_down() {
+        let mut all = FLAG_C_FIXED_NEWSTYLE.to_be_bytes().to_vec();
+        option(&mut all, OPT_LIST, &[]);
+        option(&mut all, OPT_ABORT, &[]);
+        let mut out = Vec::new();
+        let r = negotiate(&mut &all[..], &mut out, &config(), 4096, || true);
+        assert_eq!(r.unwrap(), None);
+        let rs = replies(&out[GREETING_LEN..]);
+        assert_eq!(rs[0].1, REP_ERR_SHUTDOWN);
+        assert_eq!(rs[1].1, REP_ACK);
+    }
+
+    proptest::proptest! {
+        /// Whatever a client sends, the handshake returns (an agreement, an end or an error)
+        /// and never panics.
+        #[test]
+        fn arbitrary_input_never_panics(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..200)) {
+            let mut out = Vec::new();
+            let _ = negotiate(&mut &bytes[..], &mut out, &config(), 4096, || false);
+        }
+
+        /// Well-framed options of any code with any data: every one gets replies and the
+        /// handshake never panics.
+        #[test]
+        fn framed_random_options_never_panic(opts in proptest::collection::vec((0u32..12, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40)), 0..8)) {
+            let mut inp = Vec::new();
+            for (o, d) in &opts {
+                option(&mut inp, *o, d);
+            }
+            let _ = run(&inp);
+        }
+    }
+}

@@ -1,0 +1,484 @@
+//! The transmission phase: requests in, replies out, over one connection.
+//!
+//! The connection's thread reads requests (a header, and for a WRITE its payload) and hands
+//! each to a small pool of worker threads of this connection, which execute it on the
+//! [`Export`] and send its reply; replies go out in completion order, which the protocol
+//! allows (the client matches them by cookie). A pool, not in-order execution, because a page
+//! operation mostly waits on the network (tens of µs per page, the CPU idle meanwhile): a
+//! client that keeps several requests in flight on one connection (the kernel, qemu, fio at
+//! depth 16) gets them served concurrently, as it would from a disk. With `workers == 1`
+//! requests are executed in order on the reading thread, with no hand-off at all.
+//!
+//! Invariants:
+//! - a request is replied to exactly once: with its data, with success once every page it
+//!   wrote is acknowledged under the resilience mode (so FLUSH has nothing to wait for and FUA
+//!   is implied), or with an error (EINVAL for requests outside the export, over the maximum
+//!   payload, with unknown commands or flags; EIO when the remote memory fails, with the
+//!   reason as the structured error message). The connection goes on after any of them;
+//! - a request that breaks framing (wrong magic, a payload cut short) ends this connection
+//!   only; requests already read are still executed and replied to before it closes;
+//! - NBD_CMD_DISC, end of input or a shutdown stop reading; in-flight requests finish and are
+//!   replied to, then the connection closes;
+//! - with structured replies a READ is answered by one OFFSET_DATA chunk (so DF always holds),
+//!   other commands by a NONE chunk, errors by an ERROR chunk with a message; without, by
+//!   simple replies.
+
+use std::io::{self, Read, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+
+use parking_lot::Mutex;
+
+use super::export::{Export, ExportError};
+use super::handshake::{read_or_eof, Negotiated};
+use super::wire::{self, Request};
+use super::{NbdError, MAX_PAYLOAD};
+
+/// How a connection's transmission phase ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The client sent NBD_CMD_DISC.
+    Disconnect,
+    /// The input ended (the client closed, or the server is shutting down).
+    Closed,
+}
+
+/// A request read off the wire, ready to execute.
+struct Job {
+    req: Request,
+    payload: Payload,
+}
+
+/// The payload of a request.
+enum Payload {
+    /// The command carries none.
+    None,
+    /// A WRITE's data.
+    Data(Vec<u8>),
+    /// A WRITE over the maximum payload: its data was read and dropped.
+    Discarded,
+}
+
+/// The sending half: replies of the workers, one at a time.
+struct Replies<W> {
+    w: Mutex<W>,
+    structured: bool,
+    failed: AtomicBool,
+}
+
+impl<W: Write> Replies<W> {
+    /// Writes one reply made of `parts` and pushes it out.
+    fn send(&self, parts: &[&[u8]]) {
+        let mut w = self.w.lock();
+        let r = parts
+            .iter()
+            .try_for_each(|p| w.write_all(p))
+            .and_then(|()| w.flush());
+        if let Err(e) = r {
+            if !self.failed.swap(true, Ordering::Relaxed) {
+                tracing::debug!(error = %e, "NBD client no longer takes replies");
+            }
+        }
+    }
+
+    fn done(&self, cookie: u64) {
+        if self.structured {
+            self.send(&[&wire::done_chunk(cookie)]);
+        } else {
+            self.send(&[&wire::simple_reply(0, cookie)]);
+        }
+    }
+
+    fn data(&self, cookie: u64, offset: u64, data: &[u8]) {
+        if !self.structured {
+            self.send(&[&wire::simple_reply(0, cookie), data]);
+        } else if data.is_empty() {
+            // An OFFSET_DATA chunk must describe at least one byte.
+            self.send(&[&wire::done_chunk(cookie)]);
+        } else {
+            self.send(&[
+                &wire::read_chunk_prefix(cookie, offset, data.len() as u32),
+                data,
+            ]);
+        }
+    }
+
+    fn error(&self, cookie: u64, error: u32, message: &str) {
+        if self.structured {
+            self.send(&[&wire::error_chunk(cookie, error, message)]);
+        } else {
+            self.send(&[&wire::simple_reply(error, cookie)]);
+        }
+    }
+}
+
+/// Serves requests read from `r` on `export`, replying on `w`, until the client disconnects,
+/// the input ends, or a request breaks framing (`Err`). Returns after every request read has
+/// been replied to.
+pub fn serve<R: Read, W: Write + Send>(
+    r: &mut R,
+    w: W,
+    export: &Export,
+    negotiated: Negotiated,
+    workers: usize,
+) -> Result<End, NbdError> {
+    let replies = Replies {
+        w: Mutex::new(w),
+        structured: negotiated.structured,
+        failed: AtomicBool::new(false),
+    };
+    let replies = &replies;
+    std::thread::scope(|s| {
+        let mut pool = None;
+        if workers > 1 {
+            let (tx, rx) = mpsc::sync_channel::<Job>(workers * 2);
+            let rx = std::sync::Arc::new(Mutex::new(rx));
+            let mut started = 0;
+            for i in 0..workers {
+                let rx = rx.clone();
+                let worker = move || loop {
+                    let job = rx.lock().recv();
+                    match job {
+                        Ok(job) => execute(job, export, replies),
+                        Err(_) => return,
+                    }
+                };
+                match std::thread::Builder::new()
+                    .name(format!("nbd-worker-{i}"))
+                    .spawn_scoped(s, worker)
+                {
+                    Ok(_) => started += 1,
+                    Err(e) => tracing::warn!(error = %e, "cannot start an NBD worker thread"),
+                }
+            }
+            if started > 0 {
+                pool = Some(tx);
+            }
+        }
+        let r = read_requests(r, |job| match &pool {
+            // A send fails only if every worker is gone, which happens only on panic.
+            Some(tx) => {
+                if let Err(mpsc::SendError(job)) = tx.send(job) {
+                    execute(job, export, replies);
+                }
+            }
+            None => execute(job, export, replies),
+        });
+        drop(pool); // workers finish the queue, then the scope joins them
+        r
+    })
+}
+
+/// Reads requests until DISC, end of input, or a framing error, passing each to `run`.
+fn read_requests(r: &mut impl Read, mut run: impl FnMut(Job)) -> Result<End, NbdError> {
+    loop {
+        let mut hb = [0u8; wire::REQUEST_LEN];
+        if !read_or_eof(r, &mut hb)? {
+            return Ok(End::Closed);
+        }
+        let req = Request::parse(&hb)?;
+        if req.kind == wire::CMD_DISC {
+            return Ok(End::Disconnect);
+        }
+        let payload = match req.payload_len() as usize {
+            0 if req.kind != wire::CMD_WRITE => Payload::None,
+            n if n > MAX_PAYLOAD => {
+                // The client broke the advertised limit; keep the stream framed and refuse.
+                io::copy(&mut r.by_ref().take(n as u64), &mut io::sink())?;
+                Payload::Discarded
+            }
+            n => {
+                let mut d = vec![0u8; n];
+                r.read_exact(&mut d).map_err(|e| match e.kind() {
+                    io::ErrorKind::UnexpectedEof => NbdError::TruncatedPayload {
+                        len: req.len,
+                        offset: req.offset,
+                    },
+                    _ => NbdError::Io(e),
+                })?;
+                Payload::Data(d)
+            }
+        };
+        run(Job { req, payload });
+    }
+}
+
+/// Executes one request and sends its reply.
+fn execute<W: Write>(job: Job, export: &Export, replies: &Replies<W>) {
+    let Request {
+        flags,
+        kind,
+        cookie,
+        offset,
+        len,
+    } = job.req;
+    let name = wire::command_name(kind);
+    metrics::counter!("hydramem_nbd_requests_total", "cmd" => name).increment(1);
+    let fua = wire::CMD_FLAG_FUA;
+    let allowed = match kind {
+        wire::CMD_READ if replies.structured => fua | wire::CMD_FLAG_DF,
+        wire::CMD_READ | wire::CMD_WRITE | wire::CMD_FLUSH | wire::CMD_TRIM => fua,
+        wire::CMD_WRITE_ZEROES => fua | wire::CMD_FLAG_NO_HOLE,
+        _ => {
+            let msg = format!("unknown command type {kind}");
+            return fail(replies, cookie, name, wire::EINVAL, &msg);
+        }
+    };
+    if flags & !allowed != 0 {
+        let msg = format!("command flags {flags:#x} are not valid for {name}");
+        return fail(replies, cookie, name, wire::EINVAL, &msg);
+    }
+    let r = match (kind, job.payload) {
+        (wire::CMD_READ, _) if len as usize > MAX_PAYLOAD => {
+            let msg = format!("read of {len} bytes exceeds the maximum payload of {MAX_PAYLOAD}");
+            return fail(replies, cookie, name, wire::EINVAL, &msg);
+        }
+        (wire::CMD_READ, _) => {
+            let mut buf = vec![0u8; len as usize];
+            match export.read(offset, &mut buf) {
+                Ok(()) => {
+                    metrics::counter!("hydramem_nbd_bytes_total", "dir" => "read")
+                        .increment(len as u64);
+                    return replies.data(cookie, offset, &buf);
+                }
+                Err(e) => Err(e),
+            }
+        }
+        (wire::CMD_WRITE, Payload::Discarded) => {
+            let msg = format!("write of {len} bytes exceeds the maximum payload of {MAX_PAYLOAD}");
+            return fail(replies, cookie, name, wire::EINVAL, &msg);
+        }
+        (wire::CMD_WRITE, Payload::Data(d)) => export.write(offset, &d).inspect(|()| {
+            metrics::counter!("hydramem_nbd_bytes_total", "dir" => "write").increment(len as u64)
+        }),
+        (wire::CMD_TRIM | wire::CMD_WRITE_ZEROES, _) => export.zero(offset, len as u64),
+        // FLUSH: every write already replied to is acknowledged by the remote memory.
+        _ => Ok(()),
+    };
+    match r {
+        Ok(()) => replies.done(cookie),
+        Err(e @ ExportError::OutOfRange { .. }) => {
+            fail(replies, cookie, name, wire::EINVAL, &e.to_string())
+        }
+        Err(e @ ExportError::Io(_)) => {
+            tracing::warn!(cmd = name, offset, len, error = %e, "NBD request failed");
+            fail(replies, cookie, name, wire::EIO, &e.to_string())
+        }
+    }
+}
+
+/// Replies `error` to a request and counts it.
+fn fail<W: Write>(replies: &Replies<W>, cookie: u64, cmd: &'static str, error: u32, msg: &str) {
+    metrics::counter!("hydramem_nbd_errors_total", "cmd" => cmd).increment(1);
+    tracing::debug!(cmd, error, msg, "NBD request refused");
+    replies.error(cookie, error, msg);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::nbd::export::tests::MemStore;
+    use crate::nbd::handshake::transmission_flags;
+    use crate::nbd::wire::*;
+    use std::sync::Arc;
+
+    fn req(kind: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
+        Request {
+            flags,
+            kind,
+            cookie,
+            offset,
+            len,
+        }
+        .to_bytes()
+        .to_vec()
+    }
+
+    /// Serves `input` on a fresh 64 KiB export and returns the end and the reply bytes.
+    fn run(input: &[u8], structured: bool, workers: usize) -> (Result<End, NbdError>, Vec<u8>) {
+        let export = Export::new(MemStore::new(65536, Default::default()), 65536);
+        let neg = Negotiated {
+            structured,
+            flags: transmission_flags(structured),
+        };
+        let mut out = Vec::new();
+        let r = serve(&mut &input[..], &mut out, &export, neg, workers);
+        (r, out)
+    }
+
+    /// Simple replies in `b`: (error, cookie, data) given the read lengths by cookie.
+    fn simple(mut b: &[u8], read_len: impl Fn(u64) -> usize) -> Vec<(u32, u64, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !b.is_empty() {
+            assert_eq!(b[..4], SIMPLE_REPLY_MAGIC.to_be_bytes());
+            let err = u32::from_be_bytes(b[4..8].try_into().unwrap());
+            let cookie = u64::from_be_bytes(b[8..16].try_into().unwrap());
+            let n = if err == 0 { read_len(cookie) } else { 0 };
+            v.push((err, cookie, b[16..16 + n].to_vec()));
+            b = &b[16 + n..];
+        }
+        v
+    }
+
+    /// Structured chunks in `b`: (header, payload).
+    fn chunks(mut b: &[u8]) -> Vec<(ChunkHeader, Vec<u8>)> {
+        let mut v = Vec::new();
+        while !b.is_empty() {
+            let h = ChunkHeader::parse(b[..CHUNK_HEADER_LEN].try_into().unwrap()).unwrap();
+            let end = CHUNK_HEADER_LEN + h.len as usize;
+            v.push((h, b[CHUNK_HEADER_LEN..end].to_vec()));
+            b = &b[end..];
+        }
+        v
+    }
+
+    #[test]
+    fn write_then_read_unaligned_with_simple_replies() {
+        let mut inp = req(CMD_WRITE, CMD_FLAG_FUA, 1, 4000, 200);
+        inp.extend_from_slice(&[7u8; 200]);
+        inp.extend(req(CMD_READ, 0, 2, 3990, 220));
+        inp.extend(req(CMD_FLUSH, 0, 3, 0, 0));
+        inp.extend(req(CMD_DISC, 0, 4, 0, 0));
+        inp.extend(req(CMD_READ, 0, 5, 0, 1)); // after DISC: never read
+        let (r, out) = run(&inp, false, 1);
+        assert_eq!(r.unwrap(), End::Disconnect);
+        let rs = simple(&out, |c| if c == 2 { 220 } else { 0 });
+        assert_eq!(rs.len(), 3);
+        assert_eq!((rs[0].0, rs[0].1), (0, 1));
+        let mut want = vec![0u8; 220];
+        want[10..210].fill(7);
+        assert_eq!(rs[1], (0, 2, want));
+        assert_eq!((rs[2].0, rs[2].1), (0, 3));
+    }
+
+    #[test]
+    fn bad_requests_get_einval_and_the_connection_goes_on() {
+        let mut inp = req(CMD_READ, 0, 1, 65535, 2); // past the end
+        inp.extend(req(CMD_WRITE, 0, 2, 65535, 2));
+        inp.extend_from_slice(&[1, 2]);
+        inp.extend(req(99, 0, 3, 0, 0)); // unknown command
+        inp.extend(req(CMD_WRITE_ZEROES, 1 << 4, 4, 0, 1)); // FAST_ZERO not offered
+        inp.extend(req(CMD_READ, CMD_FLAG_DF, 5, 0, 1)); // DF needs structured replies
+        inp.extend(req(CMD_WRITE, 0, 6, 0, MAX_PAYLOAD as u32 + 1));
+        inp.extend(vec![0u8; MAX_PAYLOAD + 1]);
+        inp.extend(req(CMD_TRIM, 0, 7, u64::MAX, 2)); // offset + len overflows
+        inp.extend(req(CMD_READ, 0, 8, 65535, 1)); // the last byte: fine
+        let (r, out) = run(&inp, false, 1);
+        assert_eq!(r.unwrap(), End::Closed);
+        let rs = simple(&out, |c| if c == 8 { 1 } else { 0 });
+        let errs: Vec<(u32, u64)> = rs.iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            errs,
+            [
+                (EINVAL, 1),
+                (EINVAL, 2),
+                (EINVAL, 3),
+                (EINVAL, 4),
+                (EINVAL, 5),
+                (EINVAL, 6),
+                (EINVAL, 7),
+                (0, 8)
+            ]
+        );
+    }
+
+    #[test]
+    fn structured_replies_with_a_worker_pool() {
+        let mut inp = Vec::new();
+        for i in 0..16u64 {
+            inp.extend(req(CMD_WRITE, 0, i, i * 4096 + 1, 4095));
+            inp.extend(vec![i as u8 + 1; 4095]);
+        }
+        let (r, out) = run(&inp, true, 4);
+        assert_eq!(r.unwrap(), End::Closed);
+        let cs = chunks(&out);
+        assert_eq!(cs.len(), 16);
+        let mut cookies: Vec<u64> = cs.iter().map(|c| c.0.cookie).collect();
+        cookies.sort();
+        assert_eq!(cookies, (0..16).collect::<Vec<_>>());
+        assert!(cs
+            .iter()
+            .all(|c| c.0.kind == REPLY_TYPE_NONE && c.0.flags == REPLY_FLAG_DONE));
+
+        let mut inp = req(CMD_READ, CMD_FLAG_DF, 9, 100, 50);
+        inp.extend(req(CMD_READ, 0, 10, 65500, 100));
+        inp.extend(req(CMD_READ, 0, 11, 0, 0));
+        let (_, out) = run(&inp, true, 1);
+        let cs = chunks(&out);
+        assert_eq!(cs[0].0.kind, REPLY_TYPE_OFFSET_DATA);
+        assert_eq!(cs[0].1.len(), 58);
+        assert_eq!(cs[0].1[..8], 100u64.to_be_bytes());
+        assert_eq!(cs[1].0.kind, REPLY_TYPE_ERROR);
+        assert_eq!(cs[1].1[..4], EINVAL.to_be_bytes());
+        let msg_len = u16::from_be_bytes([cs[1].1[4], cs[1].1[5]]) as usize;
+        assert!(String::from_utf8_lossy(&cs[1].1[6..6 + msg_len]).contains("beyond the end"));
+        assert_eq!(cs[2].0.kind, REPLY_TYPE_NONE);
+    }
+
+    #[test]
+    fn broken_framing_ends_the_connection_after_replying_to_what_was_read() {
+        let mut inp = req(CMD_WRITE, 0, 1, 0, 3);
+        inp.extend_from_slice(&[1, 2, 3]);
+        inp.extend_from_slice(&[0xde, 0xad, 0xbe, 0xef]);
+        inp.extend(vec![0u8; 24]);
+        let (r, out) = run(&inp, false, 2);
+        assert!(matches!(r, Err(NbdError::Wire(_))));
+        assert_eq!(simple(&out, |_| 0), [(0, 1, vec![])]);
+
+        let mut cut = req(CMD_WRITE, 0, 1, 0, 100);
+        cut.extend_from_slice(&[0; 50]);
+        assert!(matches!(
+            run(&cut, false, 1).0,
+            Err(NbdError::TruncatedPayload { .. })
+        ));
+    }
+
+    proptest::proptest! {
+        /// Any bytes after the handshake: the server replies, ends or refuses, never panics.
+        #[test]
+        fn arbitrary_requests_never_panic(
+            reqs in proptest::collection::vec((0u16..10, proptest::prelude::any::<u16>(), 0u64..70_000, 0u32..10_000), 0..12),
+            tail in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+            structured: bool,
+        ) {
+            let mut inp = Vec::new();
+            for (i, (kind, flags, offset, len)) in reqs.into_iter().enumerate() {
+                inp.extend(req(kind, flags, i as u64, offset, len));
+                if kind == CMD_WRITE {
+                    inp.extend(vec![0xab; len as usize]);
+                }
+            }
+            inp.extend(tail);
+            let _ = run(&inp, structured, 2);
+        }
+    }
+
+    #[test]
+    fn multi_conn_is_safe_because_writes_share_the_export() {
+        // Two "connections" (two serve calls on one export) write the two halves of one page
+        // at once; the page holds both.
+        let export = Arc::new(Export::new(
+            MemStore::new(8192, std::time::Duration::from_millis(3)),
+            8192,
+        ));
+        let neg = Negotiated {
+            structured: false,
+            flags: 0,
+        };
+        let hs: Vec<_> = [0u64, 2048]
+            .into_iter()
+            .map(|half| {
+                let export = export.clone();
+                std::thread::spawn(move || {
+                    let mut inp = req(CMD_WRITE, 0, 1, 4096 + half, 2048);
+                    inp.extend(vec![1 + (half / 2048) as u8; 2048]);
+                    serve(&mut &inp[..], Vec::new(), &export, neg, 1).unwrap();
+                })
+            })
+            .collect();
+        hs.into_iter().for_each(|h| h.join().unwrap());
+        let mut page = vec![0u8; 4096];
+        export.read(4096, &mut page).unwrap();
+        assert!(page[..2048].iter().all(|&b| b == 1) && page[2048..].iter().all(|&b| b == 2));
+    }
+}
