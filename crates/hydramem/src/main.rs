@@ -1,5 +1,5 @@
 //! The `hydramem` command line: memory nodes, the embedded cluster, status, benchmark, demo,
-//! soak, and the placement simulator.
+//! soak, the NBD block device, and the placement simulator.
 //!
 //! Precedence of settings: command-line flags, then the environment (`HYDRAMEM_<OPTION>`), then
 //! an optional TOML file given with `--config FILE` (or `HYDRAMEM_CONFIG`), whose tables are
@@ -8,6 +8,7 @@
 
 mod bench_cli;
 mod demo;
+mod nbd_cli;
 mod sim_cli;
 mod soak;
 
@@ -61,6 +62,8 @@ enum Cmd {
     Demo(demo::DemoArgs),
     /// Many seeded fault runs: nodes killed, paused, restarted and slowed under load.
     Soak(soak::SoakArgs),
+    /// Export a resilient remote block device over NBD (for nbd-client, nbdfuse, qemu, fio).
+    Nbd(nbd_cli::NbdArgs),
     /// Placement simulator: probability of data loss and load balance of CodingSets, EC-Cache
     /// and power of two choices (paper Figures 15 and 16).
     Sim(sim_cli::SimArgs),
@@ -205,7 +208,7 @@ struct StatusArgs {
 
 /// Subcommands whose options a `--config` file may set (`sim` has sub-subcommands and takes
 /// its options on the command line only).
-const SUBCOMMANDS: [&str; 6] = ["node", "up", "status", "bench", "demo", "soak"];
+const SUBCOMMANDS: [&str; 7] = ["node", "up", "status", "bench", "demo", "soak", "nbd"];
 
 /// The command line with the config file's settings for the subcommand inserted right after
 /// it, only for options given neither as a flag nor in the environment (both beat the file).
@@ -309,6 +312,7 @@ fn main() {
         Cmd::Bench(a) => bench_cli::run(a),
         Cmd::Demo(a) => demo::run(a),
         Cmd::Soak(a) => soak::run(a),
+        Cmd::Nbd(a) => stop_flag().and_then(|stop| nbd_cli::run(a, stop)),
         Cmd::Sim(a) => sim_cli::run(a),
     };
     if let Err(e) = r {
