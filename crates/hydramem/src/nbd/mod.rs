@@ -350,7 +350,7 @@ fn connection(stream: Stream, id: u64, export: &Export, config: &ExportConfig, s
         );
         stream.set_read_timeout(None)?;
         let w = BufWriter::with_capacity(64 << 10, w);
-        transmission::serve(&mut r, w, export, n, config.workers).map(Some)
+        transmission::serve(&mut r, w, export, n, config.workers, || sd.is_triggered()).map(Some)
     })();
     match result {
         Ok(Some(end)) => tracing::info!(conn = id, ?end, "NBD client disconnected"),

@@ -113,14 +113,15 @@ impl<W: Write> Replies<W> {
 }
 
 /// Serves requests read from `r` on `export`, replying on `w`, until the client disconnects,
-/// the input ends, or a request breaks framing (`Err`). Returns after every request read has
-/// been replied to.
+/// the input ends, `stopping()` is true between two requests, or a request breaks framing
+/// (`Err`). Returns after every request read has been replied to.
 pub fn serve<R: Read, W: Write + Send>(
     r: &mut R,
     w: W,
     export: &Export,
     negotiated: Negotiated,
     workers: usize,
+    stopping: impl Fn() -> bool,
 ) -> Result<End, NbdError> {
     let replies = Replies {
         w: Mutex::new(w),
@@ -155,7 +156,7 @@ pub fn serve<R: Read, W: Write + Send>(
                 pool = Some(tx);
             }
         }
-        let r = read_requests(r, |job| match &pool {
+        let r = read_requests(r, &stopping, |job| match &pool {
             // A send fails only if every worker is gone, which happens only on panic.
             Some(tx) => {
                 if let Err(mpsc::SendError(job)) = tx.send(job) {
@@ -169,9 +170,18 @@ pub fn serve<R: Read, W: Write + Send>(
     })
 }
 
-/// Reads requests until DISC, end of input, or a framing error, passing each to `run`.
-fn read_requests(r: &mut impl Read, mut run: impl FnMut(Job)) -> Result<End, NbdError> {
+/// Reads requests until DISC, end of input, `stopping()`, or a framing error, passing each to
+/// `run`. (A shutdown also ends the reading side of the socket, which wakes a blocked read;
+/// the check here stops a client whose requests are already buffered, or keep coming.)
+fn read_requests(
+    r: &mut impl Read,
+    stopping: &dyn Fn() -> bool,
+    mut run: impl FnMut(Job),
+) -> Result<End, NbdError> {
     loop {
+        if stopping() {
+            return Ok(End::Closed);
+        }
         let mut hb = [0u8; wire::REQUEST_LEN];
         if !read_or_eof(r, &mut hb)? {
             return Ok(End::Closed);
@@ -302,7 +312,7 @@ mod tests {
             flags: transmission_flags(structured),
         };
         let mut out = Vec::new();
-        let r = serve(&mut &input[..], &mut out, &export, neg, workers);
+        let r = serve(&mut &input[..], &mut out, &export, neg, workers, || false);
         (r, out)
     }
 
@@ -472,7 +482,7 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut inp = req(CMD_WRITE, 0, 1, 4096 + half, 2048);
                     inp.extend(vec![1 + (half / 2048) as u8; 2048]);
-                    serve(&mut &inp[..], Vec::new(), &export, neg, 1).unwrap();
+                    serve(&mut &inp[..], Vec::new(), &export, neg, 1, || false).unwrap();
                 })
             })
             .collect();
