@@ -1,0 +1,84 @@
+# Sourced by the tests/shell/nbd_*.sh scripts: a cluster of memory nodes (`hydramem up`) and
+# `hydramem nbd` serving an export on a Unix socket, both stopped on exit; and the real NBD
+# clients the scripts drive, installed from Debian when missing (a script is skipped, with
+# the reason, only when a tool is missing and cannot be installed).
+# The scripts run from the repository root, like every shell test (scripts/test).
+
+BIN=${HYDRAMEM_BIN:-target/release/hydramem}
+dir=$(mktemp -d)
+up_pid=""
+nbd_pid=""
+
+nbd_cleanup() {
+  [ -n "$nbd_pid" ] && kill -TERM "$nbd_pid" 2>/dev/null && wait "$nbd_pid" 2>/dev/null
+  [ -n "$up_pid" ] && kill -TERM "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null
+  rm -rf "$dir"
+}
+trap nbd_cleanup EXIT
+
+# skip REASON: this script cannot run here; say why and pass.
+skip() {
+  echo "SKIP $(basename "$0"): $1"
+  exit 0
+}
+
+# need TOOL PACKAGE: TOOL on PATH, installing the Debian PACKAGE if it is missing.
+need() {
+  command -v "$1" >/dev/null 2>&1 && return 0
+  install_package "$2" || skip "$1 is missing and the Debian package $2 could not be installed"
+  command -v "$1" >/dev/null 2>&1 || skip "$1 is still missing after installing $2"
+}
+
+install_package() {
+  command -v apt-get >/dev/null 2>&1 || return 1
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  echo "installing the Debian package $1"
+  $sudo apt-get install -y -qq "$1" >/dev/null 2>&1 ||
+    { $sudo apt-get update -qq >/dev/null 2>&1 && $sudo apt-get install -y -qq "$1" >/dev/null 2>&1; }
+}
+
+# Sets NBDSH to a command running nbdsh with a Python that has the libnbd bindings (the
+# first python3 on PATH may be another installation without them).
+need_nbdsh() {
+  local p
+  for attempt in 1 2; do
+    for p in $(type -ap python3); do
+      if "$p" -c 'import nbd' 2>/dev/null; then
+        NBDSH=("$p" -m nbd)
+        return 0
+      fi
+    done
+    [ "$attempt" = 1 ] && ! install_package python3-libnbd && break
+  done
+  skip "no python3 with the libnbd bindings (Debian package python3-libnbd)"
+}
+
+# start_export SIZE [hydramem nbd options...]: starts 10 memory nodes and the NBD server;
+# sets URI (an NBD URI of the export over its Unix socket) and SOCK.
+start_export() {
+  local size=$1
+  shift
+  "$BIN" up --nodes 10 --slab-size 4MiB --capacity 1GiB --cluster "$dir/cluster.toml" --log warn \
+    >"$dir/up.log" 2>&1 &
+  up_pid=$!
+  for _ in $(seq 100); do [ -f "$dir/cluster.toml" ] && break; sleep 0.1; done
+  [ -f "$dir/cluster.toml" ] || { echo "FAIL: up wrote no cluster file"; cat "$dir/up.log"; exit 1; }
+  SOCK="$dir/nbd.sock"
+  "$BIN" nbd --cluster "$dir/cluster.toml" --size "$size" --socket "$SOCK" --log warn "$@" \
+    >"$dir/nbd.out" 2>"$dir/nbd.err" &
+  nbd_pid=$!
+  for _ in $(seq 100); do grep -q '^serving' "$dir/nbd.out" 2>/dev/null && break; sleep 0.1; done
+  grep -q '^serving' "$dir/nbd.out" || { echo "FAIL: nbd did not start"; cat "$dir/nbd.err"; exit 1; }
+  cat "$dir/nbd.out"
+  URI="nbd+unix:///hydramem?socket=$SOCK"
+}
+
+# stop_export: SIGTERM; the server must exit 0, release its memory and remove its socket.
+stop_export() {
+  kill -TERM "$nbd_pid"
+  wait "$nbd_pid" || { echo "FAIL: hydramem nbd exited with an error on SIGTERM"; cat "$dir/nbd.err"; exit 1; }
+  nbd_pid=""
+  grep -q 'remote memory released' "$dir/nbd.out" || { echo "FAIL: no release at exit"; exit 1; }
+  [ ! -e "$SOCK" ] || { echo "FAIL: the socket file was left behind"; exit 1; }
+}
