@@ -1,17 +1,19 @@
-# Sourced by the tests/shell/nbd_*.sh scripts: a cluster of memory nodes (`hydramem up`) and
-# `hydramem nbd` serving an export on a Unix socket, both stopped on exit; and the real NBD
+# Sourced by the tests/shell/nbd_*.sh scripts: memory node processes (started one by one
+# rather than by `hydramem up`, which stops every node when one dies, so that a script can
+# kill some) and `hydramem nbd` serving an export on a Unix socket, all stopped on exit; and the real NBD
 # clients the scripts drive, installed from Debian when missing (a script is skipped, with
 # the reason, only when a tool is missing and cannot be installed).
 # The scripts run from the repository root, like every shell test (scripts/test).
 
 BIN=${HYDRAMEM_BIN:-target/release/hydramem}
 dir=$(mktemp -d)
-up_pid=""
+NODE_PIDS=()
 nbd_pid=""
 
 nbd_cleanup() {
   [ -n "$nbd_pid" ] && kill -TERM "$nbd_pid" 2>/dev/null && wait "$nbd_pid" 2>/dev/null
-  [ -n "$up_pid" ] && kill -TERM "$up_pid" 2>/dev/null && wait "$up_pid" 2>/dev/null
+  local p
+  for p in "${NODE_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   rm -rf "$dir"
 }
 trap nbd_cleanup EXIT
@@ -54,16 +56,22 @@ need_nbdsh() {
   skip "no python3 with the libnbd bindings (Debian package python3-libnbd)"
 }
 
-# start_export SIZE [hydramem nbd options...]: starts 10 memory nodes and the NBD server;
-# sets URI (an NBD URI of the export over its Unix socket) and SOCK.
+# start_export SIZE [hydramem nbd options...]: starts $NODES (default 10) memory nodes and the
+# NBD server; sets URI (an NBD URI of the export over its Unix socket) and SOCK.
 start_export() {
   local size=$1
   shift
-  "$BIN" up --nodes 10 --slab-size 4MiB --capacity 1GiB --cluster "$dir/cluster.toml" --log warn \
-    >"$dir/up.log" 2>&1 &
-  up_pid=$!
-  for _ in $(seq 100); do [ -f "$dir/cluster.toml" ] && break; sleep 0.1; done
-  [ -f "$dir/cluster.toml" ] || { echo "FAIL: up wrote no cluster file"; cat "$dir/up.log"; exit 1; }
+  local i addr
+  printf 'slab_size = 4194304\n' >"$dir/cluster.toml"
+  for i in $(seq 0 $((${NODES:-10} - 1))); do
+    "$BIN" node --listen 127.0.0.1:0 --id "$i" --slab-size 4MiB --capacity 1GiB --announce \
+      --log warn >"$dir/node$i.out" 2>>"$dir/nodes.log" &
+    NODE_PIDS+=($!)
+    for _ in $(seq 100); do grep -q listening "$dir/node$i.out" 2>/dev/null && break; sleep 0.05; done
+    addr=$(sed -n 's/^listening //p' "$dir/node$i.out")
+    [ -n "$addr" ] || { echo "FAIL: memory node $i did not start"; cat "$dir/nodes.log"; exit 1; }
+    printf '\n[[node]]\nid = %d\naddr = "%s"\n' "$i" "$addr" >>"$dir/cluster.toml"
+  done
   SOCK="$dir/nbd.sock"
   "$BIN" nbd --cluster "$dir/cluster.toml" --size "$size" --socket "$SOCK" --log warn "$@" \
     >"$dir/nbd.out" 2>"$dir/nbd.err" &
