@@ -22,6 +22,7 @@ use hydramem::wire::ClientId;
 use crate::bench_cli::parse_scheme;
 
 #[derive(clap::Args)]
+#[command(group(clap::ArgGroup::new("endpoint").required(true).args(["listen", "socket"])))]
 pub struct NbdArgs {
     /// The cluster file.
     #[arg(
@@ -34,12 +35,7 @@ pub struct NbdArgs {
     #[arg(long, env = "HYDRAMEM_SIZE", value_parser = parse_size)]
     size: Size,
     /// TCP address to serve on (NBD's port is 10809; port 0 picks a free one).
-    #[arg(
-        long,
-        env = "HYDRAMEM_LISTEN",
-        conflicts_with = "socket",
-        required_unless_present = "socket"
-    )]
+    #[arg(long, env = "HYDRAMEM_LISTEN")]
     listen: Option<String>,
     /// Unix socket to serve on instead of TCP (e.g. for nbdfuse or qemu on this machine).
     #[arg(long, env = "HYDRAMEM_SOCKET")]

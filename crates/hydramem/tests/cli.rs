@@ -177,3 +177,32 @@ fn bad_input_gets_clear_errors() {
         "{err}"
     );
 }
+
+#[test]
+fn nbd_bad_input_gets_clear_errors() {
+    let run = |args: &[&str]| {
+        let out = Command::new(BIN).arg("nbd").args(args).output().unwrap();
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run(&["--size", "1GiB"]);
+    assert!(
+        err.contains("--listen") && err.contains("--socket"),
+        "{err}"
+    );
+    let err = run(&["--size", "1GiB", "--listen", "127.0.0.1:0", "--socket", "s"]);
+    assert!(err.contains("cannot be used with"), "{err}");
+    let err = run(&["--size", "50%", "--listen", "127.0.0.1:0"]);
+    assert!(err.contains("not a percentage"), "{err}");
+    let err = run(&["--size", "0", "--listen", "127.0.0.1:0"]);
+    assert!(err.contains("at least 1 byte"), "{err}");
+    let err = run(&[
+        "--size",
+        "1MiB",
+        "--listen",
+        "127.0.0.1:0",
+        "--cluster",
+        "/nonexistent/c.toml",
+    ]);
+    assert!(err.contains("cannot read cluster file"), "{err}");
+}
