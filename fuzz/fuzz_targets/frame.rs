@@ -37,4 +37,10 @@ fuzz_target!(|data: &[u8]| {
     let _ = wire::Notice::parse(data);
     let _ = wire::HelloReply::parse(data);
     let _ = wire::Hello::parse(data);
+    if let Ok(f) = wire::Fault::parse(data) {
+        // A fault that parses re-encodes to the very bytes (corruption args included).
+        let mut out = Vec::new();
+        f.put(&mut out);
+        assert_eq!(out, data);
+    }
 });

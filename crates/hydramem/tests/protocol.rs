@@ -6,7 +6,7 @@ mod common;
 use std::io::Write;
 
 use common::Raw;
-use hydramem::wire::{self, ClientId, Entry, Op, Reader, ReplyEntry, Status};
+use hydramem::wire::{self, ClientId, Entry, Op, Status};
 
 fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
     readv_versioned(raw, slab, offset, len).0
@@ -14,49 +14,12 @@ fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
 
 /// One READV entry; returns (status, data) and the version the node stored.
 fn readv_versioned(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> ((Status, Vec<u8>), u64) {
-    let mut b = 1u32.to_le_bytes().to_vec();
-    let cookie = 77;
-    Entry {
-        slab,
-        len,
-        offset,
-        cookie,
-        version: 0,
-    }
-    .put(&mut b);
-    let (h, body) = raw.call(Op::ReadV, &b);
-    assert_eq!(h.status, Status::Ok);
-    let mut r = Reader::new(&body);
-    assert_eq!(r.count().unwrap(), 1);
-    let e = ReplyEntry::get_read(&mut r).unwrap();
-    assert_eq!(e.cookie, 77);
-    (
-        (e.status, r.bytes(e.len as usize).unwrap().to_vec()),
-        e.version,
-    )
+    let (st, data, version) = raw.read_split(slab, offset, len);
+    ((st, data), version)
 }
 
 fn writev(raw: &mut Raw, slab: u32, offset: u64, data: &[u8]) -> Status {
-    writev_versioned(raw, slab, offset, data, 1)
-}
-
-/// One WRITEV entry of `version`; returns its status.
-fn writev_versioned(raw: &mut Raw, slab: u32, offset: u64, data: &[u8], version: u64) -> Status {
-    let mut b = 1u32.to_le_bytes().to_vec();
-    let len = data.len() as u32;
-    Entry {
-        slab,
-        len,
-        offset,
-        cookie: 5,
-        version,
-    }
-    .put(&mut b);
-    b.extend_from_slice(data);
-    let (_, body) = raw.call(Op::WriteV, &b);
-    let mut r = Reader::new(&body);
-    r.count().unwrap();
-    ReplyEntry::get_write(&mut r).unwrap().status
+    raw.write_split(slab, offset, data, 1)
 }
 
 #[test]
@@ -99,14 +62,8 @@ fn slabs_are_private_zeroed_and_range_checked() {
     assert_eq!(readv(&mut ra, slab, 4096, 512).1, vec![0xAB; 512]);
 
     // Versions: a newer write replaces, an older one is refused and changes nothing.
-    assert_eq!(
-        writev_versioned(&mut ra, slab, 512, &[5; 512], 50),
-        Status::Ok
-    );
-    assert_eq!(
-        writev_versioned(&mut ra, slab, 512, &[3; 512], 30),
-        Status::Stale
-    );
+    assert_eq!(ra.write_split(slab, 512, &[5; 512], 50), Status::Ok);
+    assert_eq!(ra.write_split(slab, 512, &[3; 512], 30), Status::Stale);
     let got = readv_versioned(&mut ra, slab, 512, 512);
     assert_eq!(got, ((Status::Ok, vec![5; 512]), 50));
     assert_eq!(

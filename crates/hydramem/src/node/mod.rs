@@ -26,7 +26,9 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::wire::{ClientId, Notice, Reclaim, SlabStats, Stats, Status, SLAB_RECLAIMED};
+use crate::wire::{
+    ClientId, Corruption, Notice, Reclaim, SlabStats, Stats, Status, PPM_ALL, SLAB_RECLAIMED,
+};
 use control::{ControlConfig, MemorySample};
 pub use memory::SlabMemory;
 
@@ -54,6 +56,41 @@ pub struct Faults {
     pub resumed: parking_lot::Condvar,
     /// Whether ALLOC is refused.
     pub refuse_alloc: std::sync::atomic::AtomicBool,
+    /// Bit flips in stored splits after writes ([`Corruption::encode`]; 0 = off).
+    pub corrupt_writes: AtomicU64,
+    /// Bit flips in READV reply data.
+    pub corrupt_replies: AtomicU64,
+    /// READV entries answered with the neighbouring slot's split.
+    pub misdirect_reads: AtomicU64,
+}
+
+impl Faults {
+    /// Whether this access of `slab` is hit by the corruption stored in `which`. One relaxed
+    /// load when the corruption is off, which it is unless a test turned it on.
+    pub fn hits(which: &AtomicU64, slab: u32) -> bool {
+        let arg = which.load(Ordering::Relaxed);
+        arg != 0
+            && Corruption::decode(arg).is_ok_and(|c| c.hits(slab, rand::random_range(0..PPM_ALL)))
+    }
+
+    /// Turns every corruption off.
+    pub fn clear_corruption(&self) {
+        for c in [
+            &self.corrupt_writes,
+            &self.corrupt_replies,
+            &self.misdirect_reads,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Flips one random bit of `buf` (injected corruption).
+pub fn flip_random_bit(buf: &mut [u8]) {
+    if !buf.is_empty() {
+        let bit = rand::random_range(0..buf.len() * 8);
+        buf[bit / 8] ^= 1 << (bit % 8);
+    }
 }
 
 /// Errors that prevent a node from starting.
@@ -152,6 +189,51 @@ impl Slab {
         self.touched
             .fetch_max(offset + data.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Injected corruption: flips one random bit of the stored split at `offset` (a whole
+    /// split, as for [`Slab::write`]), leaving its version as it was.
+    pub fn corrupt(&self, offset: u64) -> Result<(), Status> {
+        let len = self.split_len as usize;
+        self.slot(offset, len)?;
+        let _g = self.lock.write();
+        let mut buf = [0u8; 1];
+        let bit = rand::random_range(0..len * 8);
+        let at = offset + (bit / 8) as u64;
+        self.memory.read(at, &mut buf).ok_or(Status::OutOfRange)?;
+        buf[0] ^= 1 << (bit % 8);
+        self.memory.write(at, &buf).ok_or(Status::OutOfRange)?;
+        Ok(())
+    }
+
+    /// Injected corruption at rest: flips one bit in every split that was ever written;
+    /// returns how many.
+    pub fn corrupt_written(&self) -> u64 {
+        let slots = self
+            .touched
+            .load(Ordering::Relaxed)
+            .div_ceil(self.split_len);
+        (0..slots)
+            .filter(|&slot| self.version(slot) != 0 && self.corrupt(slot * self.split_len).is_ok())
+            .count() as u64
+    }
+
+    /// Injected misdirected read: copies the split of the slot next to `offset` (the previous
+    /// one for the last slot) and returns the version stored for `offset`, as a node that
+    /// reads the wrong address but the right metadata would.
+    pub fn read_misdirected(&self, offset: u64, out: &mut [u8]) -> Result<u64, Status> {
+        let slot = self.slot(offset, out.len())?;
+        let slots = self.versions.len() as u64 / 8;
+        let other = if slot + 1 < slots {
+            slot + 1
+        } else {
+            slot.saturating_sub(1)
+        };
+        let _g = self.lock.read();
+        self.memory
+            .read(other * self.split_len, out)
+            .ok_or(Status::OutOfRange)?;
+        Ok(self.version(slot))
     }
 
     fn stats(&self, id: u32) -> SlabStats {
@@ -557,6 +639,13 @@ impl Node {
         }
     }
 
+    /// Injected corruption at rest in slab `id`, whoever owns it: one bit flipped in every
+    /// written split. Returns how many splits were hit.
+    pub fn corrupt_slab(&self, id: u32) -> Result<u64, Status> {
+        let slab = self.slabs.read().get(&id).cloned();
+        Ok(slab.ok_or(Status::NoSuchSlab)?.corrupt_written())
+    }
+
     pub(crate) fn client_connected(&self) {
         self.clients.fetch_add(1, Ordering::Relaxed);
     }
@@ -842,6 +931,42 @@ mod tests {
         assert_eq!((st.reclaiming, st.evicted_moved), (0, 1));
         assert!(reclaimed(&n).is_empty());
         n.alloc(a, 6, 512).unwrap();
+    }
+
+    #[test]
+    fn injected_corruption_flips_one_bit_and_keeps_versions() {
+        let n = node(2);
+        let a = ClientId::random();
+        let id = n.alloc(a, 0, 512).unwrap();
+        let s = n.slab(&a, id).unwrap();
+        let bits = |b: &[u8], v: u8| b.iter().map(|x| (x ^ v).count_ones()).sum::<u32>();
+        for slot in 0..3u64 {
+            s.write(slot * 512, &[slot as u8; 512], 10 + slot).unwrap();
+        }
+        // At rest: every written split (and only those) loses one bit.
+        assert_eq!(n.corrupt_slab(id), Ok(3));
+        assert_eq!(n.corrupt_slab(id ^ 1), Err(Status::NoSuchSlab));
+        let mut b = [0u8; 512];
+        for slot in 0..3u64 {
+            assert_eq!(s.read(slot * 512, &mut b), Ok(10 + slot));
+            assert_eq!(bits(&b, slot as u8), 1);
+        }
+        assert_eq!(s.read(3 * 512, &mut b), Ok(0));
+        assert_eq!(b, [0; 512]);
+        // Misdirected: the neighbour's bytes (the previous one for the last slot) under the
+        // requested slot's version.
+        s.write(0, &[7; 512], 20).unwrap();
+        assert_eq!(s.read_misdirected(512, &mut b), Ok(11));
+        assert_eq!(bits(&b, 2), 1, "not the (corrupted) split of slot 2");
+        let last = 65536 - 512;
+        s.write(last, &[9; 512], 30).unwrap();
+        s.write(last - 512, &[8; 512], 30).unwrap();
+        assert_eq!(s.read_misdirected(last, &mut b), Ok(30));
+        assert_eq!(b, [8; 512]);
+        assert_eq!(s.corrupt(100), Err(Status::BadRequest));
+        let mut buf = [0u8; 64];
+        flip_random_bit(&mut buf);
+        assert_eq!(bits(&buf, 0), 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use super::Node;
+use super::{Faults, Node};
 use crate::wire::{
     self, ClientId, Fault, FrameBuilder, Header, HelloReply, Op, ReplyEntry, Request, Status,
     WireError, HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
@@ -212,6 +212,7 @@ impl Connection {
                 f.refuse_alloc.store(false, Ordering::Relaxed);
                 node.simulated.total.store(0, Ordering::Relaxed);
                 node.simulated.available.store(u64::MAX, Ordering::Relaxed);
+                f.clear_corruption();
                 *f.stopped.lock() = false;
                 f.resumed.notify_all();
             }
@@ -230,6 +231,13 @@ impl Connection {
             Fault::Crash => std::process::exit(134),
             Fault::MemoryTotal(b) => node.simulated.total.store(b, Ordering::Relaxed),
             Fault::MemoryAvailable(b) => node.simulated.available.store(b, Ordering::Relaxed),
+            Fault::CorruptSlab(slab) => match node.corrupt_slab(slab) {
+                Ok(splits) => tracing::warn!(slab, splits, "corrupted stored splits"),
+                Err(st) => return st,
+            },
+            Fault::CorruptWrites(c) => f.corrupt_writes.store(c.encode(), Ordering::Relaxed),
+            Fault::CorruptReplies(c) => f.corrupt_replies.store(c.encode(), Ordering::Relaxed),
+            Fault::MisdirectReads(c) => f.misdirect_reads.store(c.encode(), Ordering::Relaxed),
         }
         Status::Ok
     }
@@ -368,10 +376,13 @@ impl Connection {
                     let st = if e.len == 0 {
                         Status::BadRequest
                     } else {
-                        match node
-                            .slab(&c, e.slab)
-                            .and_then(|s| s.write(e.offset, d, e.version))
-                        {
+                        match node.slab(&c, e.slab).and_then(|s| {
+                            s.write(e.offset, d, e.version)?;
+                            if Faults::hits(&node.faults.corrupt_writes, e.slab) {
+                                s.corrupt(e.offset)?;
+                            }
+                            Ok(())
+                        }) {
                             Ok(()) => Status::Ok,
                             Err(st) => st,
                         }
@@ -407,7 +418,17 @@ impl Connection {
                             return Err(Status::BadRequest);
                         }
                         out.resize(start + len, 0);
-                        s.read(e.offset, &mut out[start..start + len])
+                        let data = &mut out[start..start + len];
+                        let f = &node.faults;
+                        let version = if Faults::hits(&f.misdirect_reads, e.slab) {
+                            s.read_misdirected(e.offset, data)?
+                        } else {
+                            s.read(e.offset, data)?
+                        };
+                        if Faults::hits(&f.corrupt_replies, e.slab) {
+                            super::flip_random_bit(data);
+                        }
+                        Ok(version)
                     });
                     match r {
                         Ok(version) => {
