@@ -27,7 +27,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             let mut n = 0usize;
-            let _ = wire::parse_vectored_reply(&h, body, |_, _, _, d| n += d.len());
+            let _ = wire::parse_vectored_reply(&h, body, |_, _, _, _, d| n += d.len());
             assert!(n <= body.len());
         }
     }
@@ -37,6 +37,12 @@ fuzz_target!(|data: &[u8]| {
     let _ = wire::Notice::parse(data);
     let _ = wire::HelloReply::parse(data);
     let _ = wire::Hello::parse(data);
+    if let Ok(req) = wire::Regen::parse(data) {
+        // A REGEN that parses re-encodes to a body that parses to the same request.
+        let mut out = Vec::new();
+        req.put(&mut out);
+        assert_eq!(wire::Regen::parse(&out), Ok(req));
+    }
     if let Ok(f) = wire::Fault::parse(data) {
         // A fault that parses re-encodes to the very bytes (corruption args included).
         let mut out = Vec::new();

@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 1; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 2; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -30,19 +30,36 @@
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
 //! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
 //! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
-//! | 0x10 | WRITEV  | count u32, count × (entry (32), then len bytes | count u32, count × (cookie u64, status u32)    |
+//! | 0x10 | WRITEV  | count u32, count × (entry (36), then len bytes | count u32, count × (cookie u64, status u32)    |
 //! |      |         | of data)                                       |                                                |
-//! | 0x11 | READV   | count u32, count × entry (32)                  | count u32, count × (cookie u64, status u32,    |
-//! |      |         |                                                | len u32, version u64, then len bytes of data)  |
+//! | 0x11 | READV   | count u32, count × entry (36)                  | count u32, count × (cookie u64, status u32,    |
+//! |      |         |                                                | len u32, version u64, crc u32, then len bytes  |
+//! |      |         |                                                | of data)                                       |
 //! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
 //! | 0x08 | RECLAIMS| empty                                          | count u32, count × (slab u32, ms_left u32)     |
 //! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
-//! A vectored entry is 32 bytes: slab u32, len u32, offset u64, cookie u64, version u64. The
-//! cookie is opaque to the node and lets the client land each split where it belongs without a
-//! lookup table (the role a work-request id plays in RDMA). In a READV reply an entry that failed
-//! carries len 0.
+//! A vectored entry is 36 bytes:
+//!
+//! | offset | size | field   | meaning                                                        |
+//! |--------|------|---------|----------------------------------------------------------------|
+//! | 0      | 4    | slab    | slab id on the node                                            |
+//! | 4      | 4    | len     | bytes of the split                                             |
+//! | 8      | 8    | offset  | byte offset in the slab (a multiple of the slab's split length) |
+//! | 16     | 8    | cookie  | opaque to the node, echoed in the reply entry                  |
+//! | 24     | 8    | version | WRITEV: the page version of the split; READV: 0                |
+//! | 32     | 4    | crc     | WRITEV: the split's checksum, stored beside the version; READV: 0 |
+//!
+//! The cookie lets the client land each split where it belongs without a lookup table (the
+//! role a work-request id plays in RDMA). In a READV reply an entry that failed carries len 0
+//! (and version and crc 0).
+//!
+//! **Checksums.** The node stores the 32-bit `crc` of every written split next to its version
+//! and returns both with the split; it never computes or checks it on the data path. The client
+//! that keeps checksums puts the CRC32C of the split bound to its page and version there (see
+//! [`crate::integrity`]) and verifies it on every read; a client that does not sends 0. A slot
+//! never written has version 0 and crc 0.
 //!
 //! **Versions.** A slab holds splits of one length, fixed at ALLOC (`split_len`); every access
 //! is one whole split at a multiple of it. Next to each split the node keeps the version of the
@@ -75,7 +92,7 @@ use std::fmt;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -84,7 +101,7 @@ pub const MAX_BODY: usize = 4 << 20;
 /// Most entries one vectored request may carry.
 pub const MAX_ENTRIES: usize = 8192;
 /// Length of one vectored entry on the wire.
-pub const ENTRY_LEN: usize = 32;
+pub const ENTRY_LEN: usize = 36;
 /// Bit set in the op byte of replies.
 const REPLY_BIT: u8 = 0x80;
 
@@ -313,16 +330,20 @@ pub struct Entry {
     pub cookie: u64,
     /// WRITEV: the version of the page this split belongs to (0 in READV).
     pub version: u64,
+    /// WRITEV: the split's checksum, stored with it (0 in READV, and from clients without
+    /// checksums).
+    pub crc: u32,
 }
 
 impl Entry {
-    /// Appends the entry's 32 bytes to `out`.
+    /// Appends the entry's 36 bytes to `out`.
     pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.slab.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.cookie.to_le_bytes());
         out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.crc.to_le_bytes());
     }
 
     /// Reads one entry.
@@ -333,6 +354,7 @@ impl Entry {
             offset: r.u64()?,
             cookie: r.u64()?,
             version: r.u64()?,
+            crc: r.u32()?,
         })
     }
 }
@@ -860,6 +882,9 @@ pub fn put_list(out: &mut Vec<u8>, slabs: &[(u32, u64)]) {
     }
 }
 
+/// Length of a READV reply entry header: cookie u64, status u32, len u32, version u64, crc u32.
+pub const READ_REPLY_LEN: usize = 28;
+
 /// One reply entry of a WRITEV or READV as parsed by a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyEntry {
@@ -871,6 +896,8 @@ pub struct ReplyEntry {
     pub len: u32,
     /// Version stored with the split (READV only).
     pub version: u64,
+    /// Checksum stored with the split (READV only).
+    pub crc: u32,
 }
 
 impl ReplyEntry {
@@ -886,14 +913,24 @@ impl ReplyEntry {
             status: Status::from_u32(r.u32()?)?,
             len: 0,
             version: 0,
+            crc: 0,
         })
     }
-    /// Appends a READV reply entry header (24 bytes); the caller appends `len` data bytes.
-    pub fn put_read(out: &mut Vec<u8>, cookie: u64, status: Status, len: u32, version: u64) {
+    /// Appends a READV reply entry header ([`READ_REPLY_LEN`] bytes); the caller appends `len`
+    /// data bytes.
+    pub fn put_read(
+        out: &mut Vec<u8>,
+        cookie: u64,
+        status: Status,
+        len: u32,
+        version: u64,
+        crc: u32,
+    ) {
         out.extend_from_slice(&cookie.to_le_bytes());
         out.extend_from_slice(&(status as u32).to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&crc.to_le_bytes());
     }
     /// Parses a READV reply entry header; the data follows in the reader.
     pub fn get_read(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
@@ -902,6 +939,7 @@ impl ReplyEntry {
             status: Status::from_u32(r.u32()?)?,
             len: r.u32()?,
             version: r.u64()?,
+            crc: r.u32()?,
         };
         if e.status != Status::Ok && e.len != 0 {
             return Err(WireError::Invalid("failed read entry carries data"));
@@ -911,12 +949,13 @@ impl ReplyEntry {
 }
 
 /// Parses the body of a WRITEV or READV reply with status OK, calling
-/// `f(cookie, status, version, data)` for every entry in order (`data` is empty for writes and for failed reads). Stops at the
-/// first malformed entry; entries before it have been delivered.
+/// `f(cookie, status, version, crc, data)` for every entry in order (`data` is empty for
+/// writes and for failed reads; version and crc are 0 for writes). Stops at the first
+/// malformed entry; entries before it have been delivered.
 pub fn parse_vectored_reply<'a>(
     h: &Header,
     body: &'a [u8],
-    mut f: impl FnMut(u64, Status, u64, &'a [u8]),
+    mut f: impl FnMut(u64, Status, u64, u32, &'a [u8]),
 ) -> Result<(), WireError> {
     if !h.reply {
         return Err(WireError::Invalid("expected a reply frame"));
@@ -930,13 +969,19 @@ pub fn parse_vectored_reply<'a>(
         Op::WriteV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_write(&mut r)?;
-                f(e.cookie, e.status, 0, &[]);
+                f(e.cookie, e.status, 0, 0, &[]);
             }
         }
         Op::ReadV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_read(&mut r)?;
-                f(e.cookie, e.status, e.version, r.bytes(e.len as usize)?);
+                f(
+                    e.cookie,
+                    e.status,
+                    e.version,
+                    e.crc,
+                    r.bytes(e.len as usize)?,
+                );
             }
         }
         _ => return Err(WireError::Invalid("not a vectored op")),
@@ -968,10 +1013,11 @@ pub struct RegenSource {
 /// | 16   | client id (the identity that owns every slab named here) |
 /// | 1, 1 | k, r |
 /// | 1    | target split index |
-/// | 1    | reserved (0) |
+/// | 1    | flags: bit 0 = the client keeps checksums (verify the sources', store the target's) |
 /// | 4    | split_len |
 /// | 4    | target slab on this node |
 /// | 8    | pages (split slots) to rebuild |
+/// | 8    | the address range of the group, which checksums bind |
 /// | 4    | count of sources, then count × (split u8, flags u8 (bit 0: copy source), addr length u16, slab u32, addr as UTF-8 "ip:port") |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regen {
@@ -989,6 +1035,10 @@ pub struct Regen {
     pub slab: u32,
     /// Split slots to rebuild.
     pub pages: u64,
+    /// The client's address range of the group (see [`crate::integrity`]).
+    pub range: u64,
+    /// The client keeps per-split checksums: sources are verified and rebuilt splits get theirs.
+    pub checksums: bool,
     /// The surviving splits.
     pub sources: Vec<RegenSource>,
 }
@@ -997,10 +1047,11 @@ impl Regen {
     /// Appends the body.
     pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.client.0);
-        out.extend_from_slice(&[self.k, self.r, self.target, 0]);
+        out.extend_from_slice(&[self.k, self.r, self.target, self.checksums as u8]);
         out.extend_from_slice(&self.split_len.to_le_bytes());
         out.extend_from_slice(&self.slab.to_le_bytes());
         out.extend_from_slice(&self.pages.to_le_bytes());
+        out.extend_from_slice(&self.range.to_le_bytes());
         out.extend_from_slice(&(self.sources.len() as u32).to_le_bytes());
         for s in &self.sources {
             let a = s.addr.to_string();
@@ -1017,9 +1068,14 @@ impl Regen {
         let client = ClientId(r.bytes(16)?.try_into().expect("16"));
         let b = r.bytes(4)?;
         let (k, rr, target) = (b[0], b[1], b[2]);
+        if b[3] > 1 {
+            return Err(WireError::Invalid("REGEN has unknown flags"));
+        }
+        let checksums = b[3] == 1;
         let split_len = r.u32()?;
         let slab = r.u32()?;
         let pages = r.u64()?;
+        let range = r.u64()?;
         let n = r.u32()? as usize;
         if n > 64 {
             return Err(WireError::Invalid("REGEN names more than 64 sources"));
@@ -1052,6 +1108,8 @@ impl Regen {
             split_len,
             slab,
             pages,
+            range,
+            checksums,
             sources,
         })
     }
@@ -1393,7 +1451,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 1);
+        assert_eq!(b[4], 2);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
@@ -1433,6 +1491,7 @@ mod tests {
             offset: 0,
             cookie: 9,
             version: 3,
+            crc: 0xdead_beef,
         };
         let ok = frame(Op::WriteV, 1, |o| {
             o.extend_from_slice(&1u32.to_le_bytes());
@@ -1459,6 +1518,31 @@ mod tests {
     }
 
     #[test]
+    fn vectored_entries_match_the_byte_tables() {
+        let e = Entry {
+            slab: 1,
+            len: 2,
+            offset: 3,
+            cookie: 4,
+            version: 5,
+            crc: 0x0607_0809,
+        };
+        let mut out = Vec::new();
+        e.put(&mut out);
+        assert_eq!(out.len(), ENTRY_LEN);
+        assert_eq!(&out[0..8], &[1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!((out[8], out[16], out[24]), (3, 4, 5));
+        assert_eq!(&out[32..36], &[9, 8, 7, 6]);
+        let mut out = Vec::new();
+        ReplyEntry::put_read(&mut out, 4, Status::Stale, 0, 5, 0x0607_0809);
+        assert_eq!(out.len(), READ_REPLY_LEN);
+        assert_eq!((out[0], out[8], out[12], out[16]), (4, 8, 0, 5));
+        assert_eq!(&out[24..28], &[9, 8, 7, 6]);
+        let got = ReplyEntry::get_read(&mut Reader::new(&out)).unwrap();
+        assert_eq!((got.version, got.crc), (5, 0x0607_0809));
+    }
+
+    #[test]
     fn client_id_hex_round_trip() {
         let id = ClientId::random();
         assert_eq!(ClientId::from_hex(&id.to_hex()).unwrap(), id);
@@ -1473,13 +1557,15 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
+            any::<u32>(),
         )
-            .prop_map(|(slab, len, offset, cookie, version)| Entry {
+            .prop_map(|(slab, len, offset, cookie, version, crc)| Entry {
                 slab,
                 len,
                 offset,
                 cookie,
                 version,
+                crc,
             })
     }
 
@@ -1638,6 +1724,8 @@ mod tests {
             split_len: 4096,
             slab: 9,
             pages: 16,
+            range: 5,
+            checksums: true,
             sources: vec![RegenSource {
                 split: 1,
                 copy: true,
@@ -1648,8 +1736,12 @@ mod tests {
         let mut out = Vec::new();
         req.put(&mut out);
         assert_eq!(Regen::parse(&out).unwrap(), req);
-        // flags byte of the first source: after 16 + 4 + 4 + 4 + 8 + 4 bytes and the split.
-        out[16 + 4 + 4 + 4 + 8 + 4 + 1] = 2;
+        // flags byte of the first source: after 16 + 4 + 4 + 4 + 8 + 8 + 4 bytes and the split.
+        let mut bad = out.clone();
+        bad[16 + 4 + 4 + 4 + 8 + 8 + 4 + 1] = 2;
+        assert!(Regen::parse(&bad).is_err());
+        // The request's own flags byte.
+        out[19] = 3;
         assert!(Regen::parse(&out).is_err());
     }
 }

@@ -66,6 +66,21 @@ fn slabs_are_private_zeroed_and_range_checked() {
     assert_eq!(ra.write_split(slab, 512, &[3; 512], 30), Status::Stale);
     let got = readv_versioned(&mut ra, slab, 512, 512);
     assert_eq!(got, ((Status::Ok, vec![5; 512]), 50));
+    // The checksum is stored beside the version and returned with the split; an older write
+    // changes neither, a repeated one neither.
+    assert_eq!(
+        ra.write_stamped(slab, 2048, &[6; 512], 60, 0xC0FFEE),
+        Status::Ok
+    );
+    assert_eq!(
+        ra.write_stamped(slab, 2048, &[7; 512], 59, 1),
+        Status::Stale
+    );
+    assert_eq!(ra.write_stamped(slab, 2048, &[8; 512], 60, 2), Status::Ok);
+    assert_eq!(
+        ra.read_stamped(slab, 2048, 512),
+        (Status::Ok, vec![6; 512], 60, 0xC0FFEE)
+    );
     assert_eq!(
         readv_versioned(&mut ra, slab, 1024, 512).1,
         0,
@@ -111,6 +126,7 @@ fn malformed_frames_close_only_their_connection() {
                 offset: 0,
                 cookie: 1,
                 version: 1,
+                crc: 0,
             }
             .put(&mut b);
             let mut f = Vec::new();

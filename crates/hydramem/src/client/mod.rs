@@ -35,6 +35,7 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
 use crate::cluster::Cluster;
+use crate::integrity;
 use crate::placement::{NodeView, Placer};
 use crate::wire::{self, ClientId, Entry, Hello, Op, Status};
 use crate::PAGE_SIZE;
@@ -72,6 +73,10 @@ pub struct ClientConfig {
     pub seed: Option<u64>,
     /// Transport timeouts.
     pub tcp: TcpOptions,
+    /// Per-split CRC32C checksums bound to the page and version ([`crate::integrity`]): written
+    /// with every split, verified on every read; a split that fails is never used and the read
+    /// asks another instead.
+    pub checksums: bool,
 }
 
 impl ClientConfig {
@@ -88,6 +93,7 @@ impl ClientConfig {
             placement_l: 2,
             seed: None,
             tcp: TcpOptions::default(),
+            checksums: false,
         }
     }
 }
@@ -254,6 +260,8 @@ pub struct ClientStats {
     pub retries: AtomicU64,
     /// Write splits re-sent to a replacement slab after their node failed.
     pub rerouted: AtomicU64,
+    /// Read splits that failed their checksum (never used; another split was asked instead).
+    pub corrupt: AtomicU64,
 }
 
 /// Prometheus handles, registered once at connect so that the data path only records into
@@ -265,6 +273,7 @@ struct ClientMetrics {
     write_errors: metrics::Counter,
     reissued: metrics::Counter,
     rerouted: metrics::Counter,
+    corrupt: metrics::Counter,
 }
 
 impl ClientMetrics {
@@ -276,6 +285,7 @@ impl ClientMetrics {
             write_errors: metrics::counter!("hydramem_client_op_errors_total", "op" => "write"),
             reissued: metrics::counter!("hydramem_client_splits_reissued_total"),
             rerouted: metrics::counter!("hydramem_client_splits_rerouted_total"),
+            corrupt: metrics::counter!("hydramem_client_splits_corrupt_total"),
         }
     }
 }
@@ -292,8 +302,8 @@ enum ReadOutcome {
 struct SlotSink(Arc<Slots>);
 
 impl Completions for SlotSink {
-    fn read_done(&self, cookie: u64, status: Status, version: u64, data: &[u8]) {
-        self.0.read_done(cookie, status, version, data)
+    fn read_done(&self, cookie: u64, status: Status, version: u64, crc: u32, data: &[u8]) {
+        self.0.read_done(cookie, status, version, crc, data)
     }
     fn write_done(&self, cookie: u64, status: Status) {
         self.0.write_done(cookie, status)
@@ -317,6 +327,8 @@ pub struct RemoteMemory {
     metrics: ClientMetrics,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).
     clock: AtomicU64,
+    /// Read splits that failed their checksum, per node (cluster-file order).
+    corrupt_by_node: Box<[AtomicU64]>,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
@@ -441,7 +453,8 @@ impl RemoteMemory {
             }
             Resilience::Replication { .. } => None,
         };
-        let slots = Arc::new(Slots::new(layout, config.max_in_flight));
+        let slots =
+            Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
         let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
         let hello = Hello {
             client: config.client_id,
@@ -562,6 +575,9 @@ impl RemoteMemory {
             stats: ClientStats::default(),
             metrics: ClientMetrics::register(),
             clock: AtomicU64::new(0),
+            corrupt_by_node: (0..cluster.nodes.len())
+                .map(|_| AtomicU64::new(0))
+                .collect(),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
@@ -869,6 +885,7 @@ impl RemoteMemory {
         let offset = l.split_offset(pir);
         let version = self.next_version();
         let mut op = self.slots.acquire(std::ptr::null_mut());
+        let checksums = self.config.checksums;
         let post = |op: &slots::Op<'_>, group: &Group, j: usize, data: &[u8]| {
             let node = group.nodes[j];
             op.posting(j, node);
@@ -878,6 +895,11 @@ impl RemoteMemory {
                 offset,
                 cookie: op.cookie(j),
                 version,
+                crc: if checksums {
+                    integrity::split_crc(data, range as u64, pir, j, version)
+                } else {
+                    0
+                },
             };
             if node == slots::NO_NODE || self.transport.post_write(node, e, data, true).is_err() {
                 op.post_failed(j);
@@ -1212,6 +1234,8 @@ impl RemoteMemory {
             split_len: self.layout.split_len as u32,
             slab: job.slab,
             pages: self.layout.pages_per_range,
+            range: job.range as u64,
+            checksums: self.config.checksums,
             sources,
         };
         let regen = self.regen.clone();
@@ -1391,6 +1415,7 @@ impl RemoteMemory {
         let l = &self.layout;
         let offset = l.split_offset(pir);
         let mut op = self.slots.acquire(page.as_mut_ptr());
+        op.bind(range as u64, pir);
         // Candidate splits: those whose node is up, in random order.
         // Regenerated splits first, in random order; then (coded schemes only) the splits
         // still being regenerated, which may lack older pages.
@@ -1438,6 +1463,7 @@ impl RemoteMemory {
                     offset,
                     cookie: op.cookie(j),
                     version: 0,
+                    crc: 0,
                 };
                 if self.transport.post_read(node, e, true).is_err() {
                     op.post_failed(j);
@@ -1489,6 +1515,9 @@ impl RemoteMemory {
         });
         let p = op.close();
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        if p.corrupt != 0 {
+            self.count_corrupt(&op, p.corrupt, addr);
+        }
         match result {
             Some(Ok(())) => {
                 let (_, mask) = op
@@ -1517,6 +1546,38 @@ impl RemoteMemory {
                 nodes: self.describe(&op, p.outstanding()),
             }),
         }
+    }
+
+    /// Accounts the splits of a read that failed their checksum to the nodes that returned
+    /// them (off the fast path: only reads that met corruption come here).
+    fn count_corrupt(&self, op: &slots::Op<'_>, corrupt: u32, addr: u64) {
+        let n = corrupt.count_ones() as u64;
+        self.stats.corrupt.fetch_add(n, Ordering::Relaxed);
+        self.metrics.corrupt.increment(n);
+        for j in 0..self.layout.width {
+            if corrupt & (1 << j) == 0 {
+                continue;
+            }
+            let node = op.node_of(j);
+            if let Some(c) = self.corrupt_by_node.get(node as usize) {
+                c.fetch_add(1, Ordering::Relaxed);
+            }
+            tracing::warn!(
+                node,
+                split = j,
+                addr,
+                "a split failed its checksum (corrupted on the node or on the wire, or the wrong \
+                 page or version); read it from other splits"
+            );
+        }
+    }
+
+    /// Read splits that failed their checksum so far, per node in cluster-file order.
+    pub fn corrupt_splits(&self) -> Vec<u64> {
+        self.corrupt_by_node
+            .iter()
+            .map(|c| c.load(Ordering::Relaxed))
+            .collect()
     }
 
     /// Decodes in place after a read closed with `landed`: k or more splits of one version.
@@ -1620,7 +1681,12 @@ impl RemoteMemory {
         for j in 0..self.layout.width {
             let node = g.nodes[j];
             let down = node == slots::NO_NODE || !self.transport.is_up(node);
-            if down || p.failed & (1 << j) != 0 {
+            if p.corrupt & (1 << j) != 0 {
+                v.push(format!(
+                    "{} (split {j}: failed its checksum)",
+                    self.node_label(node)
+                ));
+            } else if down || p.failed & (1 << j) != 0 {
                 v.push(format!("{} (split {j})", self.node_label(node)));
             }
         }

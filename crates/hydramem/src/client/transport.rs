@@ -16,9 +16,9 @@ use crate::wire::{Entry, Notice, Op, Status};
 
 /// Receives split completions; implemented by the client's slot table.
 pub trait Completions: Send + Sync {
-    /// A read entry completed with the version stored for the split; `data` is valid only
-    /// during the call.
-    fn read_done(&self, cookie: u64, status: Status, version: u64, data: &[u8]);
+    /// A read entry completed with the version and checksum stored for the split; `data` is
+    /// valid only during the call.
+    fn read_done(&self, cookie: u64, status: Status, version: u64, crc: u32, data: &[u8]);
     /// A write entry completed.
     fn write_done(&self, cookie: u64, status: Status);
     /// The connection to `node` was lost: every entry posted to it and not completed fails.

@@ -117,6 +117,9 @@ pub struct Slab {
     memory: SlabMemory,
     /// The version of each split slot (u64 little-endian per slot; lazily backed like `memory`).
     versions: SlabMemory,
+    /// The checksum the client gave with each split slot (u32 little-endian per slot, lazily
+    /// backed; the node stores and returns it, never computes it).
+    crcs: SlabMemory,
     /// Writers take it exclusively so that a concurrent read never sees a torn split.
     lock: RwLock<()>,
     reads: AtomicU64,
@@ -156,20 +159,37 @@ impl Slab {
         u64::from_le_bytes(v)
     }
 
+    fn crc(&self, slot: u64) -> u32 {
+        let mut c = [0u8; 4];
+        self.crcs.read(slot * 4, &mut c).expect("slot checked");
+        u32::from_le_bytes(c)
+    }
+
     /// Copies one split out of the slab and returns its version, counting the access.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<u64, Status> {
+        self.load(offset, out).map(|(version, _)| version)
+    }
+
+    /// Copies one split out of the slab and returns its version and checksum, counting the
+    /// access.
+    pub fn load(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
         let slot = self.slot(offset, out.len())?;
         let _g = self.lock.read();
         self.memory.read(offset, out).ok_or(Status::OutOfRange)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes_read
             .fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok(self.version(slot))
+        Ok((self.version(slot), self.crc(slot)))
     }
 
-    /// Stores one split of `version` unless a newer version is stored ([`Status::Stale`]); an
-    /// equal version is acknowledged without rewriting.
+    /// [`Slab::store`] with checksum 0 (a client that keeps none).
     pub fn write(&self, offset: u64, data: &[u8], version: u64) -> Result<(), Status> {
+        self.store(offset, data, version, 0)
+    }
+
+    /// Stores one split of `version` with its checksum unless a newer version is stored
+    /// ([`Status::Stale`]); an equal version is acknowledged without rewriting.
+    pub fn store(&self, offset: u64, data: &[u8], version: u64, crc: u32) -> Result<(), Status> {
         let slot = self.slot(offset, data.len())?;
         let _g = self.lock.write();
         let stored = self.version(slot);
@@ -182,6 +202,9 @@ impl Slab {
         self.memory.write(offset, data).ok_or(Status::OutOfRange)?;
         self.versions
             .write(slot * 8, &version.to_le_bytes())
+            .expect("slot checked");
+        self.crcs
+            .write(slot * 4, &crc.to_le_bytes())
             .expect("slot checked");
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.bytes_written
@@ -219,9 +242,9 @@ impl Slab {
     }
 
     /// Injected misdirected read: copies the split of the slot next to `offset` (the previous
-    /// one for the last slot) and returns the version stored for `offset`, as a node that
-    /// reads the wrong address but the right metadata would.
-    pub fn read_misdirected(&self, offset: u64, out: &mut [u8]) -> Result<u64, Status> {
+    /// one for the last slot) with its checksum, and returns the version stored for `offset`,
+    /// as a node that reads the wrong address but the right version would.
+    pub fn read_misdirected(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
         let slot = self.slot(offset, out.len())?;
         let slots = self.versions.len() as u64 / 8;
         let other = if slot + 1 < slots {
@@ -233,7 +256,7 @@ impl Slab {
         self.memory
             .read(other * self.split_len, out)
             .ok_or(Status::OutOfRange)?;
-        Ok(self.version(slot))
+        Ok((self.version(slot), self.crc(other)))
     }
 
     fn stats(&self, id: u32) -> SlabStats {
@@ -363,7 +386,9 @@ impl Node {
             Some(m) => m,
             None => map(self.config.slab_size)?,
         };
-        let versions = map((self.config.slab_size / split_len as u64 * 8).max(8))?;
+        let slots = self.config.slab_size / split_len as u64;
+        let versions = map((slots * 8).max(8))?;
+        let crcs = map((slots * 4).max(4))?;
         let id = *next;
         *next = next.wrapping_add(1);
         let slab = Slab {
@@ -372,6 +397,7 @@ impl Node {
             split_len: split_len as u64,
             memory,
             versions,
+            crcs,
             lock: RwLock::new(()),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -956,13 +982,15 @@ mod tests {
         // Misdirected: the neighbour's bytes (the previous one for the last slot) under the
         // requested slot's version.
         s.write(0, &[7; 512], 20).unwrap();
-        assert_eq!(s.read_misdirected(512, &mut b), Ok(11));
+        assert_eq!(s.read_misdirected(512, &mut b), Ok((11, 0)));
         assert_eq!(bits(&b, 2), 1, "not the (corrupted) split of slot 2");
         let last = 65536 - 512;
-        s.write(last, &[9; 512], 30).unwrap();
-        s.write(last - 512, &[8; 512], 30).unwrap();
-        assert_eq!(s.read_misdirected(last, &mut b), Ok(30));
+        s.store(last, &[9; 512], 30, 99).unwrap();
+        s.store(last - 512, &[8; 512], 30, 88).unwrap();
+        assert_eq!(s.read_misdirected(last, &mut b), Ok((30, 88)));
         assert_eq!(b, [8; 512]);
+        assert_eq!(s.load(last, &mut b), Ok((30, 99)));
+        assert_eq!(b, [9; 512]);
         assert_eq!(s.corrupt(100), Err(Status::BadRequest));
         let mut buf = [0u8; 64];
         flip_random_bit(&mut buf);

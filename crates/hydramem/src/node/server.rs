@@ -377,7 +377,7 @@ impl Connection {
                         Status::BadRequest
                     } else {
                         match node.slab(&c, e.slab).and_then(|s| {
-                            s.write(e.offset, d, e.version)?;
+                            s.store(e.offset, d, e.version, e.crc)?;
                             if Faults::hits(&node.faults.corrupt_writes, e.slab) {
                                 s.corrupt(e.offset)?;
                             }
@@ -409,7 +409,7 @@ impl Connection {
                         node.slab(&c, e.slab)
                     };
                     let head = out.len();
-                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len, 0);
+                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len, 0, 0);
                     let start = out.len();
                     // The reply must fit one frame: refuse entries that would overflow it.
                     let fits = start + len - frame_start - HEADER_LEN <= MAX_BODY;
@@ -420,25 +420,26 @@ impl Connection {
                         out.resize(start + len, 0);
                         let data = &mut out[start..start + len];
                         let f = &node.faults;
-                        let version = if Faults::hits(&f.misdirect_reads, e.slab) {
+                        let stamp = if Faults::hits(&f.misdirect_reads, e.slab) {
                             s.read_misdirected(e.offset, data)?
                         } else {
-                            s.read(e.offset, data)?
+                            s.load(e.offset, data)?
                         };
                         if Faults::hits(&f.corrupt_replies, e.slab) {
                             super::flip_random_bit(data);
                         }
-                        Ok(version)
+                        Ok(stamp)
                     });
                     match r {
-                        Ok(version) => {
-                            // The version field is the last 8 bytes of the entry header.
-                            out[start - 8..start].copy_from_slice(&version.to_le_bytes());
+                        Ok((version, crc)) => {
+                            // Version and crc are the last 12 bytes of the entry header.
+                            out[start - 12..start - 4].copy_from_slice(&version.to_le_bytes());
+                            out[start - 4..start].copy_from_slice(&crc.to_le_bytes());
                             bytes += len as u64;
                         }
                         Err(st) => {
                             out.truncate(head);
-                            ReplyEntry::put_read(out, e.cookie, st, 0, 0);
+                            ReplyEntry::put_read(out, e.cookie, st, 0, 0, 0);
                         }
                     }
                 }

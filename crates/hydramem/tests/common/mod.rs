@@ -111,8 +111,20 @@ impl Raw {
         u32::from_le_bytes(body.try_into().unwrap())
     }
 
-    /// One WRITEV entry of `version`; returns its status.
+    /// One WRITEV entry of `version` (checksum 0); returns its status.
     pub fn write_split(&mut self, slab: u32, offset: u64, data: &[u8], version: u64) -> Status {
+        self.write_stamped(slab, offset, data, version, 0)
+    }
+
+    /// One WRITEV entry of `version` with checksum `crc`; returns its status.
+    pub fn write_stamped(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        data: &[u8],
+        version: u64,
+        crc: u32,
+    ) -> Status {
         let mut b = 1u32.to_le_bytes().to_vec();
         Entry {
             slab,
@@ -120,6 +132,7 @@ impl Raw {
             offset,
             cookie: 5,
             version,
+            crc,
         }
         .put(&mut b);
         b.extend_from_slice(data);
@@ -131,6 +144,17 @@ impl Raw {
 
     /// One READV entry; returns its status, data and the version the node stored.
     pub fn read_split(&mut self, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>, u64) {
+        let (st, data, version, _) = self.read_stamped(slab, offset, len);
+        (st, data, version)
+    }
+
+    /// One READV entry; returns its status, data and the version and checksum the node stored.
+    pub fn read_stamped(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        len: u32,
+    ) -> (Status, Vec<u8>, u64, u32) {
         let mut b = 1u32.to_le_bytes().to_vec();
         Entry {
             slab,
@@ -138,6 +162,7 @@ impl Raw {
             offset,
             cookie: 77,
             version: 0,
+            crc: 0,
         }
         .put(&mut b);
         let (h, body) = self.call(Op::ReadV, &b);
@@ -146,10 +171,7 @@ impl Raw {
         assert_eq!(r.count().unwrap(), 1);
         let e = ReplyEntry::get_read(&mut r).unwrap();
         assert_eq!(e.cookie, 77);
-        (
-            e.status,
-            r.bytes(e.len as usize).unwrap().to_vec(),
-            e.version,
-        )
+        let data = r.bytes(e.len as usize).unwrap().to_vec();
+        (e.status, data, e.version, e.crc)
     }
 }

@@ -1,0 +1,123 @@
+//! Corruption injected on live node processes, met by per-split checksums: up to r corrupted
+//! splits per page are read around to the exact bytes and the nodes that returned them are
+//! named; beyond r a read fails with a clear error; without checksums the same corruption
+//! reaches the caller (which is why they exist).
+
+mod common;
+
+use hydramem::bench::fill_page;
+use hydramem::client::{ClientConfig, RemoteMemory};
+use hydramem::embedded::EmbeddedCluster;
+use hydramem::wire::{Corruption, Fault};
+use hydramem::PAGE_SIZE;
+
+use common::{HYDRA, SLAB};
+
+const PAGES: u64 = 64;
+
+fn setup(checksums: bool) -> (EmbeddedCluster, std::sync::Arc<RemoteMemory>) {
+    let c = common::cluster_with(12, SLAB, 16, &["--allow-fault-injection"]);
+    let mut cfg = ClientConfig::new(HYDRA, PAGES * PAGE_SIZE as u64);
+    cfg.checksums = checksums;
+    cfg.op_timeout = std::time::Duration::from_secs(3);
+    let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
+    let mut page = [0u8; PAGE_SIZE];
+    for p in 0..PAGES {
+        fill_page(&mut page, 5, p, 1);
+        mem.write_page(p * PAGE_SIZE as u64, &page).unwrap();
+    }
+    (c, mem)
+}
+
+/// Reads every page: how many came back exact, wrong, or as errors (with the last error).
+fn read_all(mem: &RemoteMemory) -> (u64, u64, Vec<String>) {
+    let (mut exact, mut wrong, mut errors) = (0, 0, Vec::new());
+    let mut page = [0u8; PAGE_SIZE];
+    let mut want = [0u8; PAGE_SIZE];
+    for p in 0..PAGES {
+        fill_page(&mut want, 5, p, 1);
+        match mem.read_page(p * PAGE_SIZE as u64, &mut page) {
+            Ok(()) if page == want => exact += 1,
+            Ok(()) => wrong += 1,
+            Err(e) => errors.push(e.to_string()),
+        }
+    }
+    (exact, wrong, errors)
+}
+
+#[test]
+fn checksums_read_around_up_to_r_corrupted_splits_and_name_the_nodes() {
+    let (c, mem) = setup(true);
+    let g = mem.group_of(0).unwrap();
+    // A data split flipped on the wire, a parity split misdirected (right version, wrong page).
+    let (wire, misdirect) = (g.nodes[1] as usize, g.nodes[8] as usize);
+    c.inject(wire, Fault::CorruptReplies(Corruption::ALWAYS))
+        .unwrap();
+    c.inject(misdirect, Fault::MisdirectReads(Corruption::ALWAYS))
+        .unwrap();
+    let (exact, wrong, errors) = read_all(&mem);
+    assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
+    let counts = mem.corrupt_splits();
+    assert!(counts[wire] > 0 && counts[misdirect] > 0, "{counts:?}");
+    let others: u64 = (0..counts.len())
+        .filter(|n| ![wire, misdirect].contains(n))
+        .map(|n| counts[n])
+        .sum();
+    assert_eq!(others, 0, "{counts:?}");
+    // At rest: every written split of another data slab flipped for good.
+    c.inject(wire, Fault::Clear).unwrap();
+    c.inject(misdirect, Fault::Clear).unwrap();
+    let rest = g.nodes[3] as usize;
+    c.inject(rest, Fault::CorruptSlab(g.slabs[3])).unwrap();
+    let before = mem.corrupt_splits()[rest];
+    let (exact, wrong, errors) = read_all(&mem);
+    assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
+    assert!(mem.corrupt_splits()[rest] > before);
+}
+
+#[test]
+fn beyond_r_corrupted_splits_is_a_clear_error_never_wrong_bytes() {
+    let (c, mem) = setup(true);
+    let g = mem.group_of(0).unwrap();
+    for j in [0, 4, 9] {
+        c.inject(
+            g.nodes[j] as usize,
+            Fault::CorruptReplies(Corruption::ALWAYS),
+        )
+        .unwrap();
+    }
+    let (exact, wrong, errors) = read_all(&mem);
+    assert_eq!((exact, wrong), (0, 0));
+    assert!(errors[0].contains("failed its checksum"), "{}", errors[0]);
+}
+
+#[test]
+fn without_checksums_the_same_corruption_reaches_the_caller() {
+    let (c, mem) = setup(false);
+    let g = mem.group_of(0).unwrap();
+    c.inject(
+        g.nodes[1] as usize,
+        Fault::CorruptReplies(Corruption::ALWAYS),
+    )
+    .unwrap();
+    let (_, wrong, _) = read_all(&mem);
+    assert!(wrong > 0, "no corrupted split was ever used");
+}
+
+#[test]
+fn regeneration_decodes_around_a_corrupted_source() {
+    let (mut c, mem) = setup(true);
+    let g = mem.group_of(0).unwrap();
+    // Split 2 rots at rest, then the node of split 0 dies: its replacement is rebuilt from
+    // the other nine, and the rotten split must not be one of the eight it decodes from.
+    c.inject(g.nodes[2] as usize, Fault::CorruptSlab(g.slabs[2]))
+        .unwrap();
+    c.kill(g.nodes[0] as usize).unwrap();
+    common::wait_regenerated(&mem, 1);
+    let replacement = mem.group_of(0).unwrap().nodes[0] as usize;
+    assert_ne!(replacement, g.nodes[0] as usize);
+    c.inject(g.nodes[2] as usize, Fault::StopAnswering).unwrap();
+    let (exact, wrong, errors) = read_all(&mem);
+    assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
+    assert_eq!(mem.corrupt_splits()[replacement], 0);
+}
