@@ -83,7 +83,7 @@ impl BenchArgs {
 /// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
 pub fn parse_scheme(s: &str) -> Result<Resilience> {
     let bad = || {
-        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1, add -ec for EC-only), repN or single")
+        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for corruption detection), repN or single")
     };
     if s == "single" {
         return Ok(Resilience::Replication { copies: 1 });
@@ -94,9 +94,10 @@ pub fn parse_scheme(s: &str) -> Result<Resilience> {
         });
     }
     let rest = s.strip_prefix("hydra-").ok_or_else(bad)?;
-    let (rest, mode) = match rest.strip_suffix("-ec") {
-        Some(r) => (r, Mode::EcOnly),
-        None => (rest, Mode::FailureRecovery),
+    let (rest, mode) = match (rest.strip_suffix("-ec"), rest.strip_suffix("-det")) {
+        (Some(r), _) => (r, Mode::EcOnly),
+        (_, Some(r)) => (r, Mode::Detection),
+        _ => (rest, Mode::FailureRecovery),
     };
     let (kr, d) = rest.split_once("-d").ok_or_else(bad)?;
     let (k, r) = kr.split_once('+').ok_or_else(bad)?;
@@ -361,6 +362,15 @@ mod tests {
         assert_eq!(
             parse_scheme("single").unwrap(),
             Resilience::Replication { copies: 1 }
+        );
+        assert_eq!(
+            parse_scheme("hydra-8+1-d1-det").unwrap(),
+            Resilience::Hydra {
+                k: 8,
+                r: 1,
+                delta: 1,
+                mode: Mode::Detection
+            }
         );
         assert!(parse_scheme("raid5").is_err());
     }

@@ -6,7 +6,7 @@
 mod common;
 
 use hydramem::bench::fill_page;
-use hydramem::client::{ClientConfig, RemoteMemory};
+use hydramem::client::{ClientConfig, IoError, Mode, RemoteMemory, Resilience};
 use hydramem::embedded::EmbeddedCluster;
 use hydramem::wire::{Corruption, Fault};
 use hydramem::PAGE_SIZE;
@@ -16,8 +16,15 @@ use common::{HYDRA, SLAB};
 const PAGES: u64 = 64;
 
 fn setup(checksums: bool) -> (EmbeddedCluster, std::sync::Arc<RemoteMemory>) {
+    setup_with(HYDRA, checksums)
+}
+
+fn setup_with(
+    scheme: Resilience,
+    checksums: bool,
+) -> (EmbeddedCluster, std::sync::Arc<RemoteMemory>) {
     let c = common::cluster_with(12, SLAB, 16, &["--allow-fault-injection"]);
-    let mut cfg = ClientConfig::new(HYDRA, PAGES * PAGE_SIZE as u64);
+    let mut cfg = ClientConfig::new(scheme, PAGES * PAGE_SIZE as u64);
     cfg.checksums = checksums;
     cfg.op_timeout = std::time::Duration::from_secs(3);
     let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
@@ -124,13 +131,32 @@ fn regeneration_decodes_around_a_corrupted_source() {
 
 /// Random corruption patterns on live nodes: on each case, some splits of the group are
 /// corrupted by a random kind (after the write, at rest, on the wire, misdirected) at a random
-/// rate. Within r corrupted splits every page reads back exact; beyond r a read may fail, but
-/// it never returns wrong bytes.
+/// rate. With checksums, within r corrupted splits every page reads back exact; beyond r a
+/// read may fail, but it never returns wrong bytes.
 #[test]
 fn random_corruption_patterns_never_yield_wrong_bytes() {
+    corruption_patterns(HYDRA, true, 2);
+}
+
+/// The same patterns under the paper's detection mode (8+2, Δ = 1): within Δ a read is exact
+/// or a corruption error; beyond Δ a read may fail otherwise; never wrong bytes.
+#[test]
+fn detection_mode_never_yields_wrong_bytes_under_random_patterns() {
+    let scheme = Resilience::Hydra {
+        k: 8,
+        r: 2,
+        delta: 1,
+        mode: Mode::Detection,
+    };
+    corruption_patterns(scheme, false, 1);
+}
+
+/// Runs random patterns; `tolerated`: patterns of up to this many corrupted splits must read
+/// exact with checksums, or exact or a detected corruption without.
+fn corruption_patterns(scheme: Resilience, checksums: bool, tolerated: usize) {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
-    let (c, mem) = setup(true);
+    let (c, mem) = setup_with(scheme, checksums);
     let g = mem.group_of(0).unwrap();
     let width = 10usize;
     let pattern = (
@@ -180,6 +206,8 @@ fn random_corruption_patterns_never_yield_wrong_bytes() {
                 match mem.read_page(p * PAGE_SIZE as u64, &mut page) {
                     Ok(()) if page != want => wrong.push(p),
                     Ok(()) => {}
+                    // Detection's answer within its guarantee.
+                    Err(IoError::Corrupt { .. }) if !checksums => {}
                     Err(e) => failed.push(e.to_string()),
                 }
             }
@@ -189,11 +217,11 @@ fn random_corruption_patterns_never_yield_wrong_bytes() {
                 c.inject(g.nodes[*j] as usize, Fault::Clear).unwrap();
             }
             prop_assert!(wrong.is_empty(), "pages {:?} wrong under {:?}", wrong, hits);
-            if hits.len() <= 2 {
+            if hits.len() <= tolerated {
                 within.set(within.get() + 1);
                 prop_assert!(
                     failed.is_empty(),
-                    "within r, under {:?}: {:?}",
+                    "within the guarantee, under {:?}: {:?}",
                     hits,
                     failed
                 );
@@ -208,4 +236,61 @@ fn random_corruption_patterns_never_yield_wrong_bytes() {
         within > 0 && beyond > 0,
         "{within} cases within r, {beyond} beyond"
     );
+}
+
+/// The paper's detection mode (k + Δ splits per read, decoded from k and re-encoded against
+/// the rest): with Δ = 1 and one node corrupting every reply, each read that includes that
+/// node's split fails with a corruption error and the others are exact; nothing wrong is
+/// returned. Without corruption every page reads exact.
+#[test]
+fn detection_mode_reports_up_to_delta_corrupted_splits_and_never_returns_them() {
+    let scheme = Resilience::Hydra {
+        k: 8,
+        r: 2,
+        delta: 1,
+        mode: Mode::Detection,
+    };
+    let (c, mem) = setup_with(scheme, false);
+    let (exact, wrong, errors) = read_all(&mem);
+    assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
+    let g = mem.group_of(0).unwrap();
+    for (j, fault) in [
+        (2, Fault::CorruptReplies(Corruption::ALWAYS)),
+        (9, Fault::MisdirectReads(Corruption::ALWAYS)),
+        (5, Fault::CorruptSlab(g.slabs[5])),
+    ] {
+        let node = g.nodes[j] as usize;
+        c.inject(node, fault).unwrap();
+        let mut page = [0u8; PAGE_SIZE];
+        let mut want = [0u8; PAGE_SIZE];
+        let (mut detected, mut exact) = (0, 0);
+        for p in 0..PAGES {
+            fill_page(&mut want, 5, p, 1);
+            match mem.read_page(p * PAGE_SIZE as u64, &mut page) {
+                Ok(()) => {
+                    assert!(page == want, "split {j}: page {p} read back wrong");
+                    exact += 1;
+                }
+                Err(IoError::Corrupt { nodes, .. }) => {
+                    assert!(nodes.contains(&format!("node {node} ")), "{nodes}");
+                    detected += 1;
+                }
+                Err(e) => panic!("split {j}: page {p}: {e}"),
+            }
+        }
+        assert!(
+            detected > 0,
+            "split {j}: no corruption detected ({exact} exact)"
+        );
+        c.inject(node, Fault::Clear).unwrap();
+        if j == 5 {
+            break; // at rest: stays until rewritten
+        }
+        let (exact, wrong, errors) = read_all(&mem);
+        assert_eq!(
+            (exact, wrong),
+            (PAGES, 0),
+            "after clearing split {j}: {errors:?}"
+        );
+    }
 }

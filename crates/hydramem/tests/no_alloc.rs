@@ -73,6 +73,15 @@ fn page_io_does_not_allocate() {
     for (s, checksums) in [
         (ec, false),
         (ec, true),
+        (
+            Resilience::Hydra {
+                k: 8,
+                r: 2,
+                delta: 1,
+                mode: Mode::Detection,
+            },
+            false,
+        ),
         (Resilience::Replication { copies: 2 }, true),
     ] {
         let pages = 256;

@@ -227,6 +227,19 @@ pub enum IoError {
         /// How long it retried.
         waited: Duration,
     },
+    /// Corruption detection found the splits of the page inconsistent with each other: one of
+    /// them is corrupt and detection mode cannot tell which.
+    #[error("read of page {addr:#x} (address range {range}) detected corruption: its {splits} splits of one version do not form one codeword, so at least one was corrupted on its node or on the wire; splits read from: {nodes}. Detection mode cannot correct it: rewrite the page, or use checksums to read around corrupted splits")]
+    Corrupt {
+        /// The page.
+        addr: u64,
+        /// Its range.
+        range: u64,
+        /// Splits compared.
+        splits: usize,
+        /// The nodes the compared splits came from.
+        nodes: String,
+    },
     /// The range could not be mapped.
     #[error(transparent)]
     Map(#[from] ClientError),
@@ -262,6 +275,8 @@ pub struct ClientStats {
     pub rerouted: AtomicU64,
     /// Read splits that failed their checksum (never used; another split was asked instead).
     pub corrupt: AtomicU64,
+    /// Reads whose splits detection mode found inconsistent (answered with an error).
+    pub corrupt_detected: AtomicU64,
 }
 
 /// Prometheus handles, registered once at connect so that the data path only records into
@@ -296,6 +311,27 @@ enum ReadOutcome {
     Done,
     /// k splits arrived but of different versions: try again.
     Inconsistent { range: u64 },
+}
+
+/// Encodes the r parity splits of a page into the first r splits of `parity`: the data splits
+/// are the page's whole splits, then the padded `tail` splits (when k does not divide 4096).
+fn encode_parity(codec: &Codec, l: &Layout, page: &[u8], tail: &[u8], parity: &mut [u8]) {
+    let s = l.split_len;
+    let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
+    for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
+        *d = &page[j * s..(j + 1) * s];
+    }
+    for (t, chunk) in tail.chunks_exact(s).enumerate() {
+        data[l.full_data + t] = chunk;
+    }
+    let r = l.width - l.k;
+    let mut out: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
+    for (p, chunk) in parity.chunks_exact_mut(s).take(r).enumerate() {
+        out[p] = chunk;
+    }
+    codec
+        .encode(&data[..l.k], &mut out[..r])
+        .expect("layout and codec agree on k, r and split length");
 }
 
 /// Adapter: the slot table receives the transport's completions.
@@ -919,21 +955,7 @@ impl RemoteMemory {
             side[..ntail * s].fill(0);
             side[..tail.len()].copy_from_slice(tail);
             let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
-            let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
-            for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
-                *d = &page[j * s..(j + 1) * s];
-            }
-            for (t, chunk) in tail_buf.chunks_exact(s).enumerate() {
-                data[l.full_data + t] = chunk;
-            }
-            let mut parity: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
-            let r = l.width - l.k;
-            for (p, chunk) in parity_buf.chunks_exact_mut(s).enumerate() {
-                parity[p] = chunk;
-            }
-            codec
-                .encode(&data[..l.k], &mut parity[..r])
-                .expect("layout and codec agree on k, r and split length");
+            encode_parity(codec, l, page, tail_buf, parity_buf);
         }
         // The bytes of split j: in the page, or (tail and parity) in the side buffer.
         let side_ptr = op.side().as_ptr();
@@ -1524,6 +1546,17 @@ impl RemoteMemory {
                     .consistent(p.landed, width, need)
                     .expect("a consistent set was found before closing");
                 self.finish_read(&mut op, page, mask);
+                if l.detects() && !self.codeword_holds(&mut op, page, mask) {
+                    // Never hand out bytes that failed the check.
+                    page.fill(0);
+                    self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
+                    return Err(IoError::Corrupt {
+                        addr,
+                        range: range as u64,
+                        splits: mask.count_ones() as usize,
+                        nodes: self.describe(&op, mask),
+                    });
+                }
                 Ok(ReadOutcome::Done)
             }
             // Enough splits arrived but from different writes: a write is in flight.
@@ -1622,6 +1655,29 @@ impl RemoteMemory {
         if tail < PAGE_SIZE {
             page[tail..].copy_from_slice(&op.side()[..PAGE_SIZE - tail]);
         }
+    }
+
+    /// Corruption detection, after [`Self::finish_read`] put the page together from k of the
+    /// splits in `mask`: re-encodes the parity from the page and compares it with every parity
+    /// split in `mask`. The splits used to decode agree by construction; every other one is a
+    /// check, so with k + Δ splits up to Δ corrupted ones are always caught (any two codewords
+    /// differ in at least r + 1 splits). Allocation-free: the parity is re-encoded into the
+    /// side buffer's check area.
+    fn codeword_holds(&self, op: &mut slots::Op<'_>, page: &Page, mask: u32) -> bool {
+        let Some(codec) = &self.codec else {
+            return true;
+        };
+        let l = &self.layout;
+        let (s, k, r) = (l.split_len, l.k, l.width - l.k);
+        let side = op.side();
+        let (front, check) = side.split_at_mut(l.check_offset());
+        let ntail = k - l.full_data;
+        let (tail, parity) = front.split_at(ntail * s);
+        encode_parity(codec, l, page, tail, check);
+        (0..r).all(|p| {
+            let at = p * s..(p + 1) * s;
+            mask & (1 << (k + p)) == 0 || check[at.clone()] == parity[at]
+        })
     }
 
     /// Polls, then parks, until `check` decides or the operation times out (`None`).
