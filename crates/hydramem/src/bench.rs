@@ -270,18 +270,23 @@ struct Run {
     verify_errors: AtomicU64,
 }
 
-/// Runs every scheme against `cluster`, interleaving the measurements (see the module doc).
+/// Runs every scheme (with per-split checksums or not) against `cluster`, interleaving the
+/// measurements (see the module doc).
 pub fn run(
     cluster: &Cluster,
-    schemes: &[Resilience],
+    schemes: &[(Resilience, bool)],
     o: &BenchOptions,
     progress: Progress<'_>,
 ) -> Result<Vec<SchemeResult>, BenchError> {
     let mut runs = Vec::new();
-    for &resilience in schemes {
-        let scheme = resilience.label();
+    for &(resilience, checksums) in schemes {
+        let scheme = match checksums {
+            true => format!("{} +crc", resilience.label()),
+            false => resilience.label(),
+        };
         let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
+        cfg.checksums = checksums;
         let fp = cfg.client_id.fingerprint();
         let mem = RemoteMemory::connect(cluster, cfg).map_err(|source| BenchError::Client {
             scheme: scheme.clone(),

@@ -36,7 +36,8 @@ pub struct BenchArgs {
     /// Microseconds a waiting thread polls before it sleeps.
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
-    /// Schemes to run (comma separated): hydra-8+2-d1, hydra-8+2-d0, rep2, rep3, single.
+    /// Schemes to run (comma separated): hydra-K+R-dD (suffix -ec for EC-only, -det for
+    /// corruption detection), repN, single; each may end in +crc for per-split checksums.
     #[arg(
         long,
         env = "HYDRAMEM_SCHEMES",
@@ -83,7 +84,7 @@ impl BenchArgs {
 /// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
 pub fn parse_scheme(s: &str) -> Result<Resilience> {
     let bad = || {
-        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for corruption detection), repN or single")
+        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for corruption detection), repN or single, each optionally followed by +crc for per-split checksums")
     };
     if s == "single" {
         return Ok(Resilience::Replication { copies: 1 });
@@ -116,10 +117,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.regeneration.is_empty() {
         return run_regeneration(&a);
     }
-    let schemes: Vec<Resilience> = a
+    let schemes: Vec<(Resilience, bool)> = a
         .schemes
         .iter()
-        .map(|s| parse_scheme(s))
+        .map(|s| match s.strip_suffix("+crc") {
+            Some(s) => parse_scheme(s).map(|r| (r, true)),
+            None => parse_scheme(s).map(|r| (r, false)),
+        })
         .collect::<Result<_>>()?;
     let mut _embedded = None;
     let cluster = match &a.cluster {
