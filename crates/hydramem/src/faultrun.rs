@@ -10,6 +10,12 @@
 //! fault counts against `max_faults` from its injection until it is healed *and* the client
 //! has repaired and regenerated every range it touched, so at no moment are more than
 //! `max_faults` splits of a page missing. Used by `hydramem soak` and `tests/faultrun.rs`.
+//!
+//! With `corruption`, the client keeps per-split checksums and the chaos also makes nodes
+//! corrupt their replies: bit flips on the wire and misdirected reads (another page's split
+//! under the right version), each on a fifth of the replies of the impaired node, counted
+//! against `max_faults` like a lost node. The same checker then proves that no corrupted byte
+//! reaches a reader.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -44,6 +50,8 @@ pub struct FaultRunOptions {
     pub duration: Duration,
     /// Most faults at once (r for the 8+2 code used).
     pub max_faults: usize,
+    /// Checksums on, and corrupting nodes among the faults (see the module doc).
+    pub corruption: bool,
 }
 
 /// What happened.
@@ -67,6 +75,8 @@ pub struct FaultRunReport {
     pub faults: Vec<String>,
     /// Regenerations the client ran.
     pub regenerations: u64,
+    /// Read splits that failed their checksum and were read around.
+    pub corrupt_splits: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -105,7 +115,17 @@ enum Impairment {
     Killed,
     Paused,
     Slow,
+    /// Bit flips in a fifth of the node's READV replies.
+    CorruptReplies,
+    /// A fifth of the node's READV entries answered with the neighbouring slot's split.
+    Misdirected,
 }
+
+/// The share of an impaired node's replies that a corruption impairment hits.
+const CORRUPT_SHARE: crate::wire::Corruption = crate::wire::Corruption {
+    ppm: 200_000,
+    slab: None,
+};
 
 /// Runs one seeded fault run.
 pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
@@ -130,6 +150,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut cfg = ClientConfig::new(scheme, o.pages * PAGE_SIZE as u64);
     cfg.seed = Some(o.seed);
     cfg.straggler_after = Duration::from_millis(2);
+    cfg.checksums = o.corruption;
     let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
     let seed = o.seed;
     let stop = AtomicBool::new(false);
@@ -228,15 +249,24 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     .filter(|n| !impaired.iter().any(|(m, _)| m == n))
                     .collect();
                 let n = healthy[rng.random_range(0..healthy.len())];
-                let kind = match rng.random_range(0..3) {
+                let kinds = if o.corruption { 5 } else { 3 };
+                let kind = match rng.random_range(0..kinds) {
                     0 => Impairment::Killed,
                     1 => Impairment::Paused,
-                    _ => Impairment::Slow,
+                    2 => Impairment::Slow,
+                    3 => Impairment::CorruptReplies,
+                    _ => Impairment::Misdirected,
                 };
                 let ok = match kind {
                     Impairment::Killed => cluster.kill(n).is_ok(),
                     Impairment::Paused => cluster.pause(n).is_ok(),
                     Impairment::Slow => cluster.inject(n, Fault::DelayReplies(5_000)).is_ok(),
+                    Impairment::CorruptReplies => cluster
+                        .inject(n, Fault::CorruptReplies(CORRUPT_SHARE))
+                        .is_ok(),
+                    Impairment::Misdirected => cluster
+                        .inject(n, Fault::MisdirectReads(CORRUPT_SHARE))
+                        .is_ok(),
                 };
                 if ok {
                     faults.push(format!(
@@ -250,7 +280,9 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                 let _ = match kind {
                     Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
                     Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-                    Impairment::Slow => cluster.inject(n, Fault::Clear),
+                    Impairment::Slow | Impairment::CorruptReplies | Impairment::Misdirected => {
+                        cluster.inject(n, Fault::Clear)
+                    }
                 };
                 faults.push(format!(
                     "{:.2}s healed node {n}",
@@ -263,7 +295,9 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             let _ = match kind {
                 Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
                 Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-                Impairment::Slow => cluster.inject(n, Fault::Clear),
+                Impairment::Slow | Impairment::CorruptReplies | Impairment::Misdirected => {
+                    cluster.inject(n, Fault::Clear)
+                }
             };
         }
         settle(&mem, &[]);
@@ -293,5 +327,6 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         lost_writes: lost,
         faults,
         regenerations: mem.regen_stats().done,
+        corrupt_splits: mem.corrupt_splits().iter().sum(),
     })
 }

@@ -20,6 +20,10 @@ pub struct SoakArgs {
     /// Memory nodes per run.
     #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
     nodes: usize,
+    /// Also make nodes corrupt their replies (bit flips, misdirected reads), with per-split
+    /// checksums on in the client.
+    #[arg(long, env = "HYDRAMEM_CORRUPTION")]
+    corruption: bool,
 }
 
 pub fn run(a: SoakArgs) -> Result<()> {
@@ -35,6 +39,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
             slab_size: 1 << 20,
             duration: Duration::from_secs_f64(a.seconds),
             max_faults: 2,
+            corruption: a.corruption,
         })
         .map_err(anyhow::Error::msg)?;
         println!(
