@@ -42,6 +42,10 @@ pub struct BenchOptions {
     pub poll: Duration,
     /// Seed of the page contents and access order.
     pub seed: u64,
+    /// Corruption injected while measuring: every node flips a bit in this many READV reply
+    /// entries per million (0: none; the nodes must allow fault injection). Reads that fail
+    /// or return wrong bytes are then counted, not fatal.
+    pub corrupt_ppm: u32,
 }
 
 /// Latency percentiles in microseconds.
@@ -104,8 +108,13 @@ pub struct SchemeResult {
     /// overhead beyond the data it holds (stricter than the target "resident ≤ allocated slabs
     /// + 64 MiB", since slabs are mapped lazily and only written bytes are resident).
     pub node_overhead_max: i64,
-    /// Reads that returned bytes other than those written (must be 0).
+    /// Reads that returned bytes other than those written (must be 0 without injected
+    /// corruption).
     pub verify_errors: u64,
+    /// Reads that failed (only counted under injected corruption; otherwise fatal).
+    pub read_errors: u64,
+    /// Read splits that failed their checksum.
+    pub corrupt_splits: u64,
     /// Reads that had to decode.
     pub decodes: u64,
 }
@@ -166,6 +175,27 @@ pub enum BenchError {
         /// Why.
         source: IoError,
     },
+    /// Corruption could not be injected.
+    #[error("injecting corruption into node {addr}: {reason} (start the nodes with --allow-fault-injection)")]
+    Inject {
+        /// The node.
+        addr: String,
+        /// What it said.
+        reason: String,
+    },
+}
+
+/// Sets (or, with `None`, clears) injected reply corruption on every node of `cluster`.
+fn corrupt_all(cluster: &Cluster, c: Option<crate::wire::Corruption>) -> Result<(), BenchError> {
+    use crate::wire::Fault;
+    for n in &cluster.nodes {
+        let f = c.map_or(Fault::Clear, Fault::CorruptReplies);
+        status::inject(n.addr, f, Duration::from_secs(2)).map_err(|reason| BenchError::Inject {
+            addr: n.addr.to_string(),
+            reason,
+        })?;
+    }
+    Ok(())
 }
 
 /// Populates the working set of one scheme with `depth` threads; returns the throughput.
@@ -219,6 +249,7 @@ fn read_load(
     duration: Duration,
     salt: u64,
     verify_errors: &AtomicU64,
+    read_errors: &AtomicU64,
 ) -> Result<(u64, f64, f64), IoError> {
     let done = AtomicU64::new(0);
     let cpu0 = cpu_time();
@@ -234,6 +265,11 @@ fn read_load(
                 while t0.elapsed() < duration {
                     let p = xorshift(&mut x) % o.pages;
                     if let Err(e) = mem.read_page(p * PAGE_SIZE as u64, &mut page) {
+                        if o.corrupt_ppm > 0 {
+                            read_errors.fetch_add(1, Ordering::Relaxed);
+                            done.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         first_err.lock().get_or_insert(e);
                         return;
                     }
@@ -268,6 +304,7 @@ struct Run {
     rh: Histogram<u64>,
     reads: (u64, f64, f64),
     verify_errors: AtomicU64,
+    read_errors: AtomicU64,
 }
 
 /// Runs every scheme (with per-split checksums or not) against `cluster`, interleaving the
@@ -326,7 +363,17 @@ pub fn run(
             rh: hist(),
             reads: (0, 0.0, 0.0),
             verify_errors: AtomicU64::new(0),
+            read_errors: AtomicU64::new(0),
         });
+    }
+    if o.corrupt_ppm > 0 {
+        corrupt_all(
+            cluster,
+            Some(crate::wire::Corruption {
+                ppm: o.corrupt_ppm,
+                slab: None,
+            }),
+        )?;
     }
 
     let rounds = o.rounds.max(1);
@@ -358,10 +405,15 @@ pub fn run(
             for _ in 0..per_round {
                 let p = next() % o.pages;
                 let t = Instant::now();
-                r.mem
-                    .read_page(p * PAGE_SIZE as u64, &mut page)
-                    .map_err(err)?;
+                let res = r.mem.read_page(p * PAGE_SIZE as u64, &mut page);
                 r.rh.record(t.elapsed().as_nanos() as u64).ok();
+                match res {
+                    Err(_) if o.corrupt_ppm > 0 => {
+                        r.read_errors.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    res => res.map_err(err)?,
+                }
                 fill_page(&mut expect, o.seed, p, 0);
                 if page != expect {
                     r.verify_errors.fetch_add(1, Ordering::Relaxed);
@@ -378,16 +430,19 @@ pub fn run(
                 total,
             );
             let (n, wall, cpu) =
-                read_load(&r.mem, o, slice, round, &r.verify_errors).map_err(|source| {
-                    BenchError::Io {
+                read_load(&r.mem, o, slice, round, &r.verify_errors, &r.read_errors).map_err(
+                    |source| BenchError::Io {
                         scheme: r.scheme.clone(),
                         source,
-                    }
-                })?;
+                    },
+                )?;
             r.reads = (r.reads.0 + n, r.reads.1 + wall, r.reads.2 + cpu);
         }
     }
     progress("done", total, total);
+    if o.corrupt_ppm > 0 {
+        corrupt_all(cluster, None)?;
+    }
     let mut out = Vec::new();
     for r in runs {
         let (n, wall, cpu) = r.reads;
@@ -410,6 +465,8 @@ pub fn run(
             node_rss_max: r.node_rss_max,
             node_overhead_max: r.node_overhead_max,
             verify_errors: r.verify_errors.load(Ordering::Relaxed),
+            read_errors: r.read_errors.load(Ordering::Relaxed),
+            corrupt_splits: r.mem.corrupt_splits().iter().sum(),
             decodes,
         });
     }

@@ -33,6 +33,12 @@ pub struct BenchArgs {
     /// Rounds the measurements are cut into (schemes interleaved within each round).
     #[arg(long, env = "HYDRAMEM_ROUNDS", default_value_t = 10)]
     rounds: u64,
+    /// Inject corruption while measuring: every node flips a bit in this many read replies per
+    /// million (0: none). The embedded nodes then allow fault injection; with --cluster they
+    /// must have been started with --allow-fault-injection. Wrong pages and failed reads are
+    /// counted and printed instead of ending the run.
+    #[arg(long, env = "HYDRAMEM_CORRUPT_PPM", default_value_t = 0)]
+    corrupt_ppm: u32,
     /// Microseconds a waiting thread polls before it sleeps.
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
@@ -77,6 +83,7 @@ impl BenchArgs {
             rounds: self.rounds,
             poll: Duration::from_micros(self.poll_us),
             seed: self.seed,
+            corrupt_ppm: self.corrupt_ppm,
         }
     }
 }
@@ -134,7 +141,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 nodes: a.nodes,
                 slab_size: 16 << 20,
                 capacity: 4 << 30,
-                extra_args: vec!["--log".into(), "warn".into()],
+                extra_args: if a.corrupt_ppm > 0 {
+                    vec![
+                        "--log".into(),
+                        "error".into(),
+                        "--allow-fault-injection".into(),
+                    ]
+                } else {
+                    vec!["--log".into(), "warn".into()]
+                },
             })?;
             let cl = c.cluster().clone();
             _embedded = Some(c);
@@ -181,7 +196,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)
         .with_context(|| format!("writing {}", a.json.display()))?;
     println!("JSON written to {}", a.json.display());
-    if results.iter().any(|r| r.verify_errors > 0) {
+    if a.corrupt_ppm > 0 {
+        println!(
+            "under injected corruption ({} per million read replies flipped on every node):",
+            a.corrupt_ppm
+        );
+        for r in &results {
+            println!(
+                "  {:<28} {:>6} wrong pages returned, {:>6} reads failed, {:>6} splits failed their checksum",
+                r.scheme, r.verify_errors, r.read_errors, r.corrupt_splits
+            );
+        }
+    } else if results.iter().any(|r| r.verify_errors > 0) {
         anyhow::bail!("some reads returned wrong bytes (see verify_errors)");
     }
     Ok(())
