@@ -1,6 +1,7 @@
 //! The fault-run harness: a seeded, write-heavy random workload over many threads while memory
-//! nodes are killed (SIGKILL), paused (SIGSTOP/SIGCONT), restarted empty and slowed down at
-//! random times, never more than `max_faults` at once, with a checker that every acknowledged
+//! nodes are killed (SIGKILL), paused (SIGSTOP/SIGCONT), restarted empty, slowed down, and
+//! squeezed (their machine's memory simulated as exhausted, so they reclaim every slab and the
+//! client must move them) at random times, never more than `max_faults` at once, with a checker that every acknowledged
 //! write reads back exactly — during the run and at the end.
 //!
 //! Each worker thread owns the pages `p ≡ t (mod threads)`, so the last acknowledged value of
@@ -119,6 +120,19 @@ enum Impairment {
     CorruptReplies,
     /// A fifth of the node's READV entries answered with the neighbouring slot's split.
     Misdirected,
+    Squeezed,
+}
+
+/// Heals one impairment.
+fn heal(cluster: &mut EmbeddedCluster, n: usize, kind: Impairment) -> Result<(), String> {
+    match kind {
+        Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
+        Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
+        Impairment::Slow
+        | Impairment::Squeezed
+        | Impairment::CorruptReplies
+        | Impairment::Misdirected => cluster.inject(n, Fault::Clear),
+    }
 }
 
 /// The share of an impaired node's replies that a corruption impairment hits.
@@ -138,6 +152,8 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             "--log".into(),
             "error".into(),
             "--allow-fault-injection".into(),
+            "--control-period".into(),
+            "100ms".into(),
         ],
     })
     .map_err(|e| e.to_string())?;
@@ -249,12 +265,13 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     .filter(|n| !impaired.iter().any(|(m, _)| m == n))
                     .collect();
                 let n = healthy[rng.random_range(0..healthy.len())];
-                let kinds = if o.corruption { 5 } else { 3 };
+                let kinds = if o.corruption { 6 } else { 4 };
                 let kind = match rng.random_range(0..kinds) {
                     0 => Impairment::Killed,
                     1 => Impairment::Paused,
                     2 => Impairment::Slow,
-                    3 => Impairment::CorruptReplies,
+                    3 => Impairment::Squeezed,
+                    4 => Impairment::CorruptReplies,
                     _ => Impairment::Misdirected,
                 };
                 let ok = match kind {
@@ -267,6 +284,11 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     Impairment::Misdirected => cluster
                         .inject(n, Fault::MisdirectReads(CORRUPT_SHARE))
                         .is_ok(),
+                    // A machine of 1 GiB with nothing available: the budget drops to 0.
+                    Impairment::Squeezed => {
+                        cluster.inject(n, Fault::MemoryTotal(1 << 30)).is_ok()
+                            && cluster.inject(n, Fault::MemoryAvailable(0)).is_ok()
+                    }
                 };
                 if ok {
                     faults.push(format!(
@@ -277,13 +299,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                 }
             } else if !impaired.is_empty() {
                 let (n, kind) = impaired.remove(rng.random_range(0..impaired.len()));
-                let _ = match kind {
-                    Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
-                    Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-                    Impairment::Slow | Impairment::CorruptReplies | Impairment::Misdirected => {
-                        cluster.inject(n, Fault::Clear)
-                    }
-                };
+                let _ = heal(&mut cluster, n, kind);
                 faults.push(format!(
                     "{:.2}s healed node {n}",
                     t0.elapsed().as_secs_f64()
@@ -292,13 +308,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             }
         }
         for (n, kind) in impaired.drain(..) {
-            let _ = match kind {
-                Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
-                Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-                Impairment::Slow | Impairment::CorruptReplies | Impairment::Misdirected => {
-                    cluster.inject(n, Fault::Clear)
-                }
-            };
+            let _ = heal(&mut cluster, n, kind);
         }
         settle(&mem, &[]);
         stop.store(true, Ordering::Relaxed);

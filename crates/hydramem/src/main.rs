@@ -194,6 +194,13 @@ struct StatusArgs {
     /// Print JSON instead of a table.
     #[arg(long)]
     json: bool,
+    /// Refresh the table every interval (e.g. 1s) until Ctrl-C: follow regenerations,
+    /// evictions and drains as they happen.
+    #[arg(long, value_parser = parse_duration, conflicts_with = "json")]
+    watch: Option<Duration>,
+    /// With --watch: stop after this many refreshes.
+    #[arg(long, requires = "watch")]
+    count: Option<u64>,
 }
 
 /// Subcommands whose options a `--config` file may set (`sim` has sub-subcommands and takes
@@ -531,6 +538,47 @@ fn run_status(a: StatusArgs) -> Result<()> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(());
     }
-    print!("{}", hydramem::status::table(&cluster, &rows));
-    Ok(())
+    let Some(every) = a.watch else {
+        print!("{}", hydramem::status::table(&cluster, &rows));
+        return Ok(());
+    };
+    let stop = stop_flag()?;
+    let mut rows = rows;
+    let mut shown = 0u64;
+    loop {
+        // Clear the screen and home the cursor on terminals; plain separators otherwise.
+        if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+            print!("\x1b[2J\x1b[H");
+        } else if shown > 0 {
+            println!();
+        }
+        println!("{}  (every {:?}, Ctrl-C stops)", utc_time_of_day(), every);
+        print!("{}", hydramem::status::table(&cluster, &rows));
+        shown += 1;
+        if a.count.is_some_and(|c| shown >= c) || stop.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let until = std::time::Instant::now() + every;
+        while std::time::Instant::now() < until {
+            if stop.load(Ordering::Relaxed) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20).min(every));
+        }
+        rows = hydramem::status::collect(&cluster);
+    }
+}
+
+/// Wall-clock time of day (UTC) as HH:MM:SS, without a date-time dependency.
+fn utc_time_of_day() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        secs / 3600 % 24,
+        secs / 60 % 60,
+        secs % 60
+    )
 }

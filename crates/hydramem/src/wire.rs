@@ -24,7 +24,7 @@
 //!
 //! | op   | name    | request body                                   | reply body (status OK)                         |
 //! |------|---------|------------------------------------------------|------------------------------------------------|
-//! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32 |
+//! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64 |
 //! | 0x02 | PING    | empty                                          | empty, or a notice (8 bytes, see [`Notice`])   |
 //! | 0x03 | ALLOC   | tag u64, split_len u32                         | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
@@ -541,6 +541,9 @@ pub struct HelloReply {
     pub capacity: u64,
     /// Largest frame body the node accepts.
     pub max_body: u32,
+    /// Random at every start of the node process: a client that reconnects and finds another
+    /// value knows the node restarted and every slab it held there is gone.
+    pub incarnation: u64,
 }
 
 impl HelloReply {
@@ -550,6 +553,7 @@ impl HelloReply {
         out.extend_from_slice(&self.slab_size.to_le_bytes());
         out.extend_from_slice(&self.capacity.to_le_bytes());
         out.extend_from_slice(&self.max_body.to_le_bytes());
+        out.extend_from_slice(&self.incarnation.to_le_bytes());
     }
     /// Parses the body.
     pub fn parse(body: &[u8]) -> Result<HelloReply, WireError> {
@@ -559,6 +563,7 @@ impl HelloReply {
             slab_size: r.u64()?,
             capacity: r.u64()?,
             max_body: r.u32()?,
+            incarnation: r.u64()?,
         };
         r.end()?;
         Ok(v)

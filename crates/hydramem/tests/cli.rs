@@ -86,6 +86,15 @@ fn up_status_and_clean_sigterm() {
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 3);
     assert_eq!(v[0]["health"], "up");
+    // --watch refreshes the table; --count ends it.
+    let watch = Command::new(BIN)
+        .args(["status", "--watch", "100ms", "--count", "2", "--cluster"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&watch.stdout);
+    assert!(watch.status.success(), "{text}");
+    assert_eq!(text.matches("3 nodes (3 up)").count(), 2, "{text}");
 
     // SIGTERM: the nodes stop and the cluster file is removed.
     // SAFETY: signalling our own child.

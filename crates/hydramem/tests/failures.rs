@@ -206,3 +206,25 @@ fn a_lost_replica_is_copied_from_a_surviving_one() {
     c.kill(g.nodes[1] as usize).unwrap();
     check(&mem, &last);
 }
+
+#[test]
+fn a_node_restarted_within_the_heartbeat_is_repaired_without_writes() {
+    // Exactly k + r nodes: no spare, so the lost split can only be rebuilt on the restarted
+    // node itself, and only if the client notices it is a new process (its incarnation).
+    let mut c = common::cluster(10, SLAB, 64);
+    let pages = 2048;
+    let mem = connect(&c, pages);
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let g = mem.group_of(0).unwrap();
+    let victim = g.nodes[3];
+    c.restart(victim as usize).unwrap();
+    // No writes: the repair must come from the restart being noticed.
+    common::wait_regenerated(&mem, 1);
+    wait_until("the range is whole again", || mem.degraded_ranges() == 0);
+    // Two other members die: reads now need the regenerated split on the restarted node.
+    for n in g.nodes[..10].iter().filter(|n| **n != victim).take(2) {
+        c.kill(*n as usize).unwrap();
+    }
+    check(&mem, &last);
+}

@@ -667,6 +667,9 @@ impl RemoteMemory {
             }
         }
         for node in 0..self.transport.nodes() as u16 {
+            if self.transport.take_restarted(node) {
+                self.node_restarted(node);
+            }
             if self.transport.notice(node).reclaimed > 0 && self.transport.is_up(node) {
                 self.move_reclaimed(node);
             }
@@ -693,18 +696,11 @@ impl RemoteMemory {
                 return;
             }
         };
-        let w = self.layout.width;
         for c in list {
             if self.moving.lock().contains(&(node, c.slab)) {
                 continue;
             }
-            let at = (0..self.ranges.len()).find_map(|range| {
-                let g = self.ranges[range].load();
-                let g = g.as_ref()?;
-                (0..w)
-                    .find(|&j| g.nodes[j] == node && g.slabs[j] == c.slab)
-                    .map(|j| (range, j))
-            });
+            let at = self.locate_slab(node, c.slab);
             match at {
                 Some((range, j)) => {
                     tracing::info!(
@@ -761,6 +757,46 @@ impl RemoteMemory {
         self.placement.lock().loads.clone()
     }
 
+    /// A node came back as a new process: every split of ours it held is lost. They are
+    /// repaired like a dropped reclaimed slab (`unstick`): regenerated on a replacement node,
+    /// or on the restarted node itself when no other can take them.
+    fn node_restarted(&self, node: u16) {
+        let w = self.layout.width;
+        let mut lost = Vec::new();
+        for range in self.ranges.iter() {
+            if let Some(g) = range.load().as_ref() {
+                for j in 0..w {
+                    if g.nodes[j] == node {
+                        lost.push((node, g.slabs[j]));
+                    }
+                }
+            }
+        }
+        tracing::warn!(
+            node,
+            splits = lost.len(),
+            "memory node restarted empty: repairing the splits it held"
+        );
+        let mut stuck = self.stuck.lock();
+        for l in lost {
+            if !stuck.contains(&l) {
+                stuck.push(l);
+            }
+        }
+    }
+
+    /// The (range, split) whose slab is `slab` on `node`, if any range uses it.
+    fn locate_slab(&self, node: u16, slab: u32) -> Option<(usize, usize)> {
+        let w = self.layout.width;
+        (0..self.ranges.len()).find_map(|range| {
+            let g = self.ranges[range].load();
+            let g = g.as_ref()?;
+            (0..w)
+                .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
+                .map(|j| (range, j))
+        })
+    }
+
     /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer
     /// reports any reclaimed slab of ours, or is down): their splits are lost, so repair them
     /// like a failed node's.
@@ -772,15 +808,8 @@ impl RemoteMemory {
             }
             s.clone()
         };
-        let w = self.layout.width;
         for (node, slab) in stuck {
-            let at = (0..self.ranges.len()).find_map(|range| {
-                let g = self.ranges[range].load();
-                let g = g.as_ref()?;
-                (0..w)
-                    .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
-                    .map(|j| (range, j))
-            });
+            let at = self.locate_slab(node, slab);
             let Some((range, j)) = at else {
                 self.stuck.lock().retain(|x| *x != (node, slab));
                 continue;

@@ -117,6 +117,10 @@ struct Conn {
     pong: AtomicU64,
     /// The node's last heartbeat notice ([`wire::Notice::encode`]).
     notice: AtomicU64,
+    /// The node's incarnation at the last handshake (0: never reached).
+    incarnation: AtomicU64,
+    /// Set when a reconnect found another incarnation: the node restarted and lost our slabs.
+    restarted: AtomicBool,
 }
 
 type CallReply = (Status, Vec<u8>);
@@ -179,6 +183,8 @@ impl TcpTransport {
                         send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
                         notice: AtomicU64::new(wire::Notice::default().encode()),
+                        incarnation: AtomicU64::new(reply.incarnation),
+                        restarted: AtomicBool::new(false),
                     });
                     outcomes.push(Ok(reply));
                 }
@@ -192,6 +198,8 @@ impl TcpTransport {
                         send: Mutex::new(SendState::new()),
                         pong: AtomicU64::new(0),
                         notice: AtomicU64::new(wire::Notice::default().encode()),
+                        incarnation: AtomicU64::new(0),
+                        restarted: AtomicBool::new(false),
                     });
                     outcomes.push(Err(e.to_string()));
                 }
@@ -490,9 +498,14 @@ impl Shared {
     /// Tries to reconnect a node that is down; on success it is up again.
     fn reconnect(&self, node: u16) {
         let c = &self.conns[node as usize];
-        let Ok((stream, _)) = handshake(c.addr, self.hello, self.options) else {
+        let Ok((stream, reply)) = handshake(c.addr, self.hello, self.options) else {
             return;
         };
+        let before = c.incarnation.swap(reply.incarnation, Ordering::AcqRel);
+        if before != 0 && before != reply.incarnation {
+            tracing::warn!(node, addr = %c.addr, "memory node restarted: the slabs it held are gone");
+            c.restarted.store(true, Ordering::Release);
+        }
         let Ok(clone) = stream.try_clone() else {
             return;
         };
@@ -538,6 +551,13 @@ impl Transport for TcpTransport {
             .conns
             .get(node as usize)
             .is_some_and(|c| c.up.load(Ordering::Acquire))
+    }
+
+    fn take_restarted(&self, node: u16) -> bool {
+        self.shared
+            .conns
+            .get(node as usize)
+            .is_some_and(|c| c.restarted.swap(false, Ordering::AcqRel))
     }
 
     fn notice(&self, node: u16) -> wire::Notice {

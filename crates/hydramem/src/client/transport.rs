@@ -83,6 +83,11 @@ pub trait Transport: Send + Sync {
     fn notice(&self, _node: u16) -> Notice {
         Notice::default()
     }
+    /// Whether the node restarted (another incarnation answered a reconnect) since the last
+    /// call: every slab the client held there is gone. Clears the flag.
+    fn take_restarted(&self, _node: u16) -> bool {
+        false
+    }
     /// Posts a split write. With `flush == false` the request may wait for a later post or
     /// [`Transport::flush`] to the same node, so that many splits share one vectored frame.
     fn post_write(

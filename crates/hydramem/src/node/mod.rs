@@ -313,6 +313,8 @@ pub struct Node {
     mem: Mutex<(u64, u64, u64)>,
     /// Simulated memory measurements (fault injection).
     pub simulated: control::Simulated,
+    /// Random per process start (HELLO reply): tells clients the node restarted.
+    incarnation: u64,
 }
 
 impl Node {
@@ -348,8 +350,14 @@ impl Node {
             evicted_forced: AtomicU64::new(0),
             mem: Mutex::new((0, 0, 0)),
             simulated: control::Simulated::new(),
+            incarnation: rand::random::<u64>() | 1,
             config,
         }))
+    }
+
+    /// This process start's incarnation (never 0).
+    pub fn incarnation(&self) -> u64 {
+        self.incarnation
     }
 
     /// The node's configuration.

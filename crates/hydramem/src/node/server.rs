@@ -285,6 +285,7 @@ impl Connection {
                     slab_size: node.config().slab_size,
                     capacity: node.config().capacity,
                     max_body: MAX_BODY as u32,
+                    incarnation: node.incarnation(),
                 }
                 .put(out);
                 fb.finish(out)?;
