@@ -32,6 +32,12 @@ pub enum Mode {
     /// up to Δ corrupted splits per page are detected (and reported as an error, never
     /// returned). The paper's configuration is r = Δ (memory overhead 1 + Δ/k).
     Detection,
+    /// Corruption correction (paper Table 1): a write waits for k + 2Δ + 1 acknowledgements; a
+    /// read takes k + Δ splits and checks them as detection does, and when they disagree asks
+    /// Δ + 1 more and keeps the one codeword that k + Δ + 1 of them agree with
+    /// ([`super::correct`]), so up to Δ corrupted splits per page are corrected. Needs
+    /// r >= 2Δ + 1 (memory overhead 1 + (2Δ + 1)/k).
+    Correction,
 }
 
 /// A client's resilience scheme; the three schemes share the API, the transport and the nodes.
@@ -65,6 +71,7 @@ impl Resilience {
                     Mode::FailureRecovery => "",
                     Mode::EcOnly => " ec-only",
                     Mode::Detection => " detection",
+                    Mode::Correction => " correction",
                 };
                 format!("hydra {k}+{r} Δ={delta}{m}")
             }
@@ -147,18 +154,28 @@ impl Layout {
                     Mode::FailureRecovery => k + r,
                     Mode::EcOnly => k,
                     Mode::Detection => k + delta,
+                    Mode::Correction => k + 2 * delta + 1,
                 };
-                if mode == Mode::Detection && delta == 0 {
-                    return Err(bad(
-                        "detection needs delta >= 1: the extra splits are what a read checks"
-                            .into(),
-                    ));
+                let checks = matches!(mode, Mode::Detection | Mode::Correction);
+                if checks && delta == 0 {
+                    return Err(bad(format!(
+                        "{} needs delta >= 1: the extra splits are what a read checks",
+                        if mode == Mode::Detection {
+                            "detection"
+                        } else {
+                            "correction"
+                        }
+                    )));
                 }
-                let read_need = if mode == Mode::Detection {
-                    k + delta
-                } else {
-                    k
-                };
+                if mode == Mode::Correction && r < 2 * delta + 1 {
+                    return Err(bad(format!(
+                        "correction of delta = {delta} corrupted splits needs r >= 2 * delta + 1 = {}: \
+                         use r = {} or a smaller delta",
+                        2 * delta + 1,
+                        2 * delta + 1
+                    )));
+                }
+                let read_need = if checks { k + delta } else { k };
                 (k + r, k, s, need, k + delta, read_need)
             }
             Resilience::Replication { copies } => {
@@ -205,15 +222,35 @@ impl Layout {
         self.pages_per_range * PAGE_SIZE as u64
     }
 
-    /// Whether reads check the splits they get against each other (corruption detection).
+    /// Whether reads check the splits they get against each other (corruption detection and
+    /// correction).
     pub fn detects(&self) -> bool {
         matches!(
             self.resilience,
             Resilience::Hydra {
-                mode: Mode::Detection,
+                mode: Mode::Detection | Mode::Correction,
                 ..
             }
         )
+    }
+
+    /// Whether reads correct the corrupted splits they detect (corruption correction).
+    pub fn corrects(&self) -> bool {
+        matches!(
+            self.resilience,
+            Resilience::Hydra {
+                mode: Mode::Correction,
+                ..
+            }
+        )
+    }
+
+    /// The Δ of a coded scheme (extra splits a read asks for), 0 for replication.
+    pub fn delta(&self) -> usize {
+        match self.resilience {
+            Resilience::Hydra { delta, .. } => delta as usize,
+            Resilience::Replication { .. } => 0,
+        }
     }
 
     /// Size of the per-operation side buffer: padded tail and parity splits, then (detection)
@@ -341,6 +378,29 @@ mod tests {
         assert_eq!((l.check_offset(), l.side_len()), (1024, 2048));
         assert!(l.detects() && !hydra(8, 2).detects());
         assert!(det(0).unwrap_err().to_string().contains("delta >= 1"));
+    }
+
+    #[test]
+    fn correction_writes_k_plus_2_delta_plus_1_and_needs_that_much_parity() {
+        let cor = |r, delta| {
+            Layout::new(
+                Resilience::Hydra {
+                    k: 8,
+                    r,
+                    delta,
+                    mode: Mode::Correction,
+                },
+                1 << 20,
+            )
+        };
+        let l = cor(3, 1).unwrap();
+        assert_eq!((l.write_need, l.read_fanout, l.read_need), (11, 9, 9));
+        assert!(l.detects() && l.corrects());
+        assert!(cor(2, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("r >= 2 * delta + 1"));
+        assert!(cor(3, 0).unwrap_err().to_string().contains("delta >= 1"));
     }
 
     #[test]
