@@ -27,6 +27,9 @@ fn setup_with(
     let mut cfg = ClientConfig::new(scheme, PAGES * PAGE_SIZE as u64);
     cfg.checksums = checksums;
     cfg.op_timeout = std::time::Duration::from_secs(3);
+    // These tests aim corruption at fixed slabs: the client must not move them away (the
+    // limits have tests of their own below).
+    cfg.slab_regeneration_limit = 1.0;
     let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
     let mut page = [0u8; PAGE_SIZE];
     for p in 0..PAGES {
@@ -135,7 +138,14 @@ fn regeneration_decodes_around_a_corrupted_source() {
 /// read may fail, but it never returns wrong bytes.
 #[test]
 fn random_corruption_patterns_never_yield_wrong_bytes() {
-    corruption_patterns(HYDRA, true, 2);
+    corruption_patterns(HYDRA, true, 2, true);
+}
+
+/// The paper's correction mode (8+3, Δ = 1: k + 2Δ + 1 = 11 splits): within Δ every read is
+/// corrected to the exact bytes; beyond it a read may fail, never with wrong bytes.
+#[test]
+fn correction_mode_corrects_random_patterns_within_delta() {
+    corruption_patterns(CORRECTION, false, 1, true);
 }
 
 /// The same patterns under the paper's detection mode (8+2, Δ = 1): within Δ a read is exact
@@ -148,17 +158,34 @@ fn detection_mode_never_yields_wrong_bytes_under_random_patterns() {
         delta: 1,
         mode: Mode::Detection,
     };
-    corruption_patterns(scheme, false, 1);
+    corruption_patterns(scheme, false, 1, false);
 }
 
+/// One split corrupted on the wire, one misdirected, one flipped at rest (last: it stays).
+fn three_corruptions(g: &hydramem::client::Group) -> [(usize, Fault); 3] {
+    [
+        (2, Fault::CorruptReplies(Corruption::ALWAYS)),
+        (9, Fault::MisdirectReads(Corruption::ALWAYS)),
+        (5, Fault::CorruptSlab(g.slabs[5])),
+    ]
+}
+
+/// The paper's correction mode with one more parity split than it needs: 8+3, Δ = 1.
+const CORRECTION: Resilience = Resilience::Hydra {
+    k: 8,
+    r: 3,
+    delta: 1,
+    mode: Mode::Correction,
+};
+
 /// Runs random patterns; `tolerated`: patterns of up to this many corrupted splits must read
-/// exact with checksums, or exact or a detected corruption without.
-fn corruption_patterns(scheme: Resilience, checksums: bool, tolerated: usize) {
+/// exact when `exact` (checksums, correction), or exact or a detected corruption otherwise.
+fn corruption_patterns(scheme: Resilience, checksums: bool, tolerated: usize, exact: bool) {
     use proptest::prelude::*;
     use proptest::test_runner::{Config, TestRunner};
     let (c, mem) = setup_with(scheme, checksums);
     let g = mem.group_of(0).unwrap();
-    let width = 10usize;
+    let width = mem.layout().width;
     let pattern = (
         proptest::collection::btree_map(0..width, (0u8..4, 1u32..=1_000_000), 1..=4),
         any::<u64>(),
@@ -207,7 +234,7 @@ fn corruption_patterns(scheme: Resilience, checksums: bool, tolerated: usize) {
                     Ok(()) if page != want => wrong.push(p),
                     Ok(()) => {}
                     // Detection's answer within its guarantee.
-                    Err(IoError::Corrupt { .. }) if !checksums => {}
+                    Err(IoError::Corrupt { .. }) if !exact => {}
                     Err(e) => failed.push(e.to_string()),
                 }
             }
@@ -254,11 +281,7 @@ fn detection_mode_reports_up_to_delta_corrupted_splits_and_never_returns_them() 
     let (exact, wrong, errors) = read_all(&mem);
     assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
     let g = mem.group_of(0).unwrap();
-    for (j, fault) in [
-        (2, Fault::CorruptReplies(Corruption::ALWAYS)),
-        (9, Fault::MisdirectReads(Corruption::ALWAYS)),
-        (5, Fault::CorruptSlab(g.slabs[5])),
-    ] {
+    for (j, fault) in three_corruptions(&g) {
         let node = g.nodes[j] as usize;
         c.inject(node, fault).unwrap();
         let mut page = [0u8; PAGE_SIZE];
@@ -292,5 +315,247 @@ fn detection_mode_reports_up_to_delta_corrupted_splits_and_never_returns_them() 
             (PAGES, 0),
             "after clearing split {j}: {errors:?}"
         );
+    }
+}
+
+/// Correction mode against one node that corrupts every reply, one that misdirects every read
+/// and one whose stored slab is flipped: each read that meets it asks Δ + 1 more splits,
+/// outvotes the corrupted one and returns the exact page; the corrupted splits are charged to
+/// the node that returned them, and to no other.
+#[test]
+fn correction_mode_outvotes_a_corrupted_split_and_names_its_node() {
+    let (c, mem) = setup_with(CORRECTION, false);
+    let g = mem.group_of(0).unwrap();
+    for (j, fault) in three_corruptions(&g) {
+        let node = g.nodes[j] as usize;
+        let before = mem.corrupt_splits();
+        let corrected = mem
+            .stats()
+            .corrected
+            .load(std::sync::atomic::Ordering::Relaxed);
+        c.inject(node, fault).unwrap();
+        let (exact, wrong, errors) = read_all(&mem);
+        assert_eq!((exact, wrong), (PAGES, 0), "split {j}: {errors:?}");
+        let after = mem.corrupt_splits();
+        assert!(after[node] > before[node], "split {j}: {after:?}");
+        for n in (0..after.len()).filter(|n| *n != node) {
+            assert_eq!(
+                after[n], before[n],
+                "split {j}: node {n} charged: {after:?}"
+            );
+        }
+        assert!(
+            mem.stats()
+                .corrected
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > corrected
+        );
+        c.inject(node, Fault::Clear).unwrap();
+        if j == 5 {
+            // At rest the flips stay until the pages are rewritten: still corrected.
+            let (exact, wrong, errors) = read_all(&mem);
+            assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
+        }
+    }
+}
+
+/// A random workload of single-writer pages (each thread owns the pages ≡ its index modulo the
+/// thread count), checking every read byte for byte against the last acknowledged write, as
+/// the fault-run harness does. Runs until `until` says stop; returns (reads, wrong, errors).
+fn workload(
+    mem: &RemoteMemory,
+    pages: u64,
+    seed: u64,
+    until: impl Fn() -> bool + Sync,
+) -> (u64, u64, Vec<String>) {
+    use rand::{Rng, SeedableRng};
+    const THREADS: u64 = 2;
+    let results: Vec<(u64, u64, Vec<String>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let until = &until;
+                s.spawn(move || {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(seed + t);
+                    let mut last = std::collections::HashMap::<u64, u64>::new();
+                    let (mut reads, mut wrong, mut errors) = (0, 0, Vec::new());
+                    let mut page = [0u8; PAGE_SIZE];
+                    let mut want = [0u8; PAGE_SIZE];
+                    let mut v = 1 + (t << 32);
+                    while !until() {
+                        let p = rng.random_range(0..pages / THREADS) * THREADS + t;
+                        let addr = p * PAGE_SIZE as u64;
+                        if rng.random_bool(0.4) || !last.contains_key(&p) {
+                            v += 1;
+                            fill_page(&mut page, seed, p, v);
+                            match mem.write_page(addr, &page) {
+                                Ok(()) => {
+                                    last.insert(p, v);
+                                }
+                                Err(e) => errors.push(format!("write {p}: {e}")),
+                            }
+                        } else {
+                            reads += 1;
+                            fill_page(&mut want, seed, p, last[&p]);
+                            match mem.read_page(addr, &mut page) {
+                                Ok(()) if page == want => {}
+                                Ok(()) => wrong += 1,
+                                Err(e) => errors.push(format!("read {p}: {e}")),
+                            }
+                        }
+                    }
+                    // Every acknowledged write reads back exactly at the end.
+                    for (&p, &v) in &last {
+                        fill_page(&mut want, seed, p, v);
+                        reads += 1;
+                        match mem.read_page(p * PAGE_SIZE as u64, &mut page) {
+                            Ok(()) if page == want => {}
+                            Ok(()) => wrong += 1,
+                            Err(e) => errors.push(format!("final read {p}: {e}")),
+                        }
+                    }
+                    (reads, wrong, errors)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    results
+        .into_iter()
+        .fold((0, 0, Vec::new()), |(r, w, mut e), (r2, w2, e2)| {
+            e.extend(e2);
+            (r + r2, w + w2, e)
+        })
+}
+
+/// A client with small accounting windows, over enough nodes that a corrupting one can be
+/// left out of every group; three address ranges.
+fn limits_setup(
+    scheme: Resilience,
+    checksums: bool,
+    ecl: f64,
+    srl: f64,
+) -> (EmbeddedCluster, std::sync::Arc<RemoteMemory>, u64) {
+    let c = common::cluster_with(14, SLAB, 16, &["--allow-fault-injection"]);
+    let pages_per_range = SLAB / 512;
+    let pages = 3 * pages_per_range;
+    let mut cfg = ClientConfig::new(scheme, pages * PAGE_SIZE as u64);
+    cfg.checksums = checksums;
+    cfg.op_timeout = std::time::Duration::from_secs(5);
+    cfg.error_window = 100;
+    cfg.error_correction_limit = ecl;
+    cfg.slab_regeneration_limit = srl;
+    let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
+    (c, mem, pages)
+}
+
+/// The node holding most of the client's splits (so it is in every range's group).
+fn busiest_node(mem: &RemoteMemory, pages: u64) -> usize {
+    let mut count = std::collections::HashMap::<u16, usize>::new();
+    let ranges = pages * PAGE_SIZE as u64 / mem.layout().range_bytes();
+    for r in 0..ranges {
+        let g = mem.group_of(r * mem.layout().range_bytes()).unwrap();
+        for &n in &g.nodes[..mem.layout().width] {
+            *count.entry(n).or_default() += 1;
+        }
+    }
+    *count.iter().max_by_key(|(_, c)| **c).unwrap().0 as usize
+}
+
+/// Above the ErrorCorrectionLimit (and below the SlabRegenerationLimit), reads that involve
+/// the corrupting node start with all k + 2Δ + 1 splits, every page stays exact, and once the
+/// node behaves again a window later reads go back to k + Δ.
+#[test]
+fn error_correction_limit_starts_reads_wide_while_a_node_corrupts() {
+    let (c, mem, pages) = limits_setup(CORRECTION, false, 0.01, 1.0);
+    let stats = mem.stats();
+    let load = |a: &std::sync::atomic::AtomicU64| a.load(std::sync::atomic::Ordering::Relaxed);
+    let t0 = std::time::Instant::now();
+    let warm = workload(&mem, pages, 1, || t0.elapsed().as_millis() > 300);
+    assert_eq!((warm.1, warm.2.len()), (0, 0), "{:?}", warm.2);
+    let bad = busiest_node(&mem, pages);
+    c.inject(
+        bad,
+        Fault::CorruptReplies(Corruption {
+            ppm: 200_000,
+            slab: None,
+        }),
+    )
+    .unwrap();
+    let t0 = std::time::Instant::now();
+    let (reads, wrong, errors) = workload(&mem, pages, 2, || {
+        mem.integrity()[bad].suspect && load(&stats.wide_reads) > 200 || t0.elapsed().as_secs() > 20
+    });
+    assert_eq!((wrong, errors.len()), (0, 0), "{errors:?}");
+    let health = mem.integrity();
+    assert!(health[bad].suspect, "{health:?} after {reads} reads");
+    assert!(load(&stats.wide_reads) > 0 && load(&stats.corrected) > 0);
+    assert!(!health[bad].avoided, "below the slab-regeneration limit");
+    for (n, h) in health.iter().enumerate().filter(|(n, _)| *n != bad) {
+        assert!(!h.suspect && h.corrupt_splits == 0, "node {n}: {h:?}");
+    }
+    c.inject(bad, Fault::Clear).unwrap();
+    let t0 = std::time::Instant::now();
+    let (_, wrong, errors) = workload(&mem, pages, 3, || {
+        !mem.integrity()[bad].suspect || t0.elapsed().as_secs() > 20
+    });
+    assert_eq!((wrong, errors.len()), (0, 0), "{errors:?}");
+    assert!(
+        !mem.integrity()[bad].suspect,
+        "a clean window clears the suspicion"
+    );
+}
+
+/// Above the SlabRegenerationLimit the client regenerates its slabs on the corrupting node
+/// elsewhere (never from that node) and places nothing new there: afterwards no group holds
+/// it, every acknowledged write reads back exactly while it still corrupts, and ranges mapped
+/// later avoid it. Run with checksums (failure-recovery 8+2) and with correction mode.
+#[test]
+fn slab_regeneration_limit_moves_slabs_off_a_corrupting_node_and_avoids_it() {
+    for (scheme, checksums) in [(HYDRA, true), (CORRECTION, false)] {
+        let (c, mem, pages) = limits_setup(scheme, checksums, 0.01, 0.05);
+        // Map two of the three ranges now, the third after the node is avoided.
+        let mapped = 2 * (pages / 3);
+        let t0 = std::time::Instant::now();
+        let warm = workload(&mem, mapped, 1, || t0.elapsed().as_millis() > 300);
+        assert_eq!((warm.1, warm.2.len()), (0, 0), "{:?}", warm.2);
+        let bad = busiest_node(&mem, mapped);
+        c.inject(bad, Fault::CorruptReplies(Corruption::ALWAYS))
+            .unwrap();
+        let holds = |mem: &RemoteMemory, ranges: u64| {
+            (0..ranges).any(|r| {
+                let g = mem.group_of(r * mem.layout().range_bytes()).unwrap();
+                g.nodes[..mem.layout().width].contains(&(bad as u16))
+            })
+        };
+        let t0 = std::time::Instant::now();
+        let (_, wrong, errors) = workload(&mem, mapped, 2, || {
+            (mem.integrity()[bad].avoided && !holds(&mem, 2)) || t0.elapsed().as_secs() > 30
+        });
+        assert_eq!((wrong, errors.len()), (0, 0), "{scheme:?}: {errors:?}");
+        assert!(
+            mem.integrity()[bad].avoided,
+            "{scheme:?}: {:?}",
+            mem.integrity()
+        );
+        assert!(
+            !holds(&mem, 2),
+            "{scheme:?}: a group still holds node {bad}"
+        );
+        assert!(
+            mem.stats()
+                .evacuated
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+        );
+        // The whole address space, including a range mapped only now, reads exact and avoids
+        // the node (which still corrupts everything it returns).
+        let t0 = std::time::Instant::now();
+        let (_, wrong, errors) = workload(&mem, pages, 3, || t0.elapsed().as_millis() > 500);
+        assert_eq!((wrong, errors.len()), (0, 0), "{scheme:?}: {errors:?}");
+        assert!(
+            !holds(&mem, 3),
+            "{scheme:?}: the new range was placed on node {bad}"
+        );
+        drop(c);
     }
 }

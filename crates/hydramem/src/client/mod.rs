@@ -19,13 +19,14 @@
 //! Replication and single copy use the same path with width n, one "split" of 4096 bytes per
 //! copy, a write waiting for all n copies and a read taking the first copy that arrives.
 
+pub mod correct;
 pub mod layout;
 pub mod slots;
 pub mod tcp;
 pub mod transport;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,17 @@ pub struct ClientConfig {
     /// with every split, verified on every read; a split that fails is never used and the read
     /// asks another instead.
     pub checksums: bool,
+    /// The paper's ErrorCorrectionLimit: a node whose share of corrupted splits (among those
+    /// read from it in the last window) is above this is suspect, and reads that involve it
+    /// start with every split they may need (k + 2Δ + 1 in correction mode, one spare with
+    /// checksums) instead of asking more only after they found corruption.
+    pub error_correction_limit: f64,
+    /// The paper's SlabRegenerationLimit: above this share, the client regenerates its slabs
+    /// on that node elsewhere and places nothing new there until the node restarts.
+    pub slab_regeneration_limit: f64,
+    /// Splits read from a node per accounting window: its error rate is judged once this many
+    /// were read, so that one flipped bit on a quiet node does not evict it.
+    pub error_window: u64,
 }
 
 impl ClientConfig {
@@ -94,8 +106,38 @@ impl ClientConfig {
             seed: None,
             tcp: TcpOptions::default(),
             checksums: false,
+            error_correction_limit: 0.001,
+            slab_regeneration_limit: 0.01,
+            error_window: 1000,
         }
     }
+}
+
+/// What the client knows about one node's integrity (paper 4.1.2: per-machine error rates).
+#[derive(Debug, Default)]
+struct NodeHealth {
+    /// Splits read from the node in the current window.
+    reads: AtomicU64,
+    /// Of them, those found corrupted (failed checksum, or outvoted by the other splits).
+    errors: AtomicU64,
+    /// Corrupted splits found on the node since the client started.
+    total_errors: AtomicU64,
+    /// Above the ErrorCorrectionLimit in the last window.
+    suspect: AtomicBool,
+    /// Above the SlabRegenerationLimit: slabs moved away, no new placements.
+    avoided: AtomicBool,
+}
+
+/// One node's integrity as this client sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct NodeIntegrity {
+    /// Corrupted splits found on the node since the client started.
+    pub corrupt_splits: u64,
+    /// Its error rate is above the ErrorCorrectionLimit: reads involving it start wide.
+    pub suspect: bool,
+    /// Its error rate went above the SlabRegenerationLimit: the client moved its slabs away
+    /// and places nothing new there until the node restarts.
+    pub avoided: bool,
 }
 
 /// Errors that stop a client from starting or from mapping memory.
@@ -227,9 +269,9 @@ pub enum IoError {
         /// How long it retried.
         waited: Duration,
     },
-    /// Corruption detection found the splits of the page inconsistent with each other: one of
-    /// them is corrupt and detection mode cannot tell which.
-    #[error("read of page {addr:#x} (address range {range}) detected corruption: its {splits} splits of one version do not form one codeword, so at least one was corrupted on its node or on the wire; splits read from: {nodes}. Detection mode cannot correct it: rewrite the page, or use checksums to read around corrupted splits")]
+    /// Corruption detection or correction found the splits of the page inconsistent with each
+    /// other and could not put them right; the page's bytes are not handed out.
+    #[error("read of page {addr:#x} (address range {range}) found corruption: its {splits} splits of one version do not form one codeword, so at least one was corrupted on its node or on the wire; splits read from: {nodes}. {why}: rewrite the page, or enable checksums to read around corrupted splits")]
     Corrupt {
         /// The page.
         addr: u64,
@@ -239,6 +281,8 @@ pub enum IoError {
         splits: usize,
         /// The nodes the compared splits came from.
         nodes: String,
+        /// Why the mode could not correct it.
+        why: String,
     },
     /// The range could not be mapped.
     #[error(transparent)]
@@ -275,8 +319,15 @@ pub struct ClientStats {
     pub rerouted: AtomicU64,
     /// Read splits that failed their checksum (never used; another split was asked instead).
     pub corrupt: AtomicU64,
-    /// Reads whose splits detection mode found inconsistent (answered with an error).
+    /// Reads whose splits detection or correction mode found inconsistent and could not
+    /// correct (answered with an error).
     pub corrupt_detected: AtomicU64,
+    /// Reads whose splits disagreed and that correction mode put right.
+    pub corrected: AtomicU64,
+    /// Reads that started with extra splits because a node of theirs is suspect.
+    pub wide_reads: AtomicU64,
+    /// Splits moved off nodes above the SlabRegenerationLimit.
+    pub evacuated: AtomicU64,
 }
 
 /// Prometheus handles, registered once at connect so that the data path only records into
@@ -334,6 +385,29 @@ fn encode_parity(codec: &Codec, l: &Layout, page: &[u8], tail: &[u8], parity: &m
         .expect("layout and codec agree on k, r and split length");
 }
 
+/// What the first look of a checked read found, for [`RemoteMemory::second_look`].
+struct Look {
+    addr: u64,
+    range: usize,
+    /// The version whose splits were checked.
+    version: u64,
+    /// Those splits.
+    mask: u32,
+    /// When the read started (its deadline runs from here).
+    start: Instant,
+    /// The slot's progress when the first look closed.
+    before: Progress,
+}
+
+/// Split indices of a mask, for messages: "2, 7".
+fn describe_mask(mask: u32) -> String {
+    (0..32)
+        .filter(|j| mask & (1 << j) != 0)
+        .map(|j| j.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Adapter: the slot table receives the transport's completions.
 struct SlotSink(Arc<Slots>);
 
@@ -363,8 +437,10 @@ pub struct RemoteMemory {
     metrics: ClientMetrics,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).
     clock: AtomicU64,
-    /// Read splits that failed their checksum, per node (cluster-file order).
-    corrupt_by_node: Box<[AtomicU64]>,
+    /// Integrity accounting per node (cluster-file order).
+    health: Arc<[NodeHealth]>,
+    /// Some node is suspect: reads look at their group's nodes (one load on the fast path).
+    any_suspect: AtomicBool,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
@@ -410,6 +486,9 @@ enum MoveReason {
         /// The slab being moved away.
         slab: u32,
     },
+    /// Its node returns too many corrupted splits (above the SlabRegenerationLimit): regenerate
+    /// by decoding from the other splits, never from it, and free the old slab.
+    Corrupt,
 }
 
 /// Counts of background slab regenerations.
@@ -590,7 +669,10 @@ impl RemoteMemory {
                 "found this identity's existing address ranges"
             );
         }
-        let views = node_views(&transport, &loads, &domains);
+        let health: Arc<[NodeHealth]> = (0..cluster.nodes.len())
+            .map(|_| NodeHealth::default())
+            .collect();
+        let views = node_views(&transport, &loads, &domains, &health);
         let seed = config.seed.unwrap_or_else(rand::random);
         let placer = Placer::new(
             cluster.placement_policy(config.placement_l),
@@ -611,9 +693,8 @@ impl RemoteMemory {
             stats: ClientStats::default(),
             metrics: ClientMetrics::register(),
             clock: AtomicU64::new(0),
-            corrupt_by_node: (0..cluster.nodes.len())
-                .map(|_| AtomicU64::new(0))
-                .collect(),
+            health,
+            any_suspect: AtomicBool::new(false),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
@@ -675,6 +756,7 @@ impl RemoteMemory {
             }
         }
         self.unstick();
+        self.check_health();
         self.refresh_loads();
         self.regenerations_ended();
         self.release_orphans();
@@ -747,7 +829,7 @@ impl RemoteMemory {
             }
         }
         if changed {
-            let views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
             let _ = pl.placer.refresh(&views);
         }
     }
@@ -761,6 +843,18 @@ impl RemoteMemory {
     /// repaired like a dropped reclaimed slab (`unstick`): regenerated on a replacement node,
     /// or on the restarted node itself when no other can take them.
     fn node_restarted(&self, node: u16) {
+        // A new process with fresh memory: judge it afresh.
+        if let Some(h) = self.health.get(node as usize) {
+            if h.avoided.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    node,
+                    "a node avoided for corruption restarted: placing on it again"
+                );
+            }
+            h.suspect.store(false, Ordering::Relaxed);
+            h.reads.store(0, Ordering::Relaxed);
+            h.errors.store(0, Ordering::Relaxed);
+        }
         let w = self.layout.width;
         let mut lost = Vec::new();
         for range in self.ranges.iter() {
@@ -1145,10 +1239,14 @@ impl RemoteMemory {
         }
         let reclaimed = matches!(why, MoveReason::Reclaimed { .. });
         let l = &self.layout;
-        // A node that reclaims a slab is never its replacement.
-        let mut excluded: Vec<u16> = if reclaimed { vec![lost] } else { Vec::new() };
+        // A node that reclaims a slab, or corrupts it, is never its replacement.
+        let mut excluded: Vec<u16> = if why != MoveReason::Lost {
+            vec![lost]
+        } else {
+            Vec::new()
+        };
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
             for n in &excluded {
                 views[*n as usize].available = false;
             }
@@ -1170,7 +1268,7 @@ impl RemoteMemory {
                     .or_else(|e| {
                         // No spare node: the lost node itself will do if it is back (it
                         // restarted and lost the slab, or returned after being declared failed).
-                        if views[lost as usize].available && !reclaimed {
+                        if views[lost as usize].available && why == MoveReason::Lost {
                             Ok(lost as usize)
                         } else {
                             Err(e)
@@ -1501,11 +1599,10 @@ impl RemoteMemory {
             }
         });
         let mut next = 0;
-        let mut post_more = |op: &slots::Op<'_>, count: usize| -> usize {
-            let mut posted = 0;
-            while posted < count && next < n {
-                let j = order[next] as usize;
-                next += 1;
+        // Posts the splits in `again` anew, then up to `count` splits not asked yet; returns
+        // how many requests went out.
+        let mut post_more = |op: &slots::Op<'_>, count: usize, again: u32| -> usize {
+            let post = |j: usize| {
                 let node = group.nodes[j];
                 op.posting(j, node);
                 let e = Entry {
@@ -1516,15 +1613,28 @@ impl RemoteMemory {
                     version: 0,
                     crc: 0,
                 };
-                if self.transport.post_read(node, e, true).is_err() {
+                let ok = self.transport.post_read(node, e, true).is_ok();
+                if !ok {
                     op.post_failed(j);
-                } else {
-                    posted += 1;
                 }
+                ok as usize
+            };
+            let mut posted = (0..l.width)
+                .filter(|j| again & (1 << j) != 0)
+                .map(post)
+                .sum();
+            let mut asked = 0;
+            while asked < count && next < n {
+                let j = order[next] as usize;
+                next += 1;
+                let ok = post(j);
+                asked += ok;
+                posted += ok;
             }
             posted
         };
-        post_more(&op, l.read_fanout);
+        let fanout = self.initial_fanout(&group);
+        post_more(&op, fanout, 0);
         let op_start = Instant::now();
         let mut straggler_check = op_start + self.config.straggler_after;
         let width = l.width;
@@ -1540,7 +1650,7 @@ impl RemoteMemory {
             if now >= straggler_check {
                 // Late binding did not hide the straggler: widen the request by what is missing.
                 straggler_check = now + self.config.straggler_after;
-                let more = post_more(&op, need - got);
+                let more = post_more(&op, need - got, 0);
                 self.stats
                     .reissued
                     .fetch_add(more as u64, Ordering::Relaxed);
@@ -1550,7 +1660,7 @@ impl RemoteMemory {
                 }
             }
             if got + pending < need {
-                let more = post_more(&op, need - got - pending);
+                let more = post_more(&op, need - got - pending, 0);
                 if more > 0 {
                     self.stats
                         .reissued
@@ -1566,25 +1676,26 @@ impl RemoteMemory {
         });
         let p = op.close();
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.count_reads(&op, p.landed | p.corrupt);
         if p.corrupt != 0 {
-            self.count_corrupt(&op, p.corrupt, addr);
+            self.count_corrupt(&op, p.corrupt, addr, "failed its checksum");
         }
         match result {
             Some(Ok(())) => {
-                let (_, mask) = op
+                let (version, mask) = op
                     .consistent(p.landed, width, need)
                     .expect("a consistent set was found before closing");
                 self.finish_read(&mut op, page, mask);
                 if l.detects() && !self.codeword_holds(&mut op, page, mask) {
-                    // Never hand out bytes that failed the check.
-                    page.fill(0);
-                    self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
-                    return Err(IoError::Corrupt {
+                    let first = Look {
                         addr,
-                        range: range as u64,
-                        splits: mask.count_ones() as usize,
-                        nodes: self.describe(&op, mask),
-                    });
+                        range,
+                        version,
+                        mask,
+                        start,
+                        before: p,
+                    };
+                    return self.second_look(&mut op, page, first, &mut post_more);
                 }
                 Ok(ReadOutcome::Done)
             }
@@ -1610,9 +1721,49 @@ impl RemoteMemory {
         }
     }
 
-    /// Accounts the splits of a read that failed their checksum to the nodes that returned
-    /// them (off the fast path: only reads that met corruption come here).
-    fn count_corrupt(&self, op: &slots::Op<'_>, corrupt: u32, addr: u64) {
+    /// How many splits a read of `group` asks at once: the layout's fanout, or (paper 4.1.2)
+    /// every split it may need when one of the group's nodes is above the
+    /// ErrorCorrectionLimit, so that finding its corruption costs no second round trip.
+    fn initial_fanout(&self, group: &Group) -> usize {
+        let l = &self.layout;
+        if !self.any_suspect.load(Ordering::Relaxed) || !(l.corrects() || self.config.checksums) {
+            return l.read_fanout;
+        }
+        let suspect = group.nodes[..l.width].iter().any(|&n| {
+            n != slots::NO_NODE && self.health[n as usize].suspect.load(Ordering::Relaxed)
+        });
+        if !suspect {
+            return l.read_fanout;
+        }
+        self.stats.wide_reads.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("hydramem_client_wide_reads_total").increment(1);
+        let wide = if l.corrects() {
+            l.k + 2 * l.delta() + 1
+        } else {
+            l.read_fanout + 1
+        };
+        wide.min(l.width)
+    }
+
+    /// Counts the splits a read got (intact or not) against their nodes, the denominator of
+    /// the per-node error rates. Only clients that can find corruption keep the accounts.
+    fn count_reads(&self, op: &slots::Op<'_>, got: u32) {
+        if !(self.config.checksums || self.layout.detects()) {
+            return;
+        }
+        for j in 0..self.layout.width {
+            if got & (1 << j) != 0 {
+                if let Some(h) = self.health.get(op.node_of(j) as usize) {
+                    h.reads.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Accounts the corrupted splits of a read (`why`: failed its checksum, or outvoted by the
+    /// page's other splits) to the nodes that returned them (off the fast path: only reads
+    /// that met corruption come here).
+    fn count_corrupt(&self, op: &slots::Op<'_>, corrupt: u32, addr: u64, why: &'static str) {
         let n = corrupt.count_ones() as u64;
         self.stats.corrupt.fetch_add(n, Ordering::Relaxed);
         self.metrics.corrupt.increment(n);
@@ -1621,25 +1772,246 @@ impl RemoteMemory {
                 continue;
             }
             let node = op.node_of(j);
-            if let Some(c) = self.corrupt_by_node.get(node as usize) {
-                c.fetch_add(1, Ordering::Relaxed);
+            if let Some(h) = self.health.get(node as usize) {
+                h.errors.fetch_add(1, Ordering::Relaxed);
+                h.total_errors.fetch_add(1, Ordering::Relaxed);
             }
             tracing::warn!(
                 node,
                 split = j,
                 addr,
-                "a split failed its checksum (corrupted on the node or on the wire, or the wrong \
-                 page or version); read it from other splits"
+                "a split {why} (corrupted on the node or on the wire, or the wrong page or \
+                 version); the page is read from its other splits"
             );
         }
     }
 
-    /// Read splits that failed their checksum so far, per node in cluster-file order.
+    /// Corrupted splits found so far, per node in cluster-file order.
     pub fn corrupt_splits(&self) -> Vec<u64> {
-        self.corrupt_by_node
+        self.health
             .iter()
-            .map(|c| c.load(Ordering::Relaxed))
+            .map(|h| h.total_errors.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// What this client knows about every node's integrity, in cluster-file order.
+    pub fn integrity(&self) -> Vec<NodeIntegrity> {
+        self.health
+            .iter()
+            .map(|h| NodeIntegrity {
+                corrupt_splits: h.total_errors.load(Ordering::Relaxed),
+                suspect: h.suspect.load(Ordering::Relaxed),
+                avoided: h.avoided.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Judges every node's error rate once it served a window's worth of splits (paper
+    /// 4.1.2): above the ErrorCorrectionLimit reads involving it start wide, until a window
+    /// comes in below; above the SlabRegenerationLimit its slabs of ours are regenerated
+    /// elsewhere (from the other splits, never from it) and new slabs avoid it until it
+    /// restarts. Evacuation is retried every round until nothing of ours is left there.
+    fn check_health(&self) {
+        let window = self.config.error_window.max(1);
+        let mut any = false;
+        for (n, h) in self.health.iter().enumerate() {
+            let reads = h.reads.load(Ordering::Relaxed);
+            if reads >= window {
+                let errors = h.errors.load(Ordering::Relaxed);
+                h.reads.fetch_sub(reads, Ordering::Relaxed);
+                h.errors.fetch_sub(errors, Ordering::Relaxed);
+                let rate = errors as f64 / reads as f64;
+                let suspect = rate > self.config.error_correction_limit;
+                if h.suspect.swap(suspect, Ordering::Relaxed) != suspect {
+                    tracing::warn!(
+                        node = n,
+                        node_addr = self.transport.addr(n as u16),
+                        errors,
+                        reads,
+                        suspect,
+                        "node error rate crossed the error-correction limit: reads involving \
+                         it now start {} splits",
+                        if suspect {
+                            "with all the"
+                        } else {
+                            "again with the usual"
+                        }
+                    );
+                }
+                if rate > self.config.slab_regeneration_limit
+                    && !h.avoided.swap(true, Ordering::Relaxed)
+                {
+                    metrics::counter!("hydramem_client_nodes_avoided_total").increment(1);
+                    tracing::error!(
+                        node = n,
+                        node_addr = self.transport.addr(n as u16),
+                        errors,
+                        reads,
+                        "node returns corrupted splits above the slab-regeneration limit: \
+                         regenerating its slabs elsewhere and placing nothing new on it until \
+                         it restarts; check its memory (ECC errors in the kernel log) and its \
+                         network path"
+                    );
+                }
+            }
+            any |= h.suspect.load(Ordering::Relaxed);
+            if h.avoided.load(Ordering::Relaxed) && self.transport.is_up(n as u16) {
+                self.evacuate(n as u16);
+            }
+        }
+        self.any_suspect.store(any, Ordering::Relaxed);
+    }
+
+    /// Moves every split of ours off `node` (see [`Self::check_health`]).
+    fn evacuate(&self, node: u16) {
+        for range in 0..self.ranges.len() {
+            let Some(g) = self.ranges[range].load_full() else {
+                continue;
+            };
+            for j in 0..self.layout.width {
+                if g.nodes[j] != node {
+                    continue;
+                }
+                match self.remap(range, j, node, MoveReason::Corrupt) {
+                    Ok(_) => {
+                        self.stats.evacuated.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::debug!(range, split = j, error = %e, "cannot move a split off a corrupting node yet");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A read whose first k + Δ splits disagree (paper 4.1.2): asks Δ + 1 more (up to
+    /// k + 2Δ + 1, or all there are), then looks for the one codeword that enough of them
+    /// agree with ([`correct`]). Correction mode returns that page and names the corrupted
+    /// splits; detection mode uses the second look only to name the corrupted node (possible
+    /// when the group is wide enough) and still answers with an error.
+    fn second_look(
+        &self,
+        op: &mut slots::Op<'_>,
+        page: &mut Page,
+        first: Look,
+        post_more: &mut dyn FnMut(&slots::Op<'_>, usize, u32) -> usize,
+    ) -> Result<ReadOutcome, IoError> {
+        let l = &self.layout;
+        let codec = self
+            .codec
+            .as_ref()
+            .expect("only coded reads check codewords");
+        let target = (l.k + 2 * l.delta() + 1).min(l.width);
+        let version = first.version;
+        let same = |op: &slots::Op<'_>, landed: u32| {
+            (0..l.width)
+                .filter(|&j| landed & (1 << j) != 0 && op.version_of(j) == version)
+                .count()
+        };
+        op.reopen();
+        {
+            let op: &slots::Op<'_> = op;
+            // Replies that came while the slot was closed for the check were dropped: ask
+            // those splits again (a reply that still comes lands once, first claim wins).
+            post_more(op, 0, first.before.outstanding());
+            self.wait(op, first.start, |p| {
+                let got = same(op, p.landed);
+                if got >= target {
+                    return Some(());
+                }
+                let pending = p.outstanding().count_ones() as usize;
+                if got + pending < target && post_more(op, target - got - pending, 0) > 0 {
+                    return None;
+                }
+                (pending == 0).then_some(())
+            });
+        }
+        let p = op.close();
+        self.count_reads(
+            op,
+            (p.landed | p.corrupt) & !(first.before.landed | first.before.corrupt),
+        );
+        let fresh_corrupt = p.corrupt & !first.before.corrupt;
+        if fresh_corrupt != 0 {
+            self.count_corrupt(op, fresh_corrupt, first.addr, "failed its checksum");
+        }
+        let mask = (0..l.width)
+            .filter(|&j| p.landed & (1 << j) != 0 && op.version_of(j) == version)
+            .fold(0u32, |m, j| m | 1 << j);
+        let newer = (0..l.width).any(|j| p.landed & (1 << j) != 0 && op.version_of(j) > version);
+        let s = l.split_len;
+        let outcome = {
+            let side: &[u8] = op.side();
+            let received: Vec<Option<&[u8]>> = (0..l.width)
+                .map(|j| {
+                    (mask & (1 << j) != 0).then(|| match l.place(j) {
+                        layout::Place::Page(off) => &page[off..off + s],
+                        layout::Place::Side(off) => &side[off..off + s],
+                    })
+                })
+                .collect();
+            correct::correct(codec, &received, s)
+        };
+        let nodes = self.describe(op, mask);
+        match outcome {
+            Ok(c) => {
+                self.count_corrupt(
+                    op,
+                    c.corrupt,
+                    first.addr,
+                    "disagreed with the page's other splits",
+                );
+                if l.corrects() {
+                    page.copy_from_slice(&c.splits[..PAGE_SIZE]);
+                    self.stats.corrected.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("hydramem_client_reads_corrected_total").increment(1);
+                    return Ok(ReadOutcome::Done);
+                }
+                page.fill(0);
+                self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
+                Err(IoError::Corrupt {
+                    addr: first.addr,
+                    range: first.range as u64,
+                    splits: first.mask.count_ones() as usize,
+                    nodes,
+                    why: format!(
+                        "Detection mode does not correct (split(s) {} were the corrupted ones)",
+                        describe_mask(c.corrupt)
+                    ),
+                })
+            }
+            // Splits of a newer write arrived: a write is in flight, read again.
+            Err(_) if newer => {
+                page.fill(0);
+                Ok(ReadOutcome::Inconsistent {
+                    range: first.range as u64,
+                })
+            }
+            Err(e) => {
+                page.fill(0);
+                self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
+                let why = match e {
+                    correct::Uncorrectable::TooFew { received } => format!(
+                        "Only {received} splits of this version could be read, too few to find the corrupted ones"
+                    ),
+                    correct::Uncorrectable::TooManyErrors { received, best } => format!(
+                        "At most {best} of the {received} splits read agree on one page: more were corrupted than {} can correct",
+                        if l.corrects() { "correction mode" } else { "a second look" }
+                    ),
+                    correct::Uncorrectable::TooManyTrials => {
+                        "The search for the corrupted splits gave up".to_string()
+                    }
+                };
+                Err(IoError::Corrupt {
+                    addr: first.addr,
+                    range: first.range as u64,
+                    splits: mask.count_ones() as usize,
+                    nodes,
+                    why,
+                })
+            }
+        }
     }
 
     /// Decodes in place after a read closed with `landed`: k or more splits of one version.
@@ -1804,7 +2176,7 @@ impl RemoteMemory {
         let mut excluded: Vec<u16> = Vec::new();
         let mut full: Vec<u16> = Vec::new();
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
             for n in &excluded {
                 views[*n as usize].available = false;
             }
@@ -1948,11 +2320,18 @@ fn prepare_decode_tables(codec: &Codec, l: &Layout) {
 }
 
 /// The placer's view: a node takes new slabs if it is up and has not said it refuses them
-/// (draining, or out of memory budget).
-fn node_views(t: &dyn Transport, loads: &[u64], domains: &[Option<u32>]) -> Vec<NodeView> {
+/// (draining, or out of memory budget), and this client does not avoid it for corruption.
+fn node_views(
+    t: &dyn Transport,
+    loads: &[u64],
+    domains: &[Option<u32>],
+    health: &[NodeHealth],
+) -> Vec<NodeView> {
     (0..t.nodes())
         .map(|i| NodeView {
-            available: t.is_up(i as u16) && !t.notice(i as u16).refusing,
+            available: t.is_up(i as u16)
+                && !t.notice(i as u16).refusing
+                && !health[i].avoided.load(Ordering::Relaxed),
             load: loads[i],
             domain: domains[i],
         })

@@ -424,6 +424,16 @@ impl Op<'_> {
         self.progress()
     }
 
+    /// Opens a closed slot to completers again, so that a read can ask for more splits after
+    /// it checked those it had (corruption correction). The owner must not touch the page or
+    /// the side buffer until it closes the slot again. Splits that landed keep their claimed
+    /// regions, so late or duplicate replies never overwrite them; a region the owner wrote
+    /// meanwhile without a landed split (a decoded data split) may be overwritten by that
+    /// split when it arrives, which is what a second look wants.
+    pub fn reopen(&mut self) {
+        self.slot().closed.store(false, SeqCst);
+    }
+
     /// The side buffer. Exclusive access: callable before any split is posted or after
     /// [`Op::close`], which the `&mut self` receiver and the data path's call order ensure.
     pub fn side(&mut self) -> &mut [u8] {
