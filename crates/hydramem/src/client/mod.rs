@@ -365,6 +365,9 @@ pub struct RemoteMemory {
     clock: AtomicU64,
     /// Read splits that failed their checksum, per node (cluster-file order).
     corrupt_by_node: Box<[AtomicU64]>,
+    /// Those splits as (node, slab), until [`RemoteMemory::report_corruption`] reports them to
+    /// their nodes; at most [`MAX_QUEUED_CORRUPT`] (beyond, only `corrupt_by_node` counts).
+    corrupt_reports: Mutex<Vec<(u16, u32)>>,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
@@ -387,6 +390,9 @@ pub struct RemoteMemory {
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a repair that found no replacement node waits before trying again.
 const REPAIR_RETRY: Duration = Duration::from_secs(1);
+/// Corrupted splits queued for reporting between two maintenance rounds, at most: a bound on
+/// the queue's memory when every read meets corruption.
+const MAX_QUEUED_CORRUPT: usize = 1 << 16;
 
 /// One background regeneration: split `split` of `range`, into `slab` on `node`, optionally
 /// copying from the slab it replaces (`from`, when that slab is still readable: a move).
@@ -614,6 +620,7 @@ impl RemoteMemory {
             corrupt_by_node: (0..cluster.nodes.len())
                 .map(|_| AtomicU64::new(0))
                 .collect(),
+            corrupt_reports: Mutex::new(Vec::new()),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
@@ -678,6 +685,7 @@ impl RemoteMemory {
         self.refresh_loads();
         self.regenerations_ended();
         self.release_orphans();
+        self.report_corruption();
     }
 
     /// Moves every slab of ours that `node` reclaimed (it runs short of memory, or drains) to a
@@ -1616,6 +1624,11 @@ impl RemoteMemory {
         let n = corrupt.count_ones() as u64;
         self.stats.corrupt.fetch_add(n, Ordering::Relaxed);
         self.metrics.corrupt.increment(n);
+        // The slab of each split, for the report to its node (unless the split moved since).
+        let group = self
+            .locate(addr)
+            .ok()
+            .and_then(|(r, _)| self.ranges[r].load_full());
         for j in 0..self.layout.width {
             if corrupt & (1 << j) == 0 {
                 continue;
@@ -1623,6 +1636,12 @@ impl RemoteMemory {
             let node = op.node_of(j);
             if let Some(c) = self.corrupt_by_node.get(node as usize) {
                 c.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(g) = group.as_ref().filter(|g| g.nodes[j] == node) {
+                let mut q = self.corrupt_reports.lock();
+                if q.len() < MAX_QUEUED_CORRUPT {
+                    q.push((node, g.slabs[j]));
+                }
             }
             tracing::warn!(
                 node,
@@ -1640,6 +1659,53 @@ impl RemoteMemory {
             .iter()
             .map(|c| c.load(Ordering::Relaxed))
             .collect()
+    }
+
+    /// Reports the corrupted splits reads found since the last call to the nodes that returned
+    /// them (one CORRUPT per node, counted per slab), so that `hydramem status` and the node's
+    /// metrics show where corruption happens; the maintenance thread calls it every round. A
+    /// report that fails is logged and dropped: the splits stay counted in
+    /// [`RemoteMemory::corrupt_splits`].
+    pub fn report_corruption(&self) {
+        let mut found = std::mem::take(&mut *self.corrupt_reports.lock());
+        found.sort_unstable();
+        let mut reports: Vec<(u16, wire::CorruptReport)> = Vec::new();
+        for (node, slab) in found {
+            match reports.last_mut() {
+                Some((n, r)) if *n == node && r.slab == slab => r.splits += 1,
+                _ => reports.push((
+                    node,
+                    wire::CorruptReport {
+                        slab,
+                        splits: 1,
+                        cause: wire::CorruptCause::Checksum,
+                    },
+                )),
+            }
+        }
+        for per_node in reports.chunk_by(|a, b| a.0 == b.0) {
+            let node = per_node[0].0;
+            let list: Vec<_> = per_node.iter().map(|(_, r)| *r).collect();
+            let splits: u64 = list.iter().map(|r| u64::from(r.splits)).sum();
+            match self.transport.report_corrupt(node, &list) {
+                Ok(accepted) => {
+                    tracing::debug!(
+                        node,
+                        splits,
+                        slabs = list.len(),
+                        accepted,
+                        "corruption reported"
+                    )
+                }
+                Err(e) => tracing::warn!(
+                    node,
+                    splits,
+                    error = %e,
+                    "could not report corrupted splits to the node that returned them; its \
+                     status will not show them (this client still counts them)"
+                ),
+            }
+        }
     }
 
     /// Decodes in place after a read closed with `landed`: k or more splits of one version.
