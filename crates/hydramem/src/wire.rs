@@ -38,6 +38,8 @@
 //! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
 //! | 0x08 | RECLAIMS| empty                                          | count u32, count × (slab u32, ms_left u32)     |
 //! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
+//! | 0x0A | CORRUPT | count u32, count × (slab u32, splits u32,      | accepted u32 (records that named a slab of the |
+//! |      |         | cause u8) (see [`CorruptReport`])              | caller; the rest count as unknown slab)        |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! A vectored entry is 36 bytes:
@@ -78,6 +80,11 @@
 //! whether the node takes new slabs at all. The owner asks RECLAIMS which slabs they are and how
 //! long it has before the node drops them, regenerates each elsewhere and FREEs it. Until then a
 //! reclaimed slab serves reads and writes as before.
+//!
+//! **Corruption reports.** Only a client can tell that a split is corrupt: the checksum binds
+//! the client's page address and version, which the node never sees. A client that found
+//! corrupted splits among a node's replies tells that node with CORRUPT, so that the node's
+//! STATS, `hydramem status` and metrics show where corruption happens (see [`CorruptReport`]).
 //!
 //! Every request except HELLO, PING, STATS, FAULT and DRAIN requires a prior HELLO on the connection: the client id
 //! given there is the identity that owns slabs. Slabs are visible only to the identity that
@@ -166,6 +173,8 @@ pub enum Op {
     Reclaims = 0x08,
     /// Start (or cancel) draining the node: it takes no new slabs and reclaims all it holds.
     Drain = 0x09,
+    /// Report corrupted splits the caller read from this node (see [`CorruptReport`]).
+    Corrupt = 0x0A,
     /// Vectored write of splits.
     WriteV = 0x10,
     /// Vectored read of splits.
@@ -176,7 +185,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -189,6 +198,7 @@ impl Op {
         Op::Regen,
         Op::Reclaims,
         Op::Drain,
+        Op::Corrupt,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -593,12 +603,14 @@ pub struct SlabStats {
     pub flags: u32,
     /// Recent accesses (decaying count per control period) the node ranks eviction by.
     pub activity: u64,
+    /// Corrupted splits of this slab its owner reported (CORRUPT) since the slab was allocated.
+    pub corrupt: u64,
 }
 
 /// [`SlabStats::flags`]: the node has asked the owner to move this slab away.
 pub const SLAB_RECLAIMED: u32 = 1;
 
-const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8;
+const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8 + 8;
 
 /// STATS reply body: node-wide figures then one record per allocated slab.
 ///
@@ -620,7 +632,8 @@ const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8;
 /// | 4    | slabs reclaimed (owners asked to move them) and not yet gone |
 /// | 8    | slabs moved away by their owners after a reclaim, since start |
 /// | 8    | slabs dropped before their owner moved them (grace expired), since start |
-/// | 4    | count of slab records, then count × 68-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64, flags u32, activity u64 |
+/// | 8    | corrupted splits clients reported (CORRUPT) since start, all slabs (freed and unknown ones included) |
+/// | 4    | count of slab records, then count × 76-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64, flags u32, activity u64, corrupt u64 |
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Stats {
     /// Node id.
@@ -655,6 +668,9 @@ pub struct Stats {
     pub evicted_moved: u64,
     /// Slabs dropped when their grace period expired.
     pub evicted_forced: u64,
+    /// Corrupted splits clients reported since the node started (the per-slab counts, plus
+    /// those of slabs freed since and of reports that named no slab of their sender).
+    pub corrupt_reported: u64,
     /// Every allocated slab.
     pub slabs: Vec<SlabStats>,
 }
@@ -687,6 +703,7 @@ impl Stats {
         }
         out.extend_from_slice(&self.evicted_moved.to_le_bytes());
         out.extend_from_slice(&self.evicted_forced.to_le_bytes());
+        out.extend_from_slice(&self.corrupt_reported.to_le_bytes());
         out.extend_from_slice(&(self.slabs.len() as u32).to_le_bytes());
         for s in &self.slabs {
             out.extend_from_slice(&s.slab.to_le_bytes());
@@ -703,6 +720,7 @@ impl Stats {
             }
             out.extend_from_slice(&s.flags.to_le_bytes());
             out.extend_from_slice(&s.activity.to_le_bytes());
+            out.extend_from_slice(&s.corrupt.to_le_bytes());
         }
     }
 
@@ -725,6 +743,7 @@ impl Stats {
         let reclaiming = r.u32()?;
         let evicted_moved = r.u64()?;
         let evicted_forced = r.u64()?;
+        let corrupt_reported = r.u64()?;
         let n = r.u32()? as usize;
         if n > r.remaining() / SLAB_STATS_LEN {
             return Err(WireError::Invalid("slab count exceeds the body"));
@@ -742,6 +761,7 @@ impl Stats {
                 touched: r.u64()?,
                 flags: r.u32()?,
                 activity: r.u64()?,
+                corrupt: r.u64()?,
             });
         }
         r.end()?;
@@ -762,6 +782,7 @@ impl Stats {
             reclaiming,
             evicted_moved,
             evicted_forced,
+            corrupt_reported,
             slabs,
         })
     }
@@ -861,6 +882,155 @@ pub fn parse_reclaims(body: &[u8]) -> Result<Vec<Reclaim>, WireError> {
     }
     r.end()?;
     Ok(v)
+}
+
+/// Most records one CORRUPT request may carry; a client with more sends several requests.
+pub const MAX_CORRUPT_REPORTS: usize = 1024;
+/// Length of one CORRUPT record on the wire: slab u32, splits u32, cause u8.
+pub const CORRUPT_REPORT_LEN: usize = 9;
+
+/// How a client found the splits of a [`CorruptReport`] corrupt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum CorruptCause {
+    /// The split failed its checksum (see [`crate::integrity`]): its bytes, or the page or
+    /// version it answered for, were wrong.
+    Checksum = 1,
+    /// The split disagreed with the codeword the other splits of its page form, and a
+    /// correcting read singled it out (the paper's correction mode; clients that keep
+    /// checksums send [`CorruptCause::Checksum`]).
+    Codeword = 2,
+}
+
+impl CorruptCause {
+    /// Every cause, for exhaustive tests.
+    pub const ALL: [CorruptCause; 2] = [CorruptCause::Checksum, CorruptCause::Codeword];
+
+    /// The cause's name in logs and metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            CorruptCause::Checksum => "checksum",
+            CorruptCause::Codeword => "codeword",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<CorruptCause> {
+        CorruptCause::ALL.into_iter().find(|c| *c as u8 == v)
+    }
+}
+
+/// One record of a CORRUPT request: the caller found `splits` splits it read from its slab
+/// `slab` on this node corrupt, by `cause`. The node is the only place that can show where
+/// corruption happens across clients, but only a client can detect it (the checksum binds the
+/// client's page address and version), hence the report.
+///
+/// | size | field |
+/// |------|-------|
+/// | 4    | slab id on the node |
+/// | 4    | corrupted splits found (at least 1) |
+/// | 1    | cause: 1 failed checksum, 2 codeword mismatch ([`CorruptCause`]) |
+///
+/// The request body is a count u32 then that many records (at most [`MAX_CORRUPT_REPORTS`]);
+/// the reply body is the number of records that named a slab of the caller. The node adds
+/// every record to its node-wide count, and to the slab's own count when the slab is the
+/// caller's. A record naming no slab of the caller (freed or moved since the read, or never
+/// its own) is counted as an unknown slab instead of refused: the corruption still happened
+/// on this node, and a foreign slab's count is never touched, so a client can neither blame
+/// another client's slab nor learn whether it exists.
+///
+/// A body whose length does not match its count, or a count above the maximum, is a protocol
+/// violation like any malformed frame. A well-formed body with a record of 0 splits or an
+/// unknown cause is answered [`Status::BadRequest`] and none of it is counted; the
+/// connection stays open, because reports travel on the client's data connection and a cause
+/// an older node does not know must cost one refused report, not the client's I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CorruptReport {
+    /// The caller's slab on this node.
+    pub slab: u32,
+    /// Corrupted splits found in it.
+    pub splits: u32,
+    /// How they were found.
+    pub cause: CorruptCause,
+}
+
+/// Appends a CORRUPT request body. At most [`MAX_CORRUPT_REPORTS`] records: split longer
+/// lists over several requests.
+pub fn put_corrupt(out: &mut Vec<u8>, reports: &[CorruptReport]) {
+    out.extend_from_slice(&(reports.len() as u32).to_le_bytes());
+    for c in reports {
+        out.extend_from_slice(&c.slab.to_le_bytes());
+        out.extend_from_slice(&c.splits.to_le_bytes());
+        out.push(c.cause as u8);
+    }
+}
+
+/// Parses a CORRUPT request body, layout and values (a node parses the layout in
+/// [`parse_request`] and the values with [`CorruptList::reports`], to answer bad values with a
+/// status instead of closing the connection).
+pub fn parse_corrupt(body: &[u8]) -> Result<Vec<CorruptReport>, WireError> {
+    let mut r = Reader::new(body);
+    let list = CorruptList::get(&mut r)?;
+    r.end()?;
+    list.reports()
+}
+
+/// Parses a CORRUPT reply body: the records that named a slab of the caller.
+pub fn parse_corrupt_reply(body: &[u8]) -> Result<u32, WireError> {
+    let mut r = Reader::new(body);
+    let accepted = r.u32()?;
+    r.end()?;
+    Ok(accepted)
+}
+
+/// The records of a CORRUPT request, still in wire form: their layout is checked at parse
+/// time, their values by [`CorruptList::reports`].
+#[derive(Debug, Clone, Copy)]
+pub struct CorruptList<'a> {
+    raw: &'a [u8],
+}
+
+impl<'a> CorruptList<'a> {
+    fn get(r: &mut Reader<'a>) -> Result<CorruptList<'a>, WireError> {
+        let n = r.u32()? as usize;
+        if n > MAX_CORRUPT_REPORTS {
+            return Err(WireError::Invalid(
+                "CORRUPT carries more than 1024 records; send several requests",
+            ));
+        }
+        Ok(CorruptList {
+            raw: r.bytes(n * CORRUPT_REPORT_LEN)?,
+        })
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.raw.len() / CORRUPT_REPORT_LEN
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The records, or why their values are unacceptable (a record of 0 splits, an unknown
+    /// cause).
+    pub fn reports(&self) -> Result<Vec<CorruptReport>, WireError> {
+        self.raw
+            .chunks_exact(CORRUPT_REPORT_LEN)
+            .map(|c| {
+                let splits = u32::from_le_bytes(c[4..8].try_into().expect("4"));
+                if splits == 0 {
+                    return Err(WireError::Invalid("CORRUPT record of 0 splits"));
+                }
+                Ok(CorruptReport {
+                    slab: u32::from_le_bytes(c[0..4].try_into().expect("4")),
+                    splits,
+                    cause: CorruptCause::from_u8(c[8])
+                        .ok_or(WireError::Invalid("CORRUPT record of an unknown cause"))?,
+                })
+            })
+            .collect()
+    }
 }
 
 /// Parses a LIST reply body into (slab, tag) pairs.
@@ -1318,6 +1488,8 @@ pub enum Request<'a> {
     Reclaims,
     /// DRAIN: start (true) or cancel.
     Drain(bool),
+    /// CORRUPT: corrupted splits the caller found among this node's replies.
+    Corrupt(CorruptList<'a>),
 }
 
 /// The entries of a vectored request, still in wire form (decoded lazily, no allocation).
@@ -1403,6 +1575,7 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
             1 => true,
             _ => return Err(WireError::Invalid("DRAIN mode must be 0 or 1")),
         }),
+        Op::Corrupt => Request::Corrupt(CorruptList::get(&mut r)?),
         Op::ReadV => {
             let n = r.count()?;
             Request::ReadV(EntryList {
@@ -1613,8 +1786,8 @@ mod tests {
 
         #[test]
         fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
-            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5, flags: (i % 2) as u32, activity: seed >> 3 }).collect();
-            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, slabs };
+            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5, flags: (i % 2) as u32, activity: seed >> 3, corrupt: seed.rotate_left(i as u32) }).collect();
+            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, corrupt_reported: !seed, slabs };
             let mut out = Vec::new();
             s.put(&mut out);
             prop_assert_eq!(Stats::parse(&out).unwrap(), s);
@@ -1632,6 +1805,12 @@ mod tests {
             let _ = parse_reclaims(&bytes);
             let _ = Notice::parse(&bytes);
             let _ = HelloReply::parse(&bytes);
+            let _ = parse_corrupt_reply(&bytes);
+            if let Ok(list) = parse_corrupt(&bytes) {
+                let mut out = Vec::new();
+                put_corrupt(&mut out, &list);
+                prop_assert_eq!(out, bytes.clone());
+            }
             if let Ok(f) = Fault::parse(&bytes) {
                 let mut out = Vec::new();
                 f.put(&mut out);
@@ -1645,6 +1824,23 @@ mod tests {
             let mut out = Vec::new();
             n.put(&mut out);
             prop_assert_eq!(Notice::parse(&out).unwrap(), n);
+        }
+
+        #[test]
+        fn corrupt_reports_round_trip(list in proptest::collection::vec((any::<u32>(), 1u32.., 0usize..CorruptCause::ALL.len()), 0..MAX_CORRUPT_REPORTS), id: u64) {
+            let list: Vec<CorruptReport> = list.into_iter().map(|(slab, splits, c)| CorruptReport { slab, splits, cause: CorruptCause::ALL[c] }).collect();
+            let buf = frame(Op::Corrupt, id, |o| put_corrupt(o, &list));
+            let (h, body) = split(&buf);
+            prop_assert_eq!(body.len(), 4 + list.len() * CORRUPT_REPORT_LEN);
+            match parse_request(&h, body).unwrap() {
+                Request::Corrupt(l) => {
+                    prop_assert_eq!(l.len(), list.len());
+                    prop_assert_eq!(l.reports().unwrap(), list.clone());
+                }
+                other => prop_assert!(false, "parsed as {:?}", other),
+            }
+            prop_assert_eq!(parse_corrupt(body).unwrap(), list);
+            prop_assert_eq!(parse_corrupt_reply(&(id as u32).to_le_bytes()).unwrap(), id as u32);
         }
 
         #[test]
@@ -1694,6 +1890,56 @@ mod tests {
         }
         assert!(one.hits(7, 249) && !one.hits(7, 250) && !one.hits(8, 0));
         assert!(Corruption::ALWAYS.hits(3, PPM_ALL - 1));
+    }
+
+    #[test]
+    fn corrupt_body_matches_the_table_and_bad_records_are_refused() {
+        let one = CorruptReport {
+            slab: 0x0102_0304,
+            splits: 5,
+            cause: CorruptCause::Codeword,
+        };
+        let mut out = Vec::new();
+        put_corrupt(&mut out, &[one]);
+        assert_eq!(out, [1, 0, 0, 0, 4, 3, 2, 1, 5, 0, 0, 0, 2]);
+        assert_eq!(CorruptCause::Checksum as u8, 1);
+        let parse = |body: &[u8]| {
+            let buf = frame(Op::Corrupt, 1, |o| o.extend_from_slice(body));
+            let (h, body) = split(&buf);
+            parse_request(&h, body).map(|r| match r {
+                Request::Corrupt(l) => l.reports(),
+                other => panic!("parsed as {other:?}"),
+            })
+        };
+        assert_eq!(parse(&out), Ok(Ok(vec![one])));
+        // Bad values parse (the node answers them with a status and keeps the connection).
+        for (at, v) in [(8, 0u8), (12, 0), (12, 3), (12, 0xff)] {
+            let mut bad = out.clone();
+            if at == 8 {
+                bad[8..12].fill(v);
+            } else {
+                bad[at] = v;
+            }
+            assert!(
+                matches!(parse(&bad), Ok(Err(WireError::Invalid(_)))),
+                "{bad:?}"
+            );
+        }
+        // A layout that does not match the count, or too many records, does not.
+        assert!(parse(&out[..12]).is_err());
+        assert!(parse(&[out.as_slice(), &[0]].concat()).is_err());
+        let many = (MAX_CORRUPT_REPORTS as u32 + 1).to_le_bytes();
+        let body: Vec<u8> = many
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n(
+                1,
+                (MAX_CORRUPT_REPORTS + 1) * CORRUPT_REPORT_LEN,
+            ))
+            .collect();
+        assert!(matches!(parse(&body), Err(WireError::Invalid(_))));
+        assert_eq!(parse(&0u32.to_le_bytes()), Ok(Ok(vec![])));
+        assert!(parse_corrupt_reply(&[1, 0, 0]).is_err());
     }
 
     #[test]

@@ -86,6 +86,59 @@ fn checksums_read_around_up_to_r_corrupted_splits_and_name_the_nodes() {
 }
 
 #[test]
+fn corrupted_splits_are_reported_to_the_node_that_returned_them() {
+    use std::time::{Duration, Instant};
+    let (c, mem) = setup(true);
+    let g = mem.group_of(0).unwrap();
+    let bad = g.nodes[1] as usize;
+    let slab = g.slabs[1];
+    c.inject(
+        bad,
+        Fault::CorruptReplies(Corruption {
+            ppm: hydramem::wire::PPM_ALL,
+            slab: Some(slab),
+        }),
+    )
+    .unwrap();
+    let (exact, wrong, errors) = read_all(&mem);
+    assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");
+    let found = mem.corrupt_splits()[bad];
+    assert!(found > 0, "no read asked the corrupting node");
+    let stats = |n: usize| {
+        hydramem::status::fetch(c.cluster().nodes[n].addr, Duration::from_secs(5)).unwrap()
+    };
+    // The maintenance thread reports within a round or two.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while stats(bad).corrupt_reported < found {
+        assert!(
+            Instant::now() < deadline,
+            "the node never heard of its corrupted splits"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let s = stats(bad);
+    assert_eq!(
+        s.corrupt_reported, found,
+        "reported more than the client found"
+    );
+    let per_slab =
+        |s: &hydramem::wire::Stats, id| s.slabs.iter().find(|x| x.slab == id).map(|x| x.corrupt);
+    assert_eq!(per_slab(&s, slab), Some(found));
+    assert_eq!(s.slabs.iter().map(|x| x.corrupt).sum::<u64>(), found);
+    for n in (0..c.cluster().nodes.len()).filter(|n| *n != bad) {
+        let s = stats(n);
+        assert_eq!(s.corrupt_reported, 0, "node {n}");
+        assert!(s.slabs.iter().all(|x| x.corrupt == 0), "node {n}");
+    }
+    // The table shows it too.
+    let text = hydramem::status::table(c.cluster(), &hydramem::status::collect(c.cluster()));
+    assert!(
+        text.contains(&format!("{found} corrupted splits reported by clients")),
+        "{text}"
+    );
+}
+
+#[test]
 fn beyond_r_corrupted_splits_is_a_clear_error_never_wrong_bytes() {
     let (c, mem) = setup(true);
     let g = mem.group_of(0).unwrap();

@@ -149,3 +149,56 @@ fn malformed_frames_close_only_their_connection() {
         assert_eq!(good.call(Op::Ping, &[]).0.status, Status::Ok);
     }
 }
+
+#[test]
+fn corrupt_reports_count_on_the_callers_slabs_and_bad_ones_are_refused_with_a_status() {
+    use hydramem::wire::{CorruptCause, CorruptReport};
+    let c = common::cluster(1, 1 << 20, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let (a, b) = (ClientId::random(), ClientId::random());
+    let mut ra = Raw::connect(addr);
+    ra.hello(a);
+    let mut rb = Raw::connect(addr);
+    rb.hello(b);
+    let (sa, sb) = (ra.alloc(512), rb.alloc(512));
+    let body = |list: &[CorruptReport]| {
+        let mut out = Vec::new();
+        wire::put_corrupt(&mut out, list);
+        out
+    };
+    let report = |slab, splits| CorruptReport {
+        slab,
+        splits,
+        cause: CorruptCause::Checksum,
+    };
+
+    // a's own slab counts; b's slab counts for the node only (an unknown slab to a).
+    let (h, reply) = ra.call(Op::Corrupt, &body(&[report(sa, 4), report(sb, 9)]));
+    assert_eq!(h.status, Status::Ok);
+    assert_eq!(wire::parse_corrupt_reply(&reply), Ok(1));
+    let stats = hydramem::status::fetch(addr, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(stats.corrupt_reported, 13);
+    let of = |id| stats.slabs.iter().find(|s| s.slab == id).unwrap().corrupt;
+    assert_eq!((of(sa), of(sb)), (4, 0));
+
+    // Bad values are refused as a whole, counted nowhere, and the connection stays usable.
+    let mut bad = body(&[report(sa, 1)]);
+    bad[12] = 9;
+    assert_eq!(ra.call(Op::Corrupt, &bad).0.status, Status::BadRequest);
+    assert_eq!(
+        ra.call(Op::Corrupt, &body(&[report(sa, 1), report(sa, 0)]))
+            .0
+            .status,
+        Status::BadRequest
+    );
+    assert_eq!(readv(&mut ra, sa, 0, 512).0, Status::Ok);
+    let stats = hydramem::status::fetch(addr, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(stats.corrupt_reported, 13);
+
+    // Only an identified client may report.
+    let mut anon = Raw::connect(addr);
+    assert_eq!(
+        anon.call(Op::Corrupt, &body(&[report(sa, 1)])).0.status,
+        Status::NotIdentified
+    );
+}

@@ -441,6 +441,10 @@ pub struct RemoteMemory {
     health: Arc<[NodeHealth]>,
     /// Some node is suspect: reads look at their group's nodes (one load on the fast path).
     any_suspect: AtomicBool,
+    /// Corrupted splits as (node, slab, cause), until [`RemoteMemory::report_corruption`]
+    /// reports them to their nodes; at most [`MAX_QUEUED_CORRUPT`] (beyond, only the client's
+    /// own per-node counts keep them).
+    corrupt_reports: Mutex<Vec<(u16, u32, wire::CorruptCause)>>,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
@@ -463,6 +467,9 @@ pub struct RemoteMemory {
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a repair that found no replacement node waits before trying again.
 const REPAIR_RETRY: Duration = Duration::from_secs(1);
+/// Corrupted splits queued for reporting between two maintenance rounds, at most: a bound on
+/// the queue's memory when every read meets corruption.
+const MAX_QUEUED_CORRUPT: usize = 1 << 16;
 
 /// One background regeneration: split `split` of `range`, into `slab` on `node`, optionally
 /// copying from the slab it replaces (`from`, when that slab is still readable: a move).
@@ -695,6 +702,7 @@ impl RemoteMemory {
             clock: AtomicU64::new(0),
             health,
             any_suspect: AtomicBool::new(false),
+            corrupt_reports: Mutex::new(Vec::new()),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
@@ -760,6 +768,7 @@ impl RemoteMemory {
         self.refresh_loads();
         self.regenerations_ended();
         self.release_orphans();
+        self.report_corruption();
     }
 
     /// Moves every slab of ours that `node` reclaimed (it runs short of memory, or drains) to a
@@ -1678,7 +1687,7 @@ impl RemoteMemory {
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
         self.count_reads(&op, p.landed | p.corrupt);
         if p.corrupt != 0 {
-            self.count_corrupt(&op, p.corrupt, addr, "failed its checksum");
+            self.count_corrupt(&op, p.corrupt, addr, wire::CorruptCause::Checksum);
         }
         match result {
             Some(Ok(())) => {
@@ -1760,13 +1769,24 @@ impl RemoteMemory {
         }
     }
 
-    /// Accounts the corrupted splits of a read (`why`: failed its checksum, or outvoted by the
-    /// page's other splits) to the nodes that returned them (off the fast path: only reads
+    /// Accounts the corrupted splits of a read (`cause`: failed its checksum, or outvoted by
+    /// the page's other splits) to the nodes that returned them (off the fast path: only reads
     /// that met corruption come here).
-    fn count_corrupt(&self, op: &slots::Op<'_>, corrupt: u32, addr: u64, why: &'static str) {
+    fn count_corrupt(
+        &self,
+        op: &slots::Op<'_>,
+        corrupt: u32,
+        addr: u64,
+        cause: wire::CorruptCause,
+    ) {
         let n = corrupt.count_ones() as u64;
         self.stats.corrupt.fetch_add(n, Ordering::Relaxed);
         self.metrics.corrupt.increment(n);
+        // The slab of each split, for the report to its node (unless the split moved since).
+        let group = self
+            .locate(addr)
+            .ok()
+            .and_then(|(r, _)| self.ranges[r].load_full());
         for j in 0..self.layout.width {
             if corrupt & (1 << j) == 0 {
                 continue;
@@ -1776,12 +1796,22 @@ impl RemoteMemory {
                 h.errors.fetch_add(1, Ordering::Relaxed);
                 h.total_errors.fetch_add(1, Ordering::Relaxed);
             }
+            if let Some(g) = group.as_ref().filter(|g| g.nodes[j] == node) {
+                let mut q = self.corrupt_reports.lock();
+                if q.len() < MAX_QUEUED_CORRUPT {
+                    q.push((node, g.slabs[j], cause));
+                }
+            }
             tracing::warn!(
                 node,
                 split = j,
                 addr,
-                "a split {why} (corrupted on the node or on the wire, or the wrong page or \
-                 version); the page is read from its other splits"
+                "a split {} (corrupted on the node or on the wire, or the wrong page or \
+                 version); the page is read from its other splits",
+                match cause {
+                    wire::CorruptCause::Checksum => "failed its checksum",
+                    wire::CorruptCause::Codeword => "disagreed with the page's other splits",
+                }
             );
         }
     }
@@ -1934,7 +1964,7 @@ impl RemoteMemory {
         );
         let fresh_corrupt = p.corrupt & !first.before.corrupt;
         if fresh_corrupt != 0 {
-            self.count_corrupt(op, fresh_corrupt, first.addr, "failed its checksum");
+            self.count_corrupt(op, fresh_corrupt, first.addr, wire::CorruptCause::Checksum);
         }
         let mask = (0..l.width)
             .filter(|&j| p.landed & (1 << j) != 0 && op.version_of(j) == version)
@@ -1956,12 +1986,7 @@ impl RemoteMemory {
         let nodes = self.describe(op, mask);
         match outcome {
             Ok(c) => {
-                self.count_corrupt(
-                    op,
-                    c.corrupt,
-                    first.addr,
-                    "disagreed with the page's other splits",
-                );
+                self.count_corrupt(op, c.corrupt, first.addr, wire::CorruptCause::Codeword);
                 if l.corrects() {
                     page.copy_from_slice(&c.splits[..PAGE_SIZE]);
                     self.stats.corrected.fetch_add(1, Ordering::Relaxed);
@@ -2055,6 +2080,53 @@ impl RemoteMemory {
         let tail = l.full_data * s;
         if tail < PAGE_SIZE {
             page[tail..].copy_from_slice(&op.side()[..PAGE_SIZE - tail]);
+        }
+    }
+
+    /// Reports the corrupted splits reads found since the last call to the nodes that returned
+    /// them (one CORRUPT per node, counted per slab), so that `hydramem status` and the node's
+    /// metrics show where corruption happens; the maintenance thread calls it every round. A
+    /// report that fails is logged and dropped: the splits stay counted in
+    /// [`RemoteMemory::corrupt_splits`].
+    pub fn report_corruption(&self) {
+        let mut found = std::mem::take(&mut *self.corrupt_reports.lock());
+        found.sort_unstable();
+        let mut reports: Vec<(u16, wire::CorruptReport)> = Vec::new();
+        for (node, slab, cause) in found {
+            match reports.last_mut() {
+                Some((n, r)) if *n == node && r.slab == slab && r.cause == cause => r.splits += 1,
+                _ => reports.push((
+                    node,
+                    wire::CorruptReport {
+                        slab,
+                        splits: 1,
+                        cause,
+                    },
+                )),
+            }
+        }
+        for per_node in reports.chunk_by(|a, b| a.0 == b.0) {
+            let node = per_node[0].0;
+            let list: Vec<_> = per_node.iter().map(|(_, r)| *r).collect();
+            let splits: u64 = list.iter().map(|r| u64::from(r.splits)).sum();
+            match self.transport.report_corrupt(node, &list) {
+                Ok(accepted) => {
+                    tracing::debug!(
+                        node,
+                        splits,
+                        slabs = list.len(),
+                        accepted,
+                        "corruption reported"
+                    )
+                }
+                Err(e) => tracing::warn!(
+                    node,
+                    splits,
+                    error = %e,
+                    "could not report corrupted splits to the node that returned them; its \
+                     status will not show them (this client still counts them)"
+                ),
+            }
         }
     }
 

@@ -27,7 +27,8 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 
 use crate::wire::{
-    ClientId, Corruption, Notice, Reclaim, SlabStats, Stats, Status, PPM_ALL, SLAB_RECLAIMED,
+    ClientId, CorruptCause, CorruptReport, Corruption, Notice, Reclaim, SlabStats, Stats, Status,
+    PPM_ALL, SLAB_RECLAIMED,
 };
 use control::{ControlConfig, MemorySample};
 pub use memory::SlabMemory;
@@ -134,6 +135,8 @@ pub struct Slab {
     last_accesses: AtomicU64,
     /// Decaying access count: halved every control step, plus the accesses since the last.
     activity: AtomicU64,
+    /// Corrupted splits its owner reported (CORRUPT).
+    corrupt: AtomicU64,
 }
 
 /// [`Slab::reclaim`] of a slab a drain reclaimed: no deadline.
@@ -271,6 +274,7 @@ impl Slab {
             touched: self.touched.load(Ordering::Relaxed),
             flags: if self.reclaimed() { SLAB_RECLAIMED } else { 0 },
             activity: self.activity.load(Ordering::Relaxed),
+            corrupt: self.corrupt.load(Ordering::Relaxed),
         }
     }
 
@@ -309,6 +313,8 @@ pub struct Node {
     reclaiming: AtomicU32,
     evicted_moved: AtomicU64,
     evicted_forced: AtomicU64,
+    /// Corrupted splits clients reported, all slabs (see [`Node::report_corrupt`]).
+    corrupt_reported: AtomicU64,
     /// Last measurement: total, available, headroom.
     mem: Mutex<(u64, u64, u64)>,
     /// Simulated memory measurements (fault injection).
@@ -348,6 +354,7 @@ impl Node {
             reclaiming: AtomicU32::new(0),
             evicted_moved: AtomicU64::new(0),
             evicted_forced: AtomicU64::new(0),
+            corrupt_reported: AtomicU64::new(0),
             mem: Mutex::new((0, 0, 0)),
             simulated: control::Simulated::new(),
             incarnation: rand::random::<u64>() | 1,
@@ -415,6 +422,7 @@ impl Node {
             reclaim: AtomicU64::new(0),
             last_accesses: AtomicU64::new(0),
             activity: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
         };
         self.slabs.write().insert(id, Arc::new(slab));
         metrics::counter!("hydramem_node_slabs_allocated_total").increment(1);
@@ -657,6 +665,7 @@ impl Node {
             reclaiming: self.reclaiming.load(Ordering::Relaxed),
             evicted_moved: self.evicted_moved.load(Ordering::Relaxed),
             evicted_forced: self.evicted_forced.load(Ordering::Relaxed),
+            corrupt_reported: self.corrupt_reported.load(Ordering::Relaxed),
             node_id: self.config.id,
             capacity: self.config.capacity,
             slab_size: self.config.slab_size,
@@ -678,6 +687,60 @@ impl Node {
     pub fn corrupt_slab(&self, id: u32) -> Result<u64, Status> {
         let slab = self.slabs.read().get(&id).cloned();
         Ok(slab.ok_or(Status::NoSuchSlab)?.corrupt_written())
+    }
+
+    /// Counts the corrupted splits `owner` reports having read from this node: each record in
+    /// the node-wide count, and in its slab's count if the slab is `owner`'s (otherwise as an
+    /// unknown slab; see [`crate::wire::CorruptReport`]). Logs one warning per report, however
+    /// many splits it names, so that a client meeting much corruption cannot flood the log.
+    /// Returns the records that named a slab of `owner`.
+    pub fn report_corrupt(&self, owner: &ClientId, reports: &[CorruptReport]) -> u32 {
+        let (mut accepted, mut unknown) = (0u32, 0u64);
+        let mut by_cause = [0u64; CorruptCause::ALL.len()];
+        let at = |c: CorruptCause| {
+            CorruptCause::ALL
+                .iter()
+                .position(|x| *x == c)
+                .expect("in ALL")
+        };
+        {
+            let slabs = self.slabs.read();
+            for c in reports {
+                let splits = u64::from(c.splits);
+                match slabs.get(&c.slab) {
+                    Some(s) if s.owner == *owner => {
+                        s.corrupt.fetch_add(splits, Ordering::Relaxed);
+                        accepted += 1;
+                    }
+                    _ => unknown += splits,
+                }
+                by_cause[at(c.cause)] += splits;
+            }
+        }
+        let total: u64 = by_cause.iter().sum();
+        self.corrupt_reported.fetch_add(total, Ordering::Relaxed);
+        for (cause, n) in CorruptCause::ALL.into_iter().zip(by_cause) {
+            if n > 0 {
+                metrics::counter!(
+                    "hydramem_node_corrupt_splits_reported_total",
+                    "cause" => cause.label()
+                )
+                .increment(n);
+            }
+        }
+        if total > 0 {
+            tracing::warn!(
+                client = ?owner,
+                splits = total,
+                checksum = by_cause[at(CorruptCause::Checksum)],
+                codeword = by_cause[at(CorruptCause::Codeword)],
+                slabs = reports.len(),
+                unknown_slab_splits = unknown,
+                "a client read corrupted splits from this node (its memory or its network \
+                 flipped bits, or it answered for the wrong page); see hydramem status"
+            );
+        }
+        accepted
     }
 
     pub(crate) fn client_connected(&self) {
@@ -1003,6 +1066,47 @@ mod tests {
         let mut buf = [0u8; 64];
         flip_random_bit(&mut buf);
         assert_eq!(bits(&buf, 0), 1);
+    }
+
+    #[test]
+    fn reported_corruption_counts_per_slab_and_in_total_never_on_foreign_slabs() {
+        let n = node(4);
+        let (a, b) = (ClientId::random(), ClientId::random());
+        let (sa, sb) = (n.alloc(a, 0, 512).unwrap(), n.alloc(b, 0, 512).unwrap());
+        let report = |slab, splits, cause| CorruptReport {
+            slab,
+            splits,
+            cause,
+        };
+        let accepted = n.report_corrupt(
+            &a,
+            &[
+                report(sa, 3, CorruptCause::Checksum),
+                report(sa, 2, CorruptCause::Codeword),
+                // b's slab and a slab that does not exist: the node total only.
+                report(sb, 7, CorruptCause::Checksum),
+                report(sa ^ sb ^ 0x4000, 1, CorruptCause::Checksum),
+            ],
+        );
+        assert_eq!(accepted, 2);
+        let corrupt_of = |id| {
+            n.stats()
+                .slabs
+                .iter()
+                .find(|s| s.slab == id)
+                .map(|s| s.corrupt)
+        };
+        assert_eq!((corrupt_of(sa), corrupt_of(sb)), (Some(5), Some(0)));
+        assert_eq!(n.stats().corrupt_reported, 13);
+        assert_eq!(
+            n.report_corrupt(&b, &[report(sb, 1, CorruptCause::Checksum)]),
+            1
+        );
+        assert_eq!(n.report_corrupt(&b, &[]), 0);
+        // A freed slab's count goes with it; the node total stays.
+        n.free(&a, sa).unwrap();
+        let st = n.stats();
+        assert_eq!((st.corrupt_reported, corrupt_of(sb)), (14, Some(1)));
     }
 
     #[test]

@@ -307,6 +307,19 @@ impl Connection {
                 node.drain(start);
                 fb_ok(out).finish(out)?;
             }
+            Request::Corrupt(list) => match list.reports() {
+                Ok(reports) => {
+                    let accepted = node.report_corrupt(&client.expect("identified"), &reports);
+                    let fb = fb_ok(out);
+                    out.extend_from_slice(&accepted.to_le_bytes());
+                    fb.finish(out)?;
+                }
+                Err(e) => {
+                    // Refused as a whole, connection kept (see `wire::CorruptReport`).
+                    tracing::warn!(reason = %e, records = list.len(), "CORRUPT report refused");
+                    FrameBuilder::begin(out, h.op, true, Status::BadRequest, h.id).finish(out)?;
+                }
+            },
             Request::Regen(req) => {
                 let c = client.expect("identified");
                 let st = if req.client != c {
