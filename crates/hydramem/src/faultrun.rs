@@ -15,8 +15,9 @@
 //! With `corruption`, the client keeps per-split checksums and the chaos also makes nodes
 //! corrupt their replies: bit flips on the wire and misdirected reads (another page's split
 //! under the right version), each on a fifth of the replies of the impaired node, counted
-//! against `max_faults` like a lost node. The same checker then proves that no corrupted byte
-//! reaches a reader.
+//! against `max_faults` like a lost node. The client's error limits move its slabs off such a
+//! node while it corrupts, and healing it means replacing it (a restart, empty). The same
+//! checker then proves that no corrupted byte reaches a reader.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -78,6 +79,8 @@ pub struct FaultRunReport {
     pub regenerations: u64,
     /// Read splits that failed their checksum and were read around.
     pub corrupt_splits: u64,
+    /// Splits the client moved off nodes above its slab-regeneration limit.
+    pub evacuated: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -126,12 +129,14 @@ enum Impairment {
 /// Heals one impairment.
 fn heal(cluster: &mut EmbeddedCluster, n: usize, kind: Impairment) -> Result<(), String> {
     match kind {
-        Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
+        // A corrupting node is healed as an operator would: replaced (restarted empty). The
+        // client has usually moved its slabs off it (its error rate is far above the
+        // slab-regeneration limit) and avoids it until it restarts.
+        Impairment::Killed | Impairment::CorruptReplies | Impairment::Misdirected => {
+            cluster.restart(n).map_err(|e| e.to_string())
+        }
         Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-        Impairment::Slow
-        | Impairment::Squeezed
-        | Impairment::CorruptReplies
-        | Impairment::Misdirected => cluster.inject(n, Fault::Clear),
+        Impairment::Slow | Impairment::Squeezed => cluster.inject(n, Fault::Clear),
     }
 }
 
@@ -338,5 +343,6 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         faults,
         regenerations: mem.regen_stats().done,
         corrupt_splits: mem.corrupt_splits().iter().sum(),
+        evacuated: mem.stats().evacuated.load(Ordering::Relaxed),
     })
 }

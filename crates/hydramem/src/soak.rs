@@ -43,7 +43,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
         })
         .map_err(anyhow::Error::msg)?;
         println!(
-            "run {:>3} seed {}: {} faults, {} writes acknowledged, {} lost, {} wrong reads, {} failed writes, {} read errors, {} regenerations",
+            "run {:>3} seed {}: {} faults, {} writes acknowledged, {} lost, {} wrong reads, {} failed writes, {} read errors, {} regenerations{}",
             i + 1,
             r.seed,
             r.faults.len(),
@@ -52,7 +52,15 @@ pub fn run(a: SoakArgs) -> Result<()> {
             r.wrong_reads,
             r.failed_writes,
             r.read_errors,
-            r.regenerations
+            r.regenerations,
+            if a.corruption {
+                format!(
+                    ", {} corrupted splits read around, {} splits moved off corrupting nodes",
+                    r.corrupt_splits, r.evacuated
+                )
+            } else {
+                String::new()
+            }
         );
         acked += r.acked_writes;
         lost += r.lost_writes;

@@ -1802,7 +1802,7 @@ impl RemoteMemory {
                     q.push((node, g.slabs[j], cause));
                 }
             }
-            tracing::warn!(
+            tracing::debug!(
                 node,
                 split = j,
                 addr,
@@ -2084,7 +2084,7 @@ impl RemoteMemory {
     }
 
     /// Reports the corrupted splits reads found since the last call to the nodes that returned
-    /// them (one CORRUPT per node, counted per slab), so that `hydramem status` and the node's
+    /// them (one CORRUPT per node, counted per slab, and one warning in the log), so that `hydramem status` and the node's
     /// metrics show where corruption happens; the maintenance thread calls it every round. A
     /// report that fails is logged and dropped: the splits stay counted in
     /// [`RemoteMemory::corrupt_splits`].
@@ -2109,15 +2109,18 @@ impl RemoteMemory {
             let node = per_node[0].0;
             let list: Vec<_> = per_node.iter().map(|(_, r)| *r).collect();
             let splits: u64 = list.iter().map(|r| u64::from(r.splits)).sum();
+            // One warning per node and round (every read that meets corruption logs at debug).
+            tracing::warn!(
+                node,
+                node_addr = self.transport.addr(node),
+                splits,
+                slabs = list.len(),
+                "corrupted splits from this node (on it or on the wire) were read around; \
+                 reporting them to it"
+            );
             match self.transport.report_corrupt(node, &list) {
                 Ok(accepted) => {
-                    tracing::debug!(
-                        node,
-                        splits,
-                        slabs = list.len(),
-                        accepted,
-                        "corruption reported"
-                    )
+                    tracing::debug!(node, splits, accepted, "corruption reported")
                 }
                 Err(e) => tracing::warn!(
                     node,
