@@ -42,9 +42,11 @@ pub struct BenchOptions {
     pub poll: Duration,
     /// Seed of the page contents and access order.
     pub seed: u64,
-    /// Corruption injected while measuring: every node flips a bit in this many READV reply
-    /// entries per million (0: none; the nodes must allow fault injection). Reads that fail
-    /// or return wrong bytes are then counted, not fatal.
+    /// Corruption injected while measuring (paper Fig. 11): every latency round runs twice,
+    /// clean and then with every node flipping a bit in this many READV reply entries per
+    /// million (0: no corrupted rounds; the nodes must allow fault injection). Reads that
+    /// fail or return wrong bytes in corrupted rounds are counted, not fatal; the throughput
+    /// phase stays clean.
     pub corrupt_ppm: u32,
 }
 
@@ -113,10 +115,26 @@ pub struct SchemeResult {
     pub verify_errors: u64,
     /// Reads that failed (only counted under injected corruption; otherwise fatal).
     pub read_errors: u64,
-    /// Read splits that failed their checksum.
+    /// Read splits found corrupted (failed checksum, or outvoted by correction).
     pub corrupt_splits: u64,
     /// Reads that had to decode.
     pub decodes: u64,
+    /// QD1 latency in the corrupted rounds (when corruption was injected).
+    pub corrupted: Option<CorruptedLatency>,
+    /// Reads that correction mode put right.
+    pub corrected: u64,
+    /// Reads that started with extra splits because a node was above the error-correction
+    /// limit.
+    pub wide_reads: u64,
+}
+
+/// QD1 latency while every node corrupts replies.
+#[derive(Debug, Clone, Serialize)]
+pub struct CorruptedLatency {
+    /// Write latency.
+    pub write_latency: Latency,
+    /// Read latency.
+    pub read_latency: Latency,
 }
 
 /// A progress callback: phase name, done, total.
@@ -302,6 +320,9 @@ struct Run {
     node_overhead_max: i64,
     wh: Histogram<u64>,
     rh: Histogram<u64>,
+    /// Histograms of the corrupted rounds.
+    cwh: Histogram<u64>,
+    crh: Histogram<u64>,
     reads: (u64, f64, f64),
     verify_errors: AtomicU64,
     read_errors: AtomicU64,
@@ -324,6 +345,13 @@ pub fn run(
         let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
         cfg.checksums = checksums;
+        if o.corrupt_ppm > 0 {
+            // Every node corrupts alike: moving slabs cannot escape it, so measure the reads'
+            // answer to it (wide reads above the error-correction limit, judged often enough
+            // to follow the rounds) and not a stampede of evacuations.
+            cfg.slab_regeneration_limit = 1.0;
+            cfg.error_window = 100;
+        }
         let fp = cfg.client_id.fingerprint();
         let mem = RemoteMemory::connect(cluster, cfg).map_err(|source| BenchError::Client {
             scheme: scheme.clone(),
@@ -361,21 +389,13 @@ pub fn run(
             node_overhead_max,
             wh: hist(),
             rh: hist(),
+            cwh: hist(),
+            crh: hist(),
             reads: (0, 0.0, 0.0),
             verify_errors: AtomicU64::new(0),
             read_errors: AtomicU64::new(0),
         });
     }
-    if o.corrupt_ppm > 0 {
-        corrupt_all(
-            cluster,
-            Some(crate::wire::Corruption {
-                ppm: o.corrupt_ppm,
-                slab: None,
-            }),
-        )?;
-    }
-
     let rounds = o.rounds.max(1);
     let per_round = o.latency_ops.div_ceil(rounds);
     let mut x = o.seed | 1;
@@ -384,42 +404,64 @@ pub fn run(
     let mut expect = [0u8; PAGE_SIZE];
     let nruns = runs.len() as u64;
     let total = rounds * nruns;
+    // Clean rounds, and (with corruption) each followed by a corrupted one.
+    let phases: &[bool] = if o.corrupt_ppm > 0 {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for round in 0..rounds {
-        for (i, r) in runs.iter_mut().enumerate() {
-            progress(
-                "QD1 latency, all schemes interleaved",
-                round * nruns + i as u64,
-                total,
-            );
-            let err = |source| BenchError::Io {
-                scheme: r.scheme.clone(),
-                source,
-            };
-            for _ in 0..per_round {
-                let p = next() % o.pages;
-                fill_page(&mut page, o.seed, p, 0);
-                let t = Instant::now();
-                r.mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
-                r.wh.record(t.elapsed().as_nanos() as u64).ok();
+        for &corrupted in phases {
+            if o.corrupt_ppm > 0 {
+                let c = corrupted.then_some(crate::wire::Corruption {
+                    ppm: o.corrupt_ppm,
+                    slab: None,
+                });
+                corrupt_all(cluster, c)?;
             }
-            for _ in 0..per_round {
-                let p = next() % o.pages;
-                let t = Instant::now();
-                let res = r.mem.read_page(p * PAGE_SIZE as u64, &mut page);
-                r.rh.record(t.elapsed().as_nanos() as u64).ok();
-                match res {
-                    Err(_) if o.corrupt_ppm > 0 => {
-                        r.read_errors.fetch_add(1, Ordering::Relaxed);
-                        continue;
-                    }
-                    res => res.map_err(err)?,
+            for (i, r) in runs.iter_mut().enumerate() {
+                progress(
+                    "QD1 latency, all schemes interleaved",
+                    round * nruns + i as u64,
+                    total,
+                );
+                let err = |source| BenchError::Io {
+                    scheme: r.scheme.clone(),
+                    source,
+                };
+                let (wh, rh) = match corrupted {
+                    false => (&mut r.wh, &mut r.rh),
+                    true => (&mut r.cwh, &mut r.crh),
+                };
+                for _ in 0..per_round {
+                    let p = next() % o.pages;
+                    fill_page(&mut page, o.seed, p, 0);
+                    let t = Instant::now();
+                    r.mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
+                    wh.record(t.elapsed().as_nanos() as u64).ok();
                 }
-                fill_page(&mut expect, o.seed, p, 0);
-                if page != expect {
-                    r.verify_errors.fetch_add(1, Ordering::Relaxed);
+                for _ in 0..per_round {
+                    let p = next() % o.pages;
+                    let t = Instant::now();
+                    let res = r.mem.read_page(p * PAGE_SIZE as u64, &mut page);
+                    rh.record(t.elapsed().as_nanos() as u64).ok();
+                    match res {
+                        Err(_) if corrupted => {
+                            r.read_errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        res => res.map_err(err)?,
+                    }
+                    fill_page(&mut expect, o.seed, p, 0);
+                    if page != expect {
+                        r.verify_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
+    }
+    if o.corrupt_ppm > 0 {
+        corrupt_all(cluster, None)?;
     }
     let slice = o.duration / rounds as u32;
     for round in 0..rounds {
@@ -440,9 +482,6 @@ pub fn run(
         }
     }
     progress("done", total, total);
-    if o.corrupt_ppm > 0 {
-        corrupt_all(cluster, None)?;
-    }
     let mut out = Vec::new();
     for r in runs {
         let (n, wall, cpu) = r.reads;
@@ -468,6 +507,12 @@ pub fn run(
             read_errors: r.read_errors.load(Ordering::Relaxed),
             corrupt_splits: r.mem.corrupt_splits().iter().sum(),
             decodes,
+            corrupted: (o.corrupt_ppm > 0).then(|| CorruptedLatency {
+                write_latency: Latency::from(&r.cwh),
+                read_latency: Latency::from(&r.crh),
+            }),
+            corrected: r.mem.stats().corrected.load(Ordering::Relaxed),
+            wide_reads: r.mem.stats().wide_reads.load(Ordering::Relaxed),
         });
     }
     Ok(out)

@@ -171,7 +171,8 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut cfg = ClientConfig::new(scheme, o.pages * PAGE_SIZE as u64);
     cfg.seed = Some(o.seed);
     cfg.straggler_after = Duration::from_millis(2);
-    cfg.checksums = o.corruption;
+    // Checksums are on by default; corrupting nodes need them.
+    cfg.checksums |= o.corruption;
     let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
     let seed = o.seed;
     let stop = AtomicBool::new(false);

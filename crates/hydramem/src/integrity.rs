@@ -13,10 +13,12 @@
 //! what a fresh slab stores, and nothing a client writes has version 0.
 //!
 //! CRC32C through `crc-fast`: it folds with carry-less multiplication (PCLMULQDQ/VPCLMULQDQ,
-//! chosen at run time) and takes about 10 ns for a 512-byte split on these machines, a few
-//! percent of one loopback round trip; its digest is a plain value, so the data path computes
-//! it without allocating. The `crc32fast` crate computes the other CRC-32 polynomial, and a
-//! table-driven CRC32C is several times slower.
+//! chosen at run time) and its digest is a plain value, so the data path computes it without
+//! allocating. `cargo bench -p hydramem --bench integrity` measures a bound 512-byte split at
+//! about 50 ns here (28 ns for the bytes alone, the rest is the second update with the
+//! binding), 0.6 µs for the ten splits of an 8+2 page: under 1% of one page operation over
+//! loopback. The `crc32fast` crate computes the other CRC-32 polynomial, and a table-driven
+//! CRC32C is several times slower.
 
 use crc_fast::{CrcAlgorithm, Digest};
 

@@ -76,7 +76,7 @@ pub struct ClientConfig {
     pub tcp: TcpOptions,
     /// Per-split CRC32C checksums bound to the page and version ([`crate::integrity`]): written
     /// with every split, verified on every read; a split that fails is never used and the read
-    /// asks another instead.
+    /// asks another instead. On by default (docs/architecture.md says why).
     pub checksums: bool,
     /// The paper's ErrorCorrectionLimit: a node whose share of corrupted splits (among those
     /// read from it in the last window) is above this is suspect, and reads that involve it
@@ -105,7 +105,7 @@ impl ClientConfig {
             placement_l: 2,
             seed: None,
             tcp: TcpOptions::default(),
-            checksums: false,
+            checksums: true,
             error_correction_limit: 0.001,
             slab_regeneration_limit: 0.01,
             error_window: 1000,
@@ -2017,12 +2017,16 @@ impl RemoteMemory {
                 page.fill(0);
                 self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
                 let why = match e {
+                    _ if !l.corrects() => {
+                        "Detection mode does not correct, and the splits it could read do not \
+                         single out the corrupted one"
+                            .to_string()
+                    }
                     correct::Uncorrectable::TooFew { received } => format!(
                         "Only {received} splits of this version could be read, too few to find the corrupted ones"
                     ),
                     correct::Uncorrectable::TooManyErrors { received, best } => format!(
-                        "At most {best} of the {received} splits read agree on one page: more were corrupted than {} can correct",
-                        if l.corrects() { "correction mode" } else { "a second look" }
+                        "At most {best} of the {received} splits read agree on one page: more were corrupted than correction mode can correct"
                     ),
                     correct::Uncorrectable::TooManyTrials => {
                         "The search for the corrupted splits gave up".to_string()
