@@ -23,7 +23,15 @@ fn setup_with(
     scheme: Resilience,
     checksums: bool,
 ) -> (EmbeddedCluster, std::sync::Arc<RemoteMemory>) {
-    let c = common::cluster_with(12, SLAB, 16, &["--allow-fault-injection"]);
+    setup_nodes(scheme, checksums, 12)
+}
+
+fn setup_nodes(
+    scheme: Resilience,
+    checksums: bool,
+    nodes: usize,
+) -> (EmbeddedCluster, std::sync::Arc<RemoteMemory>) {
+    let c = common::cluster_with(nodes, SLAB, 16, &["--allow-fault-injection"]);
     let mut cfg = ClientConfig::new(scheme, PAGES * PAGE_SIZE as u64);
     cfg.checksums = checksums;
     cfg.op_timeout = std::time::Duration::from_secs(3);
@@ -610,5 +618,54 @@ fn slab_regeneration_limit_moves_slabs_off_a_corrupting_node_and_avoids_it() {
             "{scheme:?}: the new range was placed on node {bad}"
         );
         drop(c);
+    }
+}
+
+/// Both corruption modes recover from failures as failure recovery does: writes re-route the
+/// splits of dead nodes and complete, the lost splits are regenerated, and every page reads
+/// back exactly, during (where the mode can still check, or checksums verify) and after.
+#[test]
+fn corruption_modes_recover_from_failures_like_failure_recovery() {
+    let detection = Resilience::Hydra {
+        k: 8,
+        r: 1,
+        delta: 1,
+        mode: Mode::Detection,
+    };
+    // (scheme, checksums, nodes to kill, reads exact while degraded)
+    for (scheme, checksums, kill, during) in [
+        (CORRECTION, false, 2, true),
+        (detection, true, 1, true),
+        (detection, false, 1, false),
+    ] {
+        // Room for a replacement of every killed node outside the group.
+        let (mut c, mem) = setup_nodes(scheme, checksums, 12 + kill);
+        let g = mem.group_of(0).unwrap();
+        for j in 0..kill {
+            c.kill(g.nodes[3 * j + 1] as usize).unwrap();
+        }
+        // The pages written before the failure, while their lost splits are regenerated.
+        if during {
+            let (exact, wrong, errors) = read_all(&mem);
+            assert_eq!(
+                (exact, wrong),
+                (PAGES, 0),
+                "{scheme:?} degraded: {errors:?}"
+            );
+        }
+        // Writes complete, re-routed around the dead nodes; then everything is whole again.
+        let mut page = [0u8; PAGE_SIZE];
+        for p in 0..PAGES / 2 {
+            fill_page(&mut page, 5, p, 1);
+            mem.write_page(p * PAGE_SIZE as u64, &page)
+                .unwrap_or_else(|e| panic!("{scheme:?}: write {p}: {e}"));
+        }
+        common::wait_regenerated(&mem, kill as u64);
+        let (exact, wrong, errors) = read_all(&mem);
+        assert_eq!(
+            (exact, wrong),
+            (PAGES, 0),
+            "{scheme:?} regenerated: {errors:?}"
+        );
     }
 }

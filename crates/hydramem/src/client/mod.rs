@@ -1647,7 +1647,16 @@ impl RemoteMemory {
         let op_start = Instant::now();
         let mut straggler_check = op_start + self.config.straggler_after;
         let width = l.width;
-        let need = l.read_need;
+        // A checking read (detection, correction) needs k + Δ splits of one version. With
+        // fewer settled ones (more than r − Δ of the group's nodes down or regenerating),
+        // checksums still verify every split, so k verified ones are as safe as ever; without
+        // checksums the read waits for regeneration (or fails) rather than return bytes that
+        // nothing checked.
+        let need = if l.detects() && settled < l.read_need && self.config.checksums {
+            l.k
+        } else {
+            l.read_need
+        };
         let result = self.wait(&op, start, |p| {
             // The largest set of landed splits that share one version.
             let got = match op.consistent(p.landed, width, need) {
