@@ -864,12 +864,21 @@ impl RemoteMemory {
             h.reads.store(0, Ordering::Relaxed);
             h.errors.store(0, Ordering::Relaxed);
         }
+        // Slabs the new process already holds for us were allocated after the restart (a
+        // repair may place a split on it before this round sees the restart): only the others
+        // are lost. If the node cannot be asked, all of them are treated as lost.
+        let held: Vec<u32> = match self.transport.call(node, Op::List, &[]) {
+            Ok(b) => wire::parse_list(&b)
+                .map(|l| l.into_iter().map(|(slab, _)| slab).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
         let w = self.layout.width;
         let mut lost = Vec::new();
         for range in self.ranges.iter() {
             if let Some(g) = range.load().as_ref() {
                 for j in 0..w {
-                    if g.nodes[j] == node {
+                    if g.nodes[j] == node && !held.contains(&g.slabs[j]) {
                         lost.push((node, g.slabs[j]));
                     }
                 }
