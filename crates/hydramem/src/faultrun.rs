@@ -171,8 +171,12 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut cfg = ClientConfig::new(scheme, o.pages * PAGE_SIZE as u64);
     cfg.seed = Some(o.seed);
     cfg.straggler_after = Duration::from_millis(2);
-    // Checksums are on by default; corrupting nodes need them.
+    // Checksums are on by default; corrupting nodes need them. Error rates are judged every
+    // 50 splits per node so that the limits act within a run of a few seconds.
     cfg.checksums |= o.corruption;
+    if o.corruption {
+        cfg.error_window = 50;
+    }
     let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
     let seed = o.seed;
     let stop = AtomicBool::new(false);
