@@ -25,9 +25,14 @@ fuzz_target!(|data: &[u8]| {
                     }).sum();
                     assert_eq!(total, w.data_len());
                 }
+                if let wire::Request::Corrupt(list) = req {
+                    // The layout checks out; the values may still be refused, never panic.
+                    assert_eq!(4 + list.len() * wire::CORRUPT_REPORT_LEN, body.len());
+                    let _ = list.reports();
+                }
             }
             let mut n = 0usize;
-            let _ = wire::parse_vectored_reply(&h, body, |_, _, _, d| n += d.len());
+            let _ = wire::parse_vectored_reply(&h, body, |_, _, _, _, d| n += d.len());
             assert!(n <= body.len());
         }
     }
@@ -37,4 +42,23 @@ fuzz_target!(|data: &[u8]| {
     let _ = wire::Notice::parse(data);
     let _ = wire::HelloReply::parse(data);
     let _ = wire::Hello::parse(data);
+    if let Ok(req) = wire::Regen::parse(data) {
+        // A REGEN that parses re-encodes to a body that parses to the same request.
+        let mut out = Vec::new();
+        req.put(&mut out);
+        assert_eq!(wire::Regen::parse(&out), Ok(req));
+    }
+    let _ = wire::parse_corrupt_reply(data);
+    if let Ok(list) = wire::parse_corrupt(data) {
+        // Every byte of a CORRUPT body means something: a list that parses re-encodes to it.
+        let mut out = Vec::new();
+        wire::put_corrupt(&mut out, &list);
+        assert_eq!(out, data);
+    }
+    if let Ok(f) = wire::Fault::parse(data) {
+        // A fault that parses re-encodes to the very bytes (corruption args included).
+        let mut out = Vec::new();
+        f.put(&mut out);
+        assert_eq!(out, data);
+    }
 });

@@ -42,6 +42,12 @@ pub struct BenchOptions {
     pub poll: Duration,
     /// Seed of the page contents and access order.
     pub seed: u64,
+    /// Corruption injected while measuring (paper Fig. 11): every latency round runs twice,
+    /// clean and then with every node flipping a bit in this many READV reply entries per
+    /// million (0: no corrupted rounds; the nodes must allow fault injection). Reads that
+    /// fail or return wrong bytes in corrupted rounds are counted, not fatal; the throughput
+    /// phase stays clean.
+    pub corrupt_ppm: u32,
 }
 
 /// Latency percentiles in microseconds.
@@ -104,10 +110,31 @@ pub struct SchemeResult {
     /// overhead beyond the data it holds (stricter than the target "resident ≤ allocated slabs
     /// + 64 MiB", since slabs are mapped lazily and only written bytes are resident).
     pub node_overhead_max: i64,
-    /// Reads that returned bytes other than those written (must be 0).
+    /// Reads that returned bytes other than those written (must be 0 without injected
+    /// corruption).
     pub verify_errors: u64,
+    /// Reads that failed (only counted under injected corruption; otherwise fatal).
+    pub read_errors: u64,
+    /// Read splits found corrupted (failed checksum, or outvoted by correction).
+    pub corrupt_splits: u64,
     /// Reads that had to decode.
     pub decodes: u64,
+    /// QD1 latency in the corrupted rounds (when corruption was injected).
+    pub corrupted: Option<CorruptedLatency>,
+    /// Reads that correction mode put right.
+    pub corrected: u64,
+    /// Reads that started with extra splits because a node was above the error-correction
+    /// limit.
+    pub wide_reads: u64,
+}
+
+/// QD1 latency while every node corrupts replies.
+#[derive(Debug, Clone, Serialize)]
+pub struct CorruptedLatency {
+    /// Write latency.
+    pub write_latency: Latency,
+    /// Read latency.
+    pub read_latency: Latency,
 }
 
 /// A progress callback: phase name, done, total.
@@ -166,6 +193,27 @@ pub enum BenchError {
         /// Why.
         source: IoError,
     },
+    /// Corruption could not be injected.
+    #[error("injecting corruption into node {addr}: {reason} (start the nodes with --allow-fault-injection)")]
+    Inject {
+        /// The node.
+        addr: String,
+        /// What it said.
+        reason: String,
+    },
+}
+
+/// Sets (or, with `None`, clears) injected reply corruption on every node of `cluster`.
+fn corrupt_all(cluster: &Cluster, c: Option<crate::wire::Corruption>) -> Result<(), BenchError> {
+    use crate::wire::Fault;
+    for n in &cluster.nodes {
+        let f = c.map_or(Fault::Clear, Fault::CorruptReplies);
+        status::inject(n.addr, f, Duration::from_secs(2)).map_err(|reason| BenchError::Inject {
+            addr: n.addr.to_string(),
+            reason,
+        })?;
+    }
+    Ok(())
 }
 
 /// Populates the working set of one scheme with `depth` threads; returns the throughput.
@@ -219,6 +267,7 @@ fn read_load(
     duration: Duration,
     salt: u64,
     verify_errors: &AtomicU64,
+    read_errors: &AtomicU64,
 ) -> Result<(u64, f64, f64), IoError> {
     let done = AtomicU64::new(0);
     let cpu0 = cpu_time();
@@ -234,6 +283,11 @@ fn read_load(
                 while t0.elapsed() < duration {
                     let p = xorshift(&mut x) % o.pages;
                     if let Err(e) = mem.read_page(p * PAGE_SIZE as u64, &mut page) {
+                        if o.corrupt_ppm > 0 {
+                            read_errors.fetch_add(1, Ordering::Relaxed);
+                            done.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
                         first_err.lock().get_or_insert(e);
                         return;
                     }
@@ -266,22 +320,38 @@ struct Run {
     node_overhead_max: i64,
     wh: Histogram<u64>,
     rh: Histogram<u64>,
+    /// Histograms of the corrupted rounds.
+    cwh: Histogram<u64>,
+    crh: Histogram<u64>,
     reads: (u64, f64, f64),
     verify_errors: AtomicU64,
+    read_errors: AtomicU64,
 }
 
-/// Runs every scheme against `cluster`, interleaving the measurements (see the module doc).
+/// Runs every scheme (with per-split checksums or not) against `cluster`, interleaving the
+/// measurements (see the module doc).
 pub fn run(
     cluster: &Cluster,
-    schemes: &[Resilience],
+    schemes: &[(Resilience, bool)],
     o: &BenchOptions,
     progress: Progress<'_>,
 ) -> Result<Vec<SchemeResult>, BenchError> {
     let mut runs = Vec::new();
-    for &resilience in schemes {
-        let scheme = resilience.label();
+    for &(resilience, checksums) in schemes {
+        let scheme = match checksums {
+            true => format!("{} +crc", resilience.label()),
+            false => resilience.label(),
+        };
         let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
+        cfg.checksums = checksums;
+        if o.corrupt_ppm > 0 {
+            // Every node corrupts alike: moving slabs cannot escape it, so measure the reads'
+            // answer to it (wide reads above the error-correction limit, judged often enough
+            // to follow the rounds) and not a stampede of evacuations.
+            cfg.slab_regeneration_limit = 1.0;
+            cfg.error_window = 100;
+        }
         let fp = cfg.client_id.fingerprint();
         let mem = RemoteMemory::connect(cluster, cfg).map_err(|source| BenchError::Client {
             scheme: scheme.clone(),
@@ -319,11 +389,13 @@ pub fn run(
             node_overhead_max,
             wh: hist(),
             rh: hist(),
+            cwh: hist(),
+            crh: hist(),
             reads: (0, 0.0, 0.0),
             verify_errors: AtomicU64::new(0),
+            read_errors: AtomicU64::new(0),
         });
     }
-
     let rounds = o.rounds.max(1);
     let per_round = o.latency_ops.div_ceil(rounds);
     let mut x = o.seed | 1;
@@ -332,37 +404,64 @@ pub fn run(
     let mut expect = [0u8; PAGE_SIZE];
     let nruns = runs.len() as u64;
     let total = rounds * nruns;
+    // Clean rounds, and (with corruption) each followed by a corrupted one.
+    let phases: &[bool] = if o.corrupt_ppm > 0 {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for round in 0..rounds {
-        for (i, r) in runs.iter_mut().enumerate() {
-            progress(
-                "QD1 latency, all schemes interleaved",
-                round * nruns + i as u64,
-                total,
-            );
-            let err = |source| BenchError::Io {
-                scheme: r.scheme.clone(),
-                source,
-            };
-            for _ in 0..per_round {
-                let p = next() % o.pages;
-                fill_page(&mut page, o.seed, p, 0);
-                let t = Instant::now();
-                r.mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
-                r.wh.record(t.elapsed().as_nanos() as u64).ok();
+        for &corrupted in phases {
+            if o.corrupt_ppm > 0 {
+                let c = corrupted.then_some(crate::wire::Corruption {
+                    ppm: o.corrupt_ppm,
+                    slab: None,
+                });
+                corrupt_all(cluster, c)?;
             }
-            for _ in 0..per_round {
-                let p = next() % o.pages;
-                let t = Instant::now();
-                r.mem
-                    .read_page(p * PAGE_SIZE as u64, &mut page)
-                    .map_err(err)?;
-                r.rh.record(t.elapsed().as_nanos() as u64).ok();
-                fill_page(&mut expect, o.seed, p, 0);
-                if page != expect {
-                    r.verify_errors.fetch_add(1, Ordering::Relaxed);
+            for (i, r) in runs.iter_mut().enumerate() {
+                progress(
+                    "QD1 latency, all schemes interleaved",
+                    round * nruns + i as u64,
+                    total,
+                );
+                let err = |source| BenchError::Io {
+                    scheme: r.scheme.clone(),
+                    source,
+                };
+                let (wh, rh) = match corrupted {
+                    false => (&mut r.wh, &mut r.rh),
+                    true => (&mut r.cwh, &mut r.crh),
+                };
+                for _ in 0..per_round {
+                    let p = next() % o.pages;
+                    fill_page(&mut page, o.seed, p, 0);
+                    let t = Instant::now();
+                    r.mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
+                    wh.record(t.elapsed().as_nanos() as u64).ok();
+                }
+                for _ in 0..per_round {
+                    let p = next() % o.pages;
+                    let t = Instant::now();
+                    let res = r.mem.read_page(p * PAGE_SIZE as u64, &mut page);
+                    rh.record(t.elapsed().as_nanos() as u64).ok();
+                    match res {
+                        Err(_) if corrupted => {
+                            r.read_errors.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        res => res.map_err(err)?,
+                    }
+                    fill_page(&mut expect, o.seed, p, 0);
+                    if page != expect {
+                        r.verify_errors.fetch_add(1, Ordering::Relaxed);
+                    }
                 }
             }
         }
+    }
+    if o.corrupt_ppm > 0 {
+        corrupt_all(cluster, None)?;
     }
     let slice = o.duration / rounds as u32;
     for round in 0..rounds {
@@ -373,12 +472,12 @@ pub fn run(
                 total,
             );
             let (n, wall, cpu) =
-                read_load(&r.mem, o, slice, round, &r.verify_errors).map_err(|source| {
-                    BenchError::Io {
+                read_load(&r.mem, o, slice, round, &r.verify_errors, &r.read_errors).map_err(
+                    |source| BenchError::Io {
                         scheme: r.scheme.clone(),
                         source,
-                    }
-                })?;
+                    },
+                )?;
             r.reads = (r.reads.0 + n, r.reads.1 + wall, r.reads.2 + cpu);
         }
     }
@@ -405,7 +504,15 @@ pub fn run(
             node_rss_max: r.node_rss_max,
             node_overhead_max: r.node_overhead_max,
             verify_errors: r.verify_errors.load(Ordering::Relaxed),
+            read_errors: r.read_errors.load(Ordering::Relaxed),
+            corrupt_splits: r.mem.corrupt_splits().iter().sum(),
             decodes,
+            corrupted: (o.corrupt_ppm > 0).then(|| CorruptedLatency {
+                write_latency: Latency::from(&r.cwh),
+                read_latency: Latency::from(&r.crh),
+            }),
+            corrected: r.mem.stats().corrected.load(Ordering::Relaxed),
+            wide_reads: r.mem.stats().wide_reads.load(Ordering::Relaxed),
         });
     }
     Ok(out)

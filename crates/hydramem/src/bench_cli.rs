@@ -33,10 +33,19 @@ pub struct BenchArgs {
     /// Rounds the measurements are cut into (schemes interleaved within each round).
     #[arg(long, env = "HYDRAMEM_ROUNDS", default_value_t = 10)]
     rounds: u64,
+    /// Also measure under corruption (paper Fig. 11): each latency round runs clean and then
+    /// with every node flipping a bit in this many read replies per million (0: clean only).
+    /// The embedded nodes then allow fault injection; with --cluster they must have been
+    /// started with --allow-fault-injection. Wrong pages and failed reads in corrupted rounds
+    /// are counted and printed instead of ending the run.
+    #[arg(long, env = "HYDRAMEM_CORRUPT_PPM", default_value_t = 0)]
+    corrupt_ppm: u32,
     /// Microseconds a waiting thread polls before it sleeps.
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
-    /// Schemes to run (comma separated): hydra-8+2-d1, hydra-8+2-d0, rep2, rep3, single.
+    /// Schemes to run (comma separated): hydra-K+R-dD (suffix -ec for EC-only, -det for
+    /// corruption detection, -cor for correction), repN, single; each may end in +crc for
+    /// per-split checksums.
     #[arg(
         long,
         env = "HYDRAMEM_SCHEMES",
@@ -76,6 +85,7 @@ impl BenchArgs {
             rounds: self.rounds,
             poll: Duration::from_micros(self.poll_us),
             seed: self.seed,
+            corrupt_ppm: self.corrupt_ppm,
         }
     }
 }
@@ -83,7 +93,7 @@ impl BenchArgs {
 /// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
 pub fn parse_scheme(s: &str) -> Result<Resilience> {
     let bad = || {
-        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1, add -ec for EC-only), repN or single")
+        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for corruption detection, -cor for correction), repN or single, each optionally followed by +crc for per-split checksums")
     };
     if s == "single" {
         return Ok(Resilience::Replication { copies: 1 });
@@ -94,10 +104,14 @@ pub fn parse_scheme(s: &str) -> Result<Resilience> {
         });
     }
     let rest = s.strip_prefix("hydra-").ok_or_else(bad)?;
-    let (rest, mode) = match rest.strip_suffix("-ec") {
-        Some(r) => (r, Mode::EcOnly),
-        None => (rest, Mode::FailureRecovery),
-    };
+    let (rest, mode) = [
+        ("-ec", Mode::EcOnly),
+        ("-det", Mode::Detection),
+        ("-cor", Mode::Correction),
+    ]
+    .into_iter()
+    .find_map(|(suffix, mode)| rest.strip_suffix(suffix).map(|r| (r, mode)))
+    .unwrap_or((rest, Mode::FailureRecovery));
     let (kr, d) = rest.split_once("-d").ok_or_else(bad)?;
     let (k, r) = kr.split_once('+').ok_or_else(bad)?;
     Ok(Resilience::Hydra {
@@ -115,10 +129,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.regeneration.is_empty() {
         return run_regeneration(&a);
     }
-    let schemes: Vec<Resilience> = a
+    let schemes: Vec<(Resilience, bool)> = a
         .schemes
         .iter()
-        .map(|s| parse_scheme(s))
+        .map(|s| match s.strip_suffix("+crc") {
+            Some(s) => parse_scheme(s).map(|r| (r, true)),
+            None => parse_scheme(s).map(|r| (r, false)),
+        })
         .collect::<Result<_>>()?;
     let mut _embedded = None;
     let cluster = match &a.cluster {
@@ -129,7 +146,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 nodes: a.nodes,
                 slab_size: 16 << 20,
                 capacity: 4 << 30,
-                extra_args: vec!["--log".into(), "warn".into()],
+                extra_args: if a.corrupt_ppm > 0 {
+                    vec![
+                        "--log".into(),
+                        "error".into(),
+                        "--allow-fault-injection".into(),
+                    ]
+                } else {
+                    vec!["--log".into(), "warn".into()]
+                },
             })?;
             let cl = c.cluster().clone();
             _embedded = Some(c);
@@ -176,7 +201,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)
         .with_context(|| format!("writing {}", a.json.display()))?;
     println!("JSON written to {}", a.json.display());
-    if results.iter().any(|r| r.verify_errors > 0) {
+    if a.corrupt_ppm > 0 {
+        print!("{}", corrupted_table(&results, a.corrupt_ppm));
+    } else if results.iter().any(|r| r.verify_errors > 0) {
         anyhow::bail!("some reads returned wrong bytes (see verify_errors)");
     }
     Ok(())
@@ -269,13 +296,59 @@ fn run_failures(a: &BenchArgs) -> Result<()> {
     Ok(())
 }
 
+/// QD1 latency of the corrupted rounds beside the clean ones, and what corruption did.
+pub fn corrupted_table(results: &[SchemeResult], ppm: u32) -> String {
+    use std::fmt::Write as _;
+    let mut o = String::new();
+    let _ = writeln!(
+        o,
+        "\nunder corruption ({ppm} per million read replies flipped on every node), QD1:\n{:<26} | {:>15} | {:>15} | {:>13} | {:>13} | {:>6} | {:>6} | {:>8} | {:>9} | {:>8}",
+        "scheme",
+        "write µs p50/p99",
+        "read µs p50/p99",
+        "p99 × clean w",
+        "p99 × clean r",
+        "wrong",
+        "failed",
+        "corrupt",
+        "corrected",
+        "wide"
+    );
+    let _ = writeln!(o, "{}", "-".repeat(137));
+    for r in results {
+        let Some(c) = &r.corrupted else { continue };
+        let l = |x: &bench::Latency| format!("{:.1}/{:.1}", x.p50_us, x.p99_us);
+        let _ = writeln!(
+            o,
+            "{:<26} | {:>15} | {:>15} | {:>13.2} | {:>13.2} | {:>6} | {:>6} | {:>8} | {:>9} | {:>8}",
+            r.scheme,
+            l(&c.write_latency),
+            l(&c.read_latency),
+            c.write_latency.p99_us / r.write_latency.p99_us,
+            c.read_latency.p99_us / r.read_latency.p99_us,
+            r.verify_errors,
+            r.read_errors,
+            r.corrupt_splits,
+            r.corrected,
+            r.wide_reads
+        );
+    }
+    let _ = writeln!(
+        o,
+        "(wrong: pages returned with wrong bytes; failed: reads answered with an error; corrupt: \
+         splits found corrupted; corrected: reads correction mode put right; wide: reads that \
+         started with extra splits because a node was above the error-correction limit)"
+    );
+    o
+}
+
 /// The results as a fixed-width table, with ratios against replication ×2 where present.
 pub fn table(results: &[SchemeResult]) -> String {
     use std::fmt::Write as _;
     let mut o = String::new();
     let _ = writeln!(
         o,
-        "\n{:<18} | {:>23} | {:>23} | {:>15} | {:>15} | {:>11} | {:>6}",
+        "\n{:<26} | {:>23} | {:>23} | {:>15} | {:>15} | {:>11} | {:>6}",
         "scheme",
         "write µs p50/p99/p99.9",
         "read µs p50/p99/p99.9",
@@ -284,13 +357,13 @@ pub fn table(results: &[SchemeResult]) -> String {
         "cpu µs/page",
         "bytes"
     );
-    let _ = writeln!(o, "{}", "-".repeat(136));
+    let _ = writeln!(o, "{}", "-".repeat(144));
     for r in results {
         let l = |x: &bench::Latency| format!("{:.1}/{:.1}/{:.1}", x.p50_us, x.p99_us, x.p999_us);
         let t = |x: &bench::Throughput| format!("{:.1} {:.2}", x.pages_per_s / 1e3, x.gb_per_s);
         let _ = writeln!(
             o,
-            "{:<18} | {:>23} | {:>23} | {:>15} | {:>15} | {:>5.1} {:>5.1} | {:>6.3}",
+            "{:<26} | {:>23} | {:>23} | {:>15} | {:>15} | {:>5.1} {:>5.1} | {:>6.3}",
             r.scheme,
             l(&r.write_latency),
             l(&r.read_latency),
@@ -361,6 +434,24 @@ mod tests {
         assert_eq!(
             parse_scheme("single").unwrap(),
             Resilience::Replication { copies: 1 }
+        );
+        assert_eq!(
+            parse_scheme("hydra-8+1-d1-det").unwrap(),
+            Resilience::Hydra {
+                k: 8,
+                r: 1,
+                delta: 1,
+                mode: Mode::Detection
+            }
+        );
+        assert_eq!(
+            parse_scheme("hydra-8+3-d1-cor").unwrap(),
+            Resilience::Hydra {
+                k: 8,
+                r: 3,
+                delta: 1,
+                mode: Mode::Correction
+            }
         );
         assert!(parse_scheme("raid5").is_err());
     }

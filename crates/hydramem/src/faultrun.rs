@@ -11,6 +11,13 @@
 //! fault counts against `max_faults` from its injection until it is healed *and* the client
 //! has repaired and regenerated every range it touched, so at no moment are more than
 //! `max_faults` splits of a page missing. Used by `hydramem soak` and `tests/faultrun.rs`.
+//!
+//! With `corruption`, the client keeps per-split checksums and the chaos also makes nodes
+//! corrupt their replies: bit flips on the wire and misdirected reads (another page's split
+//! under the right version), each on a fifth of the replies of the impaired node, counted
+//! against `max_faults` like a lost node. The client's error limits move its slabs off such a
+//! node while it corrupts, and healing it means replacing it (a restart, empty). The same
+//! checker then proves that no corrupted byte reaches a reader.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -45,6 +52,8 @@ pub struct FaultRunOptions {
     pub duration: Duration,
     /// Most faults at once (r for the 8+2 code used).
     pub max_faults: usize,
+    /// Checksums on, and corrupting nodes among the faults (see the module doc).
+    pub corruption: bool,
 }
 
 /// What happened.
@@ -68,6 +77,10 @@ pub struct FaultRunReport {
     pub faults: Vec<String>,
     /// Regenerations the client ran.
     pub regenerations: u64,
+    /// Read splits that failed their checksum and were read around.
+    pub corrupt_splits: u64,
+    /// Splits the client moved off nodes above its slab-regeneration limit.
+    pub evacuated: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -106,17 +119,32 @@ enum Impairment {
     Killed,
     Paused,
     Slow,
+    /// Bit flips in a fifth of the node's READV replies.
+    CorruptReplies,
+    /// A fifth of the node's READV entries answered with the neighbouring slot's split.
+    Misdirected,
     Squeezed,
 }
 
 /// Heals one impairment.
 fn heal(cluster: &mut EmbeddedCluster, n: usize, kind: Impairment) -> Result<(), String> {
     match kind {
-        Impairment::Killed => cluster.restart(n).map_err(|e| e.to_string()),
+        // A corrupting node is healed as an operator would: replaced (restarted empty). The
+        // client has usually moved its slabs off it (its error rate is far above the
+        // slab-regeneration limit) and avoids it until it restarts.
+        Impairment::Killed | Impairment::CorruptReplies | Impairment::Misdirected => {
+            cluster.restart(n).map_err(|e| e.to_string())
+        }
         Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
         Impairment::Slow | Impairment::Squeezed => cluster.inject(n, Fault::Clear),
     }
 }
+
+/// The share of an impaired node's replies that a corruption impairment hits.
+const CORRUPT_SHARE: crate::wire::Corruption = crate::wire::Corruption {
+    ppm: 200_000,
+    slab: None,
+};
 
 /// Runs one seeded fault run.
 pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
@@ -143,6 +171,12 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut cfg = ClientConfig::new(scheme, o.pages * PAGE_SIZE as u64);
     cfg.seed = Some(o.seed);
     cfg.straggler_after = Duration::from_millis(2);
+    // Checksums are on by default; corrupting nodes need them. Error rates are judged every
+    // 50 splits per node so that the limits act within a run of a few seconds.
+    cfg.checksums |= o.corruption;
+    if o.corruption {
+        cfg.error_window = 50;
+    }
     let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
     let seed = o.seed;
     let stop = AtomicBool::new(false);
@@ -241,16 +275,25 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     .filter(|n| !impaired.iter().any(|(m, _)| m == n))
                     .collect();
                 let n = healthy[rng.random_range(0..healthy.len())];
-                let kind = match rng.random_range(0..4) {
+                let kinds = if o.corruption { 6 } else { 4 };
+                let kind = match rng.random_range(0..kinds) {
                     0 => Impairment::Killed,
                     1 => Impairment::Paused,
                     2 => Impairment::Slow,
-                    _ => Impairment::Squeezed,
+                    3 => Impairment::Squeezed,
+                    4 => Impairment::CorruptReplies,
+                    _ => Impairment::Misdirected,
                 };
                 let ok = match kind {
                     Impairment::Killed => cluster.kill(n).is_ok(),
                     Impairment::Paused => cluster.pause(n).is_ok(),
                     Impairment::Slow => cluster.inject(n, Fault::DelayReplies(5_000)).is_ok(),
+                    Impairment::CorruptReplies => cluster
+                        .inject(n, Fault::CorruptReplies(CORRUPT_SHARE))
+                        .is_ok(),
+                    Impairment::Misdirected => cluster
+                        .inject(n, Fault::MisdirectReads(CORRUPT_SHARE))
+                        .is_ok(),
                     // A machine of 1 GiB with nothing available: the budget drops to 0.
                     Impairment::Squeezed => {
                         cluster.inject(n, Fault::MemoryTotal(1 << 30)).is_ok()
@@ -304,5 +347,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         lost_writes: lost,
         faults,
         regenerations: mem.regen_stats().done,
+        corrupt_splits: mem.corrupt_splits().iter().sum(),
+        evacuated: mem.stats().evacuated.load(Ordering::Relaxed),
     })
 }

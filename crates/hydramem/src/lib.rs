@@ -26,6 +26,7 @@ pub mod client;
 pub mod cluster;
 pub mod embedded;
 pub mod faultrun;
+pub mod integrity;
 pub mod nbd;
 pub mod node;
 pub mod placement;

@@ -20,6 +20,10 @@ pub struct SoakArgs {
     /// Memory nodes per run.
     #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
     nodes: usize,
+    /// Also make nodes corrupt their replies (bit flips, misdirected reads), with per-split
+    /// checksums on in the client.
+    #[arg(long, env = "HYDRAMEM_CORRUPTION")]
+    corruption: bool,
 }
 
 pub fn run(a: SoakArgs) -> Result<()> {
@@ -35,10 +39,11 @@ pub fn run(a: SoakArgs) -> Result<()> {
             slab_size: 1 << 20,
             duration: Duration::from_secs_f64(a.seconds),
             max_faults: 2,
+            corruption: a.corruption,
         })
         .map_err(anyhow::Error::msg)?;
         println!(
-            "run {:>3} seed {}: {} faults, {} writes acknowledged, {} lost, {} wrong reads, {} failed writes, {} read errors, {} regenerations",
+            "run {:>3} seed {}: {} faults, {} writes acknowledged, {} lost, {} wrong reads, {} failed writes, {} read errors, {} regenerations{}",
             i + 1,
             r.seed,
             r.faults.len(),
@@ -47,7 +52,15 @@ pub fn run(a: SoakArgs) -> Result<()> {
             r.wrong_reads,
             r.failed_writes,
             r.read_errors,
-            r.regenerations
+            r.regenerations,
+            if a.corruption {
+                format!(
+                    ", {} corrupted splits read around, {} splits moved off corrupting nodes",
+                    r.corrupt_splits, r.evacuated
+                )
+            } else {
+                String::new()
+            }
         );
         acked += r.acked_writes;
         lost += r.lost_writes;

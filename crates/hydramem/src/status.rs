@@ -123,7 +123,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
     );
     let _ = writeln!(
         o,
-        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>7} {:>10} {:>8} {:>10} {:>12} {:>12} {:>6}",
+        "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>7} {:>10} {:>8} {:>10} {:>12} {:>12} {:>7} {:>6}",
         "node",
         "address",
         "health",
@@ -136,6 +136,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         "rss",
         "reads",
         "writes",
+        "corrupt",
         "regen"
     );
     let (mut cap, mut used) = (0u64, 0u64);
@@ -156,7 +157,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                 };
                 let _ = writeln!(
                     o,
-                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>7} {:>10} {:>8} {:>10} {:>12} {:>12} {:>6}",
+                    "{:>4}  {:<21} {:<6} {:>10} {:>10} {:>6} {:>7} {:>10} {:>8} {:>10} {:>12} {:>12} {:>7} {:>6}",
                     r.id,
                     r.addr.to_string(),
                     health,
@@ -169,6 +170,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                     human(s.rss),
                     reads,
                     writes,
+                    s.corrupt_reported,
                     s.regenerating
                 );
             }
@@ -191,18 +193,20 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
             _ => None,
         })
         .sum();
-    let (mut reclaiming, mut moved, mut forced) = (0u64, 0u64, 0u64);
+    let (mut reclaiming, mut moved, mut forced, mut corrupt) = (0u64, 0u64, 0u64, 0u64);
     for r in rows {
         if let StatusResult::Up(s) = &r.result {
             reclaiming += s.reclaiming as u64;
             moved += s.evicted_moved;
             forced += s.evicted_forced;
+            corrupt += s.corrupt_reported;
         }
     }
     let _ = writeln!(
         o,
         "total: {} of {} donated memory in use; {regen} slab regenerations in progress; \
-         {reclaiming} slabs reclaimed and being moved ({moved} moved, {forced} dropped so far)",
+         {reclaiming} slabs reclaimed and being moved ({moved} moved, {forced} dropped so far); \
+         {corrupt} corrupted splits reported by clients",
         human(used),
         human(cap)
     );
@@ -218,19 +222,20 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         let _ = writeln!(o, "\nslabs (per-slab access counters):");
         let _ = writeln!(
             o,
-            "{:>4} {:>6} {:>10} {:>18} {:>12} {:>12} {:>10} {:>9}",
-            "node", "slab", "client", "tag", "reads", "writes", "holds", "state"
+            "{:>4} {:>10} {:>10} {:>18} {:>12} {:>12} {:>7} {:>10} {:>9}",
+            "node", "slab", "client", "tag", "reads", "writes", "corrupt", "holds", "state"
         );
         for (id, x) in slab_rows.iter().take(200) {
             let _ = writeln!(
                 o,
-                "{:>4} {:>6} {:>10} {:>#18x} {:>12} {:>12} {:>10} {:>9}",
+                "{:>4} {:>10} {:>10} {:>#18x} {:>12} {:>12} {:>7} {:>10} {:>9}",
                 id,
                 x.slab,
                 format!("{:08x}", x.owner),
                 x.tag,
                 x.reads,
                 x.writes,
+                x.corrupt,
                 human(x.touched),
                 if x.flags & wire::SLAB_RECLAIMED != 0 {
                     "reclaimed"
@@ -248,4 +253,64 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         }
     }
     o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The end column of `header`'s `name` and of the value that follows below it agree.
+    fn aligned(text: &str, header: &str, name: &str, row: &str, value: &str) {
+        let h = text.lines().find(|l| l.starts_with(header)).unwrap();
+        let r = text.lines().find(|l| l.starts_with(row)).unwrap();
+        let end = h.find(name).unwrap() + name.len();
+        assert_eq!(&r[end - value.len()..end], value, "\n{h}\n{r}");
+    }
+
+    #[test]
+    fn corrupted_splits_have_their_columns_per_node_and_per_slab() {
+        let cluster = Cluster {
+            slab_size: 1 << 20,
+            placement: None,
+            nodes: Vec::new(),
+        };
+        let stats = Stats {
+            slab_size: 1 << 20,
+            corrupt_reported: 1234,
+            slabs: vec![wire::SlabStats {
+                slab: 2_000_000_000,
+                corrupt: 987,
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let rows = [NodeStatus {
+            id: 0,
+            addr: "127.0.0.1:7400".parse().unwrap(),
+            result: StatusResult::Up(stats),
+        }];
+        let text = table(&cluster, &rows);
+        aligned(&text, "node  address", "corrupt", "   0  127.0.0.1", "1234");
+        aligned(
+            &text,
+            "node       slab",
+            "corrupt",
+            "   0 2000000000",
+            "987",
+        );
+        aligned(
+            &text,
+            "node       slab",
+            "slab",
+            "   0 2000000000",
+            "2000000000",
+        );
+        assert!(
+            text.contains("1234 corrupted splits reported by clients"),
+            "{text}"
+        );
+        let json = serde_json::to_value(&rows).unwrap();
+        assert_eq!(json[0]["corrupt_reported"], 1234);
+        assert_eq!(json[0]["slabs"][0]["corrupt"], 987);
+    }
 }

@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 1; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 2; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -30,19 +30,38 @@
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
 //! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
 //! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
-//! | 0x10 | WRITEV  | count u32, count × (entry (32), then len bytes | count u32, count × (cookie u64, status u32)    |
+//! | 0x10 | WRITEV  | count u32, count × (entry (36), then len bytes | count u32, count × (cookie u64, status u32)    |
 //! |      |         | of data)                                       |                                                |
-//! | 0x11 | READV   | count u32, count × entry (32)                  | count u32, count × (cookie u64, status u32,    |
-//! |      |         |                                                | len u32, version u64, then len bytes of data)  |
+//! | 0x11 | READV   | count u32, count × entry (36)                  | count u32, count × (cookie u64, status u32,    |
+//! |      |         |                                                | len u32, version u64, crc u32, then len bytes  |
+//! |      |         |                                                | of data)                                       |
 //! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
 //! | 0x08 | RECLAIMS| empty                                          | count u32, count × (slab u32, ms_left u32)     |
 //! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
+//! | 0x0A | CORRUPT | count u32, count × (slab u32, splits u32,      | accepted u32 (records that named a slab of the |
+//! |      |         | cause u8) (see [`CorruptReport`])              | caller; the rest count as unknown slab)        |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
-//! A vectored entry is 32 bytes: slab u32, len u32, offset u64, cookie u64, version u64. The
-//! cookie is opaque to the node and lets the client land each split where it belongs without a
-//! lookup table (the role a work-request id plays in RDMA). In a READV reply an entry that failed
-//! carries len 0.
+//! A vectored entry is 36 bytes:
+//!
+//! | offset | size | field   | meaning                                                        |
+//! |--------|------|---------|----------------------------------------------------------------|
+//! | 0      | 4    | slab    | slab id on the node                                            |
+//! | 4      | 4    | len     | bytes of the split                                             |
+//! | 8      | 8    | offset  | byte offset in the slab (a multiple of the slab's split length) |
+//! | 16     | 8    | cookie  | opaque to the node, echoed in the reply entry                  |
+//! | 24     | 8    | version | WRITEV: the page version of the split; READV: 0                |
+//! | 32     | 4    | crc     | WRITEV: the split's checksum, stored beside the version; READV: 0 |
+//!
+//! The cookie lets the client land each split where it belongs without a lookup table (the
+//! role a work-request id plays in RDMA). In a READV reply an entry that failed carries len 0
+//! (and version and crc 0).
+//!
+//! **Checksums.** The node stores the 32-bit `crc` of every written split next to its version
+//! and returns both with the split; it never computes or checks it on the data path. The client
+//! that keeps checksums puts the CRC32C of the split bound to its page and version there (see
+//! [`crate::integrity`]) and verifies it on every read; a client that does not sends 0. A slot
+//! never written has version 0 and crc 0.
 //!
 //! **Versions.** A slab holds splits of one length, fixed at ALLOC (`split_len`); every access
 //! is one whole split at a multiple of it. Next to each split the node keeps the version of the
@@ -62,6 +81,11 @@
 //! long it has before the node drops them, regenerates each elsewhere and FREEs it. Until then a
 //! reclaimed slab serves reads and writes as before.
 //!
+//! **Corruption reports.** Only a client can tell that a split is corrupt: the checksum binds
+//! the client's page address and version, which the node never sees. A client that found
+//! corrupted splits among a node's replies tells that node with CORRUPT, so that the node's
+//! STATS, `hydramem status` and metrics show where corruption happens (see [`CorruptReport`]).
+//!
 //! Every request except HELLO, PING, STATS, FAULT and DRAIN requires a prior HELLO on the connection: the client id
 //! given there is the identity that owns slabs. Slabs are visible only to the identity that
 //! allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does not exist and for
@@ -75,7 +99,7 @@ use std::fmt;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -84,7 +108,7 @@ pub const MAX_BODY: usize = 4 << 20;
 /// Most entries one vectored request may carry.
 pub const MAX_ENTRIES: usize = 8192;
 /// Length of one vectored entry on the wire.
-pub const ENTRY_LEN: usize = 32;
+pub const ENTRY_LEN: usize = 36;
 /// Bit set in the op byte of replies.
 const REPLY_BIT: u8 = 0x80;
 
@@ -149,6 +173,8 @@ pub enum Op {
     Reclaims = 0x08,
     /// Start (or cancel) draining the node: it takes no new slabs and reclaims all it holds.
     Drain = 0x09,
+    /// Report corrupted splits the caller read from this node (see [`CorruptReport`]).
+    Corrupt = 0x0A,
     /// Vectored write of splits.
     WriteV = 0x10,
     /// Vectored read of splits.
@@ -159,7 +185,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 12] = [
+    pub const ALL: [Op; 13] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -172,6 +198,7 @@ impl Op {
         Op::Regen,
         Op::Reclaims,
         Op::Drain,
+        Op::Corrupt,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -313,16 +340,20 @@ pub struct Entry {
     pub cookie: u64,
     /// WRITEV: the version of the page this split belongs to (0 in READV).
     pub version: u64,
+    /// WRITEV: the split's checksum, stored with it (0 in READV, and from clients without
+    /// checksums).
+    pub crc: u32,
 }
 
 impl Entry {
-    /// Appends the entry's 32 bytes to `out`.
+    /// Appends the entry's 36 bytes to `out`.
     pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.slab.to_le_bytes());
         out.extend_from_slice(&self.len.to_le_bytes());
         out.extend_from_slice(&self.offset.to_le_bytes());
         out.extend_from_slice(&self.cookie.to_le_bytes());
         out.extend_from_slice(&self.version.to_le_bytes());
+        out.extend_from_slice(&self.crc.to_le_bytes());
     }
 
     /// Reads one entry.
@@ -333,6 +364,7 @@ impl Entry {
             offset: r.u64()?,
             cookie: r.u64()?,
             version: r.u64()?,
+            crc: r.u32()?,
         })
     }
 }
@@ -571,12 +603,14 @@ pub struct SlabStats {
     pub flags: u32,
     /// Recent accesses (decaying count per control period) the node ranks eviction by.
     pub activity: u64,
+    /// Corrupted splits of this slab its owner reported (CORRUPT) since the slab was allocated.
+    pub corrupt: u64,
 }
 
 /// [`SlabStats::flags`]: the node has asked the owner to move this slab away.
 pub const SLAB_RECLAIMED: u32 = 1;
 
-const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8;
+const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8 + 8;
 
 /// STATS reply body: node-wide figures then one record per allocated slab.
 ///
@@ -598,7 +632,8 @@ const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8;
 /// | 4    | slabs reclaimed (owners asked to move them) and not yet gone |
 /// | 8    | slabs moved away by their owners after a reclaim, since start |
 /// | 8    | slabs dropped before their owner moved them (grace expired), since start |
-/// | 4    | count of slab records, then count × 68-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64, flags u32, activity u64 |
+/// | 8    | corrupted splits clients reported (CORRUPT) since start, all slabs (freed and unknown ones included) |
+/// | 4    | count of slab records, then count × 76-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64, flags u32, activity u64, corrupt u64 |
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Stats {
     /// Node id.
@@ -633,6 +668,9 @@ pub struct Stats {
     pub evicted_moved: u64,
     /// Slabs dropped when their grace period expired.
     pub evicted_forced: u64,
+    /// Corrupted splits clients reported since the node started (the per-slab counts, plus
+    /// those of slabs freed since and of reports that named no slab of their sender).
+    pub corrupt_reported: u64,
     /// Every allocated slab.
     pub slabs: Vec<SlabStats>,
 }
@@ -665,6 +703,7 @@ impl Stats {
         }
         out.extend_from_slice(&self.evicted_moved.to_le_bytes());
         out.extend_from_slice(&self.evicted_forced.to_le_bytes());
+        out.extend_from_slice(&self.corrupt_reported.to_le_bytes());
         out.extend_from_slice(&(self.slabs.len() as u32).to_le_bytes());
         for s in &self.slabs {
             out.extend_from_slice(&s.slab.to_le_bytes());
@@ -681,6 +720,7 @@ impl Stats {
             }
             out.extend_from_slice(&s.flags.to_le_bytes());
             out.extend_from_slice(&s.activity.to_le_bytes());
+            out.extend_from_slice(&s.corrupt.to_le_bytes());
         }
     }
 
@@ -703,6 +743,7 @@ impl Stats {
         let reclaiming = r.u32()?;
         let evicted_moved = r.u64()?;
         let evicted_forced = r.u64()?;
+        let corrupt_reported = r.u64()?;
         let n = r.u32()? as usize;
         if n > r.remaining() / SLAB_STATS_LEN {
             return Err(WireError::Invalid("slab count exceeds the body"));
@@ -720,6 +761,7 @@ impl Stats {
                 touched: r.u64()?,
                 flags: r.u32()?,
                 activity: r.u64()?,
+                corrupt: r.u64()?,
             });
         }
         r.end()?;
@@ -740,6 +782,7 @@ impl Stats {
             reclaiming,
             evicted_moved,
             evicted_forced,
+            corrupt_reported,
             slabs,
         })
     }
@@ -841,6 +884,155 @@ pub fn parse_reclaims(body: &[u8]) -> Result<Vec<Reclaim>, WireError> {
     Ok(v)
 }
 
+/// Most records one CORRUPT request may carry; a client with more sends several requests.
+pub const MAX_CORRUPT_REPORTS: usize = 1024;
+/// Length of one CORRUPT record on the wire: slab u32, splits u32, cause u8.
+pub const CORRUPT_REPORT_LEN: usize = 9;
+
+/// How a client found the splits of a [`CorruptReport`] corrupt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum CorruptCause {
+    /// The split failed its checksum (see [`crate::integrity`]): its bytes, or the page or
+    /// version it answered for, were wrong.
+    Checksum = 1,
+    /// The split disagreed with the codeword the other splits of its page form, and a
+    /// correcting read singled it out (the paper's correction mode; clients that keep
+    /// checksums send [`CorruptCause::Checksum`]).
+    Codeword = 2,
+}
+
+impl CorruptCause {
+    /// Every cause, for exhaustive tests.
+    pub const ALL: [CorruptCause; 2] = [CorruptCause::Checksum, CorruptCause::Codeword];
+
+    /// The cause's name in logs and metric labels.
+    pub fn label(self) -> &'static str {
+        match self {
+            CorruptCause::Checksum => "checksum",
+            CorruptCause::Codeword => "codeword",
+        }
+    }
+
+    fn from_u8(v: u8) -> Option<CorruptCause> {
+        CorruptCause::ALL.into_iter().find(|c| *c as u8 == v)
+    }
+}
+
+/// One record of a CORRUPT request: the caller found `splits` splits it read from its slab
+/// `slab` on this node corrupt, by `cause`. The node is the only place that can show where
+/// corruption happens across clients, but only a client can detect it (the checksum binds the
+/// client's page address and version), hence the report.
+///
+/// | size | field |
+/// |------|-------|
+/// | 4    | slab id on the node |
+/// | 4    | corrupted splits found (at least 1) |
+/// | 1    | cause: 1 failed checksum, 2 codeword mismatch ([`CorruptCause`]) |
+///
+/// The request body is a count u32 then that many records (at most [`MAX_CORRUPT_REPORTS`]);
+/// the reply body is the number of records that named a slab of the caller. The node adds
+/// every record to its node-wide count, and to the slab's own count when the slab is the
+/// caller's. A record naming no slab of the caller (freed or moved since the read, or never
+/// its own) is counted as an unknown slab instead of refused: the corruption still happened
+/// on this node, and a foreign slab's count is never touched, so a client can neither blame
+/// another client's slab nor learn whether it exists.
+///
+/// A body whose length does not match its count, or a count above the maximum, is a protocol
+/// violation like any malformed frame. A well-formed body with a record of 0 splits or an
+/// unknown cause is answered [`Status::BadRequest`] and none of it is counted; the
+/// connection stays open, because reports travel on the client's data connection and a cause
+/// an older node does not know must cost one refused report, not the client's I/O.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CorruptReport {
+    /// The caller's slab on this node.
+    pub slab: u32,
+    /// Corrupted splits found in it.
+    pub splits: u32,
+    /// How they were found.
+    pub cause: CorruptCause,
+}
+
+/// Appends a CORRUPT request body. At most [`MAX_CORRUPT_REPORTS`] records: split longer
+/// lists over several requests.
+pub fn put_corrupt(out: &mut Vec<u8>, reports: &[CorruptReport]) {
+    out.extend_from_slice(&(reports.len() as u32).to_le_bytes());
+    for c in reports {
+        out.extend_from_slice(&c.slab.to_le_bytes());
+        out.extend_from_slice(&c.splits.to_le_bytes());
+        out.push(c.cause as u8);
+    }
+}
+
+/// Parses a CORRUPT request body, layout and values (a node parses the layout in
+/// [`parse_request`] and the values with [`CorruptList::reports`], to answer bad values with a
+/// status instead of closing the connection).
+pub fn parse_corrupt(body: &[u8]) -> Result<Vec<CorruptReport>, WireError> {
+    let mut r = Reader::new(body);
+    let list = CorruptList::get(&mut r)?;
+    r.end()?;
+    list.reports()
+}
+
+/// Parses a CORRUPT reply body: the records that named a slab of the caller.
+pub fn parse_corrupt_reply(body: &[u8]) -> Result<u32, WireError> {
+    let mut r = Reader::new(body);
+    let accepted = r.u32()?;
+    r.end()?;
+    Ok(accepted)
+}
+
+/// The records of a CORRUPT request, still in wire form: their layout is checked at parse
+/// time, their values by [`CorruptList::reports`].
+#[derive(Debug, Clone, Copy)]
+pub struct CorruptList<'a> {
+    raw: &'a [u8],
+}
+
+impl<'a> CorruptList<'a> {
+    fn get(r: &mut Reader<'a>) -> Result<CorruptList<'a>, WireError> {
+        let n = r.u32()? as usize;
+        if n > MAX_CORRUPT_REPORTS {
+            return Err(WireError::Invalid(
+                "CORRUPT carries more than 1024 records; send several requests",
+            ));
+        }
+        Ok(CorruptList {
+            raw: r.bytes(n * CORRUPT_REPORT_LEN)?,
+        })
+    }
+
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.raw.len() / CORRUPT_REPORT_LEN
+    }
+
+    /// Whether there are none.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+
+    /// The records, or why their values are unacceptable (a record of 0 splits, an unknown
+    /// cause).
+    pub fn reports(&self) -> Result<Vec<CorruptReport>, WireError> {
+        self.raw
+            .chunks_exact(CORRUPT_REPORT_LEN)
+            .map(|c| {
+                let splits = u32::from_le_bytes(c[4..8].try_into().expect("4"));
+                if splits == 0 {
+                    return Err(WireError::Invalid("CORRUPT record of 0 splits"));
+                }
+                Ok(CorruptReport {
+                    slab: u32::from_le_bytes(c[0..4].try_into().expect("4")),
+                    splits,
+                    cause: CorruptCause::from_u8(c[8])
+                        .ok_or(WireError::Invalid("CORRUPT record of an unknown cause"))?,
+                })
+            })
+            .collect()
+    }
+}
+
 /// Parses a LIST reply body into (slab, tag) pairs.
 pub fn parse_list(body: &[u8]) -> Result<Vec<(u32, u64)>, WireError> {
     let mut r = Reader::new(body);
@@ -865,6 +1057,9 @@ pub fn put_list(out: &mut Vec<u8>, slabs: &[(u32, u64)]) {
     }
 }
 
+/// Length of a READV reply entry header: cookie u64, status u32, len u32, version u64, crc u32.
+pub const READ_REPLY_LEN: usize = 28;
+
 /// One reply entry of a WRITEV or READV as parsed by a client.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplyEntry {
@@ -876,6 +1071,8 @@ pub struct ReplyEntry {
     pub len: u32,
     /// Version stored with the split (READV only).
     pub version: u64,
+    /// Checksum stored with the split (READV only).
+    pub crc: u32,
 }
 
 impl ReplyEntry {
@@ -891,14 +1088,24 @@ impl ReplyEntry {
             status: Status::from_u32(r.u32()?)?,
             len: 0,
             version: 0,
+            crc: 0,
         })
     }
-    /// Appends a READV reply entry header (24 bytes); the caller appends `len` data bytes.
-    pub fn put_read(out: &mut Vec<u8>, cookie: u64, status: Status, len: u32, version: u64) {
+    /// Appends a READV reply entry header ([`READ_REPLY_LEN`] bytes); the caller appends `len`
+    /// data bytes.
+    pub fn put_read(
+        out: &mut Vec<u8>,
+        cookie: u64,
+        status: Status,
+        len: u32,
+        version: u64,
+        crc: u32,
+    ) {
         out.extend_from_slice(&cookie.to_le_bytes());
         out.extend_from_slice(&(status as u32).to_le_bytes());
         out.extend_from_slice(&len.to_le_bytes());
         out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&crc.to_le_bytes());
     }
     /// Parses a READV reply entry header; the data follows in the reader.
     pub fn get_read(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
@@ -907,6 +1114,7 @@ impl ReplyEntry {
             status: Status::from_u32(r.u32()?)?,
             len: r.u32()?,
             version: r.u64()?,
+            crc: r.u32()?,
         };
         if e.status != Status::Ok && e.len != 0 {
             return Err(WireError::Invalid("failed read entry carries data"));
@@ -916,12 +1124,13 @@ impl ReplyEntry {
 }
 
 /// Parses the body of a WRITEV or READV reply with status OK, calling
-/// `f(cookie, status, version, data)` for every entry in order (`data` is empty for writes and for failed reads). Stops at the
-/// first malformed entry; entries before it have been delivered.
+/// `f(cookie, status, version, crc, data)` for every entry in order (`data` is empty for
+/// writes and for failed reads; version and crc are 0 for writes). Stops at the first
+/// malformed entry; entries before it have been delivered.
 pub fn parse_vectored_reply<'a>(
     h: &Header,
     body: &'a [u8],
-    mut f: impl FnMut(u64, Status, u64, &'a [u8]),
+    mut f: impl FnMut(u64, Status, u64, u32, &'a [u8]),
 ) -> Result<(), WireError> {
     if !h.reply {
         return Err(WireError::Invalid("expected a reply frame"));
@@ -935,13 +1144,19 @@ pub fn parse_vectored_reply<'a>(
         Op::WriteV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_write(&mut r)?;
-                f(e.cookie, e.status, 0, &[]);
+                f(e.cookie, e.status, 0, 0, &[]);
             }
         }
         Op::ReadV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_read(&mut r)?;
-                f(e.cookie, e.status, e.version, r.bytes(e.len as usize)?);
+                f(
+                    e.cookie,
+                    e.status,
+                    e.version,
+                    e.crc,
+                    r.bytes(e.len as usize)?,
+                );
             }
         }
         _ => return Err(WireError::Invalid("not a vectored op")),
@@ -973,10 +1188,11 @@ pub struct RegenSource {
 /// | 16   | client id (the identity that owns every slab named here) |
 /// | 1, 1 | k, r |
 /// | 1    | target split index |
-/// | 1    | reserved (0) |
+/// | 1    | flags: bit 0 = the client keeps checksums (verify the sources', store the target's) |
 /// | 4    | split_len |
 /// | 4    | target slab on this node |
 /// | 8    | pages (split slots) to rebuild |
+/// | 8    | the address range of the group, which checksums bind |
 /// | 4    | count of sources, then count × (split u8, flags u8 (bit 0: copy source), addr length u16, slab u32, addr as UTF-8 "ip:port") |
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regen {
@@ -994,6 +1210,10 @@ pub struct Regen {
     pub slab: u32,
     /// Split slots to rebuild.
     pub pages: u64,
+    /// The client's address range of the group (see [`crate::integrity`]).
+    pub range: u64,
+    /// The client keeps per-split checksums: sources are verified and rebuilt splits get theirs.
+    pub checksums: bool,
     /// The surviving splits.
     pub sources: Vec<RegenSource>,
 }
@@ -1002,10 +1222,11 @@ impl Regen {
     /// Appends the body.
     pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.client.0);
-        out.extend_from_slice(&[self.k, self.r, self.target, 0]);
+        out.extend_from_slice(&[self.k, self.r, self.target, self.checksums as u8]);
         out.extend_from_slice(&self.split_len.to_le_bytes());
         out.extend_from_slice(&self.slab.to_le_bytes());
         out.extend_from_slice(&self.pages.to_le_bytes());
+        out.extend_from_slice(&self.range.to_le_bytes());
         out.extend_from_slice(&(self.sources.len() as u32).to_le_bytes());
         for s in &self.sources {
             let a = s.addr.to_string();
@@ -1022,9 +1243,14 @@ impl Regen {
         let client = ClientId(r.bytes(16)?.try_into().expect("16"));
         let b = r.bytes(4)?;
         let (k, rr, target) = (b[0], b[1], b[2]);
+        if b[3] > 1 {
+            return Err(WireError::Invalid("REGEN has unknown flags"));
+        }
+        let checksums = b[3] == 1;
         let split_len = r.u32()?;
         let slab = r.u32()?;
         let pages = r.u64()?;
+        let range = r.u64()?;
         let n = r.u32()? as usize;
         if n > 64 {
             return Err(WireError::Invalid("REGEN names more than 64 sources"));
@@ -1057,6 +1283,8 @@ impl Regen {
             split_len,
             slab,
             pages,
+            range,
+            checksums,
             sources,
         })
     }
@@ -1064,6 +1292,23 @@ impl Regen {
 
 /// A fault a test asks a node to inject (FAULT request). Nodes refuse them with
 /// [`Status::Forbidden`] unless started with `--allow-fault-injection`.
+///
+/// | kind | fault           | arg                                         |
+/// |------|-----------------|---------------------------------------------|
+/// | 0    | Clear           | 0                                           |
+/// | 1    | DelayReplies    | microseconds                                |
+/// | 2    | StopAnswering   | 0                                           |
+/// | 3    | DropConnections | 0                                           |
+/// | 4    | RefuseAlloc     | 0                                           |
+/// | 5    | Crash           | 0                                           |
+/// | 6    | MemoryTotal     | bytes                                       |
+/// | 7    | MemoryAvailable | bytes                                       |
+/// | 8    | CorruptSlab     | slab id                                     |
+/// | 9    | CorruptWrites   | a [`Corruption`] (rate, optional slab)      |
+/// | 10   | CorruptReplies  | a [`Corruption`]                            |
+/// | 11   | MisdirectReads  | a [`Corruption`]                            |
+///
+/// `Clear` ends every fault, the corruptions included (a corruption already stored stays).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// Remove every injected fault.
@@ -1084,6 +1329,77 @@ pub enum Fault {
     /// Simulate this much memory available if the node held no slabs (bytes; the node takes
     /// its own slabs off it; `u64::MAX` = measure the real machine again).
     MemoryAvailable(u64),
+    /// Flip one random bit in every written split of this slab (any owner's), once: memory
+    /// corrupted at rest. Answered [`Status::NoSuchSlab`] if the slab does not exist.
+    CorruptSlab(u32),
+    /// After storing a written split, flip one random bit of the stored copy, at a rate.
+    CorruptWrites(Corruption),
+    /// Flip one random bit in the data of a READV reply entry, at a rate; the stored split
+    /// is untouched (corruption on the wire).
+    CorruptReplies(Corruption),
+    /// Answer a READV entry with the data (and checksum) of the neighbouring slot of the same
+    /// slab, under the requested slot's version, at a rate: a split of the wrong page whose
+    /// metadata looks right (a misaddressed read).
+    MisdirectReads(Corruption),
+}
+
+/// Which accesses an injected corruption hits: a rate in parts per million, optionally only
+/// on one slab. On the wire (the FAULT `arg`): bits 0–30 the rate (at most 1 000 000), bit 31
+/// set when the corruption is limited to one slab, bits 32–63 that slab. A rate of 0 turns
+/// the corruption off.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Corruption {
+    /// Accesses hit per million.
+    pub ppm: u32,
+    /// Only this slab (`None`: every slab).
+    pub slab: Option<u32>,
+}
+
+/// The largest corruption rate: every access.
+pub const PPM_ALL: u32 = 1_000_000;
+const CORRUPTION_ONE_SLAB: u64 = 1 << 31;
+
+impl Corruption {
+    /// Every access of every slab.
+    pub const ALWAYS: Corruption = Corruption {
+        ppm: PPM_ALL,
+        slab: None,
+    };
+
+    /// The FAULT argument.
+    pub fn encode(self) -> u64 {
+        u64::from(self.ppm.min(PPM_ALL))
+            | self
+                .slab
+                .map_or(0, |s| CORRUPTION_ONE_SLAB | u64::from(s) << 32)
+    }
+
+    /// Decodes [`Corruption::encode`]; refuses rates above one million and stray bits.
+    pub fn decode(arg: u64) -> Result<Corruption, WireError> {
+        let ppm = (arg & (CORRUPTION_ONE_SLAB - 1)) as u32;
+        if ppm > PPM_ALL {
+            return Err(WireError::Invalid(
+                "corruption rate above 1000000 per million",
+            ));
+        }
+        let slab = (arg >> 32) as u32;
+        match arg & CORRUPTION_ONE_SLAB != 0 {
+            true => Ok(Corruption {
+                ppm,
+                slab: Some(slab),
+            }),
+            false if slab == 0 => Ok(Corruption { ppm, slab: None }),
+            false => Err(WireError::Invalid(
+                "corruption names a slab without its flag",
+            )),
+        }
+    }
+
+    /// Whether this access of `slab` is hit (`draw`: a uniform random number below one
+    /// million).
+    pub fn hits(self, slab: u32, draw: u32) -> bool {
+        self.ppm > draw && self.slab.is_none_or(|s| s == slab)
+    }
 }
 
 impl Fault {
@@ -1098,6 +1414,10 @@ impl Fault {
             Fault::Crash => (5, 0),
             Fault::MemoryTotal(b) => (6, b),
             Fault::MemoryAvailable(b) => (7, b),
+            Fault::CorruptSlab(slab) => (8, u64::from(slab)),
+            Fault::CorruptWrites(c) => (9, c.encode()),
+            Fault::CorruptReplies(c) => (10, c.encode()),
+            Fault::MisdirectReads(c) => (11, c.encode()),
         };
         out.extend_from_slice(&kind.to_le_bytes());
         out.extend_from_slice(&arg.to_le_bytes());
@@ -1109,6 +1429,9 @@ impl Fault {
         let kind = r.u32()?;
         let arg = r.u64()?;
         r.end()?;
+        if matches!(kind, 0 | 2..=5) && arg != 0 {
+            return Err(WireError::Invalid("this fault kind takes no argument (0)"));
+        }
         Ok(match kind {
             0 => Fault::Clear,
             1 => Fault::DelayReplies(arg),
@@ -1118,6 +1441,12 @@ impl Fault {
             5 => Fault::Crash,
             6 => Fault::MemoryTotal(arg),
             7 => Fault::MemoryAvailable(arg),
+            8 => Fault::CorruptSlab(
+                u32::try_from(arg).map_err(|_| WireError::Invalid("slab id above u32"))?,
+            ),
+            9 => Fault::CorruptWrites(Corruption::decode(arg)?),
+            10 => Fault::CorruptReplies(Corruption::decode(arg)?),
+            11 => Fault::MisdirectReads(Corruption::decode(arg)?),
             _ => return Err(WireError::Invalid("unknown fault kind")),
         })
     }
@@ -1159,6 +1488,8 @@ pub enum Request<'a> {
     Reclaims,
     /// DRAIN: start (true) or cancel.
     Drain(bool),
+    /// CORRUPT: corrupted splits the caller found among this node's replies.
+    Corrupt(CorruptList<'a>),
 }
 
 /// The entries of a vectored request, still in wire form (decoded lazily, no allocation).
@@ -1244,6 +1575,7 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
             1 => true,
             _ => return Err(WireError::Invalid("DRAIN mode must be 0 or 1")),
         }),
+        Op::Corrupt => Request::Corrupt(CorruptList::get(&mut r)?),
         Op::ReadV => {
             let n = r.count()?;
             Request::ReadV(EntryList {
@@ -1297,7 +1629,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 1);
+        assert_eq!(b[4], 2);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
@@ -1337,6 +1669,7 @@ mod tests {
             offset: 0,
             cookie: 9,
             version: 3,
+            crc: 0xdead_beef,
         };
         let ok = frame(Op::WriteV, 1, |o| {
             o.extend_from_slice(&1u32.to_le_bytes());
@@ -1363,6 +1696,31 @@ mod tests {
     }
 
     #[test]
+    fn vectored_entries_match_the_byte_tables() {
+        let e = Entry {
+            slab: 1,
+            len: 2,
+            offset: 3,
+            cookie: 4,
+            version: 5,
+            crc: 0x0607_0809,
+        };
+        let mut out = Vec::new();
+        e.put(&mut out);
+        assert_eq!(out.len(), ENTRY_LEN);
+        assert_eq!(&out[0..8], &[1, 0, 0, 0, 2, 0, 0, 0]);
+        assert_eq!((out[8], out[16], out[24]), (3, 4, 5));
+        assert_eq!(&out[32..36], &[9, 8, 7, 6]);
+        let mut out = Vec::new();
+        ReplyEntry::put_read(&mut out, 4, Status::Stale, 0, 5, 0x0607_0809);
+        assert_eq!(out.len(), READ_REPLY_LEN);
+        assert_eq!((out[0], out[8], out[12], out[16]), (4, 8, 0, 5));
+        assert_eq!(&out[24..28], &[9, 8, 7, 6]);
+        let got = ReplyEntry::get_read(&mut Reader::new(&out)).unwrap();
+        assert_eq!((got.version, got.crc), (5, 0x0607_0809));
+    }
+
+    #[test]
     fn client_id_hex_round_trip() {
         let id = ClientId::random();
         assert_eq!(ClientId::from_hex(&id.to_hex()).unwrap(), id);
@@ -1377,13 +1735,15 @@ mod tests {
             any::<u64>(),
             any::<u64>(),
             any::<u64>(),
+            any::<u32>(),
         )
-            .prop_map(|(slab, len, offset, cookie, version)| Entry {
+            .prop_map(|(slab, len, offset, cookie, version, crc)| Entry {
                 slab,
                 len,
                 offset,
                 cookie,
                 version,
+                crc,
             })
     }
 
@@ -1426,8 +1786,8 @@ mod tests {
 
         #[test]
         fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
-            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5, flags: (i % 2) as u32, activity: seed >> 3 }).collect();
-            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, slabs };
+            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5, flags: (i % 2) as u32, activity: seed >> 3, corrupt: seed.rotate_left(i as u32) }).collect();
+            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, corrupt_reported: !seed, slabs };
             let mut out = Vec::new();
             s.put(&mut out);
             prop_assert_eq!(Stats::parse(&out).unwrap(), s);
@@ -1445,6 +1805,17 @@ mod tests {
             let _ = parse_reclaims(&bytes);
             let _ = Notice::parse(&bytes);
             let _ = HelloReply::parse(&bytes);
+            let _ = parse_corrupt_reply(&bytes);
+            if let Ok(list) = parse_corrupt(&bytes) {
+                let mut out = Vec::new();
+                put_corrupt(&mut out, &list);
+                prop_assert_eq!(out, bytes.clone());
+            }
+            if let Ok(f) = Fault::parse(&bytes) {
+                let mut out = Vec::new();
+                f.put(&mut out);
+                prop_assert_eq!(out, bytes);
+            }
         }
 
         #[test]
@@ -1456,12 +1827,119 @@ mod tests {
         }
 
         #[test]
+        fn corrupt_reports_round_trip(list in proptest::collection::vec((any::<u32>(), 1u32.., 0usize..CorruptCause::ALL.len()), 0..MAX_CORRUPT_REPORTS), id: u64) {
+            let list: Vec<CorruptReport> = list.into_iter().map(|(slab, splits, c)| CorruptReport { slab, splits, cause: CorruptCause::ALL[c] }).collect();
+            let buf = frame(Op::Corrupt, id, |o| put_corrupt(o, &list));
+            let (h, body) = split(&buf);
+            prop_assert_eq!(body.len(), 4 + list.len() * CORRUPT_REPORT_LEN);
+            match parse_request(&h, body).unwrap() {
+                Request::Corrupt(l) => {
+                    prop_assert_eq!(l.len(), list.len());
+                    prop_assert_eq!(l.reports().unwrap(), list.clone());
+                }
+                other => prop_assert!(false, "parsed as {:?}", other),
+            }
+            prop_assert_eq!(parse_corrupt(body).unwrap(), list);
+            prop_assert_eq!(parse_corrupt_reply(&(id as u32).to_le_bytes()).unwrap(), id as u32);
+        }
+
+        #[test]
         fn reclaims_round_trip(list in proptest::collection::vec((any::<u32>(), any::<u32>()), 0..50)) {
             let list: Vec<Reclaim> = list.into_iter().map(|(slab, ms_left)| Reclaim { slab, ms_left }).collect();
             let mut out = Vec::new();
             put_reclaims(&mut out, &list);
             prop_assert_eq!(parse_reclaims(&out).unwrap(), list);
         }
+    }
+
+    #[test]
+    fn faults_round_trip_and_bad_corruption_args_are_refused() {
+        let one = Corruption {
+            ppm: 250,
+            slab: Some(7),
+        };
+        for f in [
+            Fault::Clear,
+            Fault::DelayReplies(9),
+            Fault::MemoryAvailable(u64::MAX),
+            Fault::CorruptSlab(u32::MAX),
+            Fault::CorruptWrites(Corruption::ALWAYS),
+            Fault::CorruptReplies(one),
+            Fault::MisdirectReads(Corruption { ppm: 0, slab: None }),
+        ] {
+            let mut out = Vec::new();
+            f.put(&mut out);
+            assert_eq!(Fault::parse(&out).unwrap(), f);
+        }
+        // kind 10, rate 250 on slab 7: bit 31 flags the slab in the high word.
+        let mut out = Vec::new();
+        Fault::CorruptReplies(one).put(&mut out);
+        assert_eq!(out, [10, 0, 0, 0, 250, 0, 0, 0x80, 7, 0, 0, 0]);
+        for (kind, bad) in [
+            (9u32, PPM_ALL as u64 + 1),
+            (10, 7 << 32),
+            (11, 1 << 30),
+            (0, 1),
+        ] {
+            let mut out = kind.to_le_bytes().to_vec();
+            out.extend_from_slice(&bad.to_le_bytes());
+            assert!(
+                Fault::parse(&out).is_err(),
+                "kind {kind} arg {bad:#x} accepted"
+            );
+        }
+        assert!(one.hits(7, 249) && !one.hits(7, 250) && !one.hits(8, 0));
+        assert!(Corruption::ALWAYS.hits(3, PPM_ALL - 1));
+    }
+
+    #[test]
+    fn corrupt_body_matches_the_table_and_bad_records_are_refused() {
+        let one = CorruptReport {
+            slab: 0x0102_0304,
+            splits: 5,
+            cause: CorruptCause::Codeword,
+        };
+        let mut out = Vec::new();
+        put_corrupt(&mut out, &[one]);
+        assert_eq!(out, [1, 0, 0, 0, 4, 3, 2, 1, 5, 0, 0, 0, 2]);
+        assert_eq!(CorruptCause::Checksum as u8, 1);
+        let parse = |body: &[u8]| {
+            let buf = frame(Op::Corrupt, 1, |o| o.extend_from_slice(body));
+            let (h, body) = split(&buf);
+            parse_request(&h, body).map(|r| match r {
+                Request::Corrupt(l) => l.reports(),
+                other => panic!("parsed as {other:?}"),
+            })
+        };
+        assert_eq!(parse(&out), Ok(Ok(vec![one])));
+        // Bad values parse (the node answers them with a status and keeps the connection).
+        for (at, v) in [(8, 0u8), (12, 0), (12, 3), (12, 0xff)] {
+            let mut bad = out.clone();
+            if at == 8 {
+                bad[8..12].fill(v);
+            } else {
+                bad[at] = v;
+            }
+            assert!(
+                matches!(parse(&bad), Ok(Err(WireError::Invalid(_)))),
+                "{bad:?}"
+            );
+        }
+        // A layout that does not match the count, or too many records, does not.
+        assert!(parse(&out[..12]).is_err());
+        assert!(parse(&[out.as_slice(), &[0]].concat()).is_err());
+        let many = (MAX_CORRUPT_REPORTS as u32 + 1).to_le_bytes();
+        let body: Vec<u8> = many
+            .iter()
+            .copied()
+            .chain(std::iter::repeat_n(
+                1,
+                (MAX_CORRUPT_REPORTS + 1) * CORRUPT_REPORT_LEN,
+            ))
+            .collect();
+        assert!(matches!(parse(&body), Err(WireError::Invalid(_))));
+        assert_eq!(parse(&0u32.to_le_bytes()), Ok(Ok(vec![])));
+        assert!(parse_corrupt_reply(&[1, 0, 0]).is_err());
     }
 
     #[test]
@@ -1497,6 +1975,8 @@ mod tests {
             split_len: 4096,
             slab: 9,
             pages: 16,
+            range: 5,
+            checksums: true,
             sources: vec![RegenSource {
                 split: 1,
                 copy: true,
@@ -1507,8 +1987,12 @@ mod tests {
         let mut out = Vec::new();
         req.put(&mut out);
         assert_eq!(Regen::parse(&out).unwrap(), req);
-        // flags byte of the first source: after 16 + 4 + 4 + 4 + 8 + 4 bytes and the split.
-        out[16 + 4 + 4 + 4 + 8 + 4 + 1] = 2;
+        // flags byte of the first source: after 16 + 4 + 4 + 4 + 8 + 8 + 4 bytes and the split.
+        let mut bad = out.clone();
+        bad[16 + 4 + 4 + 4 + 8 + 8 + 4 + 1] = 2;
+        assert!(Regen::parse(&bad).is_err());
+        // The request's own flags byte.
+        out[19] = 3;
         assert!(Regen::parse(&out).is_err());
     }
 }

@@ -86,6 +86,11 @@ fn up_status_and_clean_sigterm() {
     let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 3);
     assert_eq!(v[0]["health"], "up");
+    assert_eq!(v[0]["corrupt_reported"], 0);
+    assert!(
+        text.contains("corrupted splits reported by clients"),
+        "{text}"
+    );
     // --watch refreshes the table; --count ends it.
     let watch = Command::new(BIN)
         .args(["status", "--watch", "100ms", "--count", "2", "--cluster"])

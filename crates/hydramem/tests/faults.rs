@@ -129,3 +129,75 @@ fn a_crashed_node_is_survived() {
     }
     check_all(&mem, 64, 4);
 }
+
+/// Every corruption injection reaches a reader that speaks the protocol directly: memory at
+/// rest, stored copies after writes, reply data on the wire and misdirected reads, each only
+/// while enabled (and only on the slab it names), and none unless the node allows faults.
+#[test]
+fn injected_corruption_reaches_a_raw_reader() {
+    use common::Raw;
+    use hydramem::wire::{ClientId, Corruption, Status};
+    let differs = |a: &[u8], b: &[u8]| {
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x ^ y).count_ones())
+            .sum::<u32>()
+    };
+    let c = faulty(1);
+    let mut raw = Raw::connect(c.cluster().nodes[0].addr);
+    raw.hello(ClientId::random());
+    let (slab, other) = (raw.alloc(512), raw.alloc(512));
+    let split = |i: u64| [i as u8 + 1; 512];
+    for i in 0..4 {
+        assert_eq!(
+            raw.write_split(slab, i * 512, &split(i), 10 + i),
+            Status::Ok
+        );
+    }
+    let read = |raw: &mut Raw, s: u32, i: u64| raw.read_split(s, i * 512, 512);
+    // On the wire: every reply of that slab has one bit flipped, the stored split none.
+    let on_slab = Corruption {
+        ppm: 1_000_000,
+        slab: Some(slab),
+    };
+    c.inject(0, Fault::CorruptReplies(on_slab)).unwrap();
+    let (st, data, v) = read(&mut raw, slab, 1);
+    assert_eq!((st, v, differs(&data, &split(1))), (Status::Ok, 11, 1));
+    assert_eq!(read(&mut raw, other, 0).1, [0; 512], "another slab was hit");
+    c.inject(0, Fault::Clear).unwrap();
+    assert_eq!(read(&mut raw, slab, 1).1, split(1));
+    // Misdirected: the neighbouring slot's bytes under the requested version.
+    c.inject(0, Fault::MisdirectReads(Corruption::ALWAYS))
+        .unwrap();
+    assert_eq!(read(&mut raw, slab, 2), (Status::Ok, split(3).to_vec(), 12));
+    c.inject(0, Fault::Clear).unwrap();
+    // At rest: one bit of every written split, for good.
+    c.inject(0, Fault::CorruptSlab(slab)).unwrap();
+    c.inject(0, Fault::Clear).unwrap();
+    for i in 0..4 {
+        let (_, data, v) = read(&mut raw, slab, i);
+        assert_eq!((v, differs(&data, &split(i))), (10 + i, 1), "split {i}");
+    }
+    assert_eq!(read(&mut raw, other, 0).1, [0; 512]);
+    assert!(c
+        .inject(0, Fault::CorruptSlab(other ^ 0x5555))
+        .unwrap_err()
+        .contains("no such slab"));
+    // After writes: the stored copy is flipped, the version is the written one.
+    c.inject(0, Fault::CorruptWrites(Corruption::ALWAYS))
+        .unwrap();
+    assert_eq!(raw.write_split(other, 512, &[9; 512], 5), Status::Ok);
+    c.inject(0, Fault::Clear).unwrap();
+    let (_, data, v) = read(&mut raw, other, 1);
+    assert_eq!((v, differs(&data, &[9; 512])), (5, 1));
+    // A node without --allow-fault-injection refuses them all.
+    let plain = common::cluster(1, SLAB, 4);
+    for f in [
+        Fault::CorruptSlab(0),
+        Fault::CorruptWrites(Corruption::ALWAYS),
+        Fault::CorruptReplies(Corruption::ALWAYS),
+        Fault::MisdirectReads(Corruption::ALWAYS),
+    ] {
+        assert!(plain.inject(0, f).unwrap_err().contains("not allowed"));
+    }
+}

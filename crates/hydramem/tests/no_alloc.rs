@@ -64,21 +64,30 @@ fn quiet(mut cfg: ClientConfig) -> ClientConfig {
 #[test]
 fn page_io_does_not_allocate() {
     let mut c = common::cluster(11, 1 << 20, 16);
-    for s in [
-        Resilience::Hydra {
-            k: 8,
-            r: 2,
-            delta: 1,
-            mode: Mode::EcOnly,
-        },
-        Resilience::Replication { copies: 2 },
+    let ec = Resilience::Hydra {
+        k: 8,
+        r: 2,
+        delta: 1,
+        mode: Mode::EcOnly,
+    };
+    for (s, checksums) in [
+        (ec, false),
+        (ec, true),
+        (
+            Resilience::Hydra {
+                k: 8,
+                r: 2,
+                delta: 1,
+                mode: Mode::Detection,
+            },
+            false,
+        ),
+        (Resilience::Replication { copies: 2 }, true),
     ] {
         let pages = 256;
-        let mem = RemoteMemory::connect(
-            c.cluster(),
-            quiet(ClientConfig::new(s, pages * PAGE_SIZE as u64)),
-        )
-        .unwrap();
+        let mut cfg = quiet(ClientConfig::new(s, pages * PAGE_SIZE as u64));
+        cfg.checksums = checksums;
+        let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
         // Warm up: map every range, grow buffers, fill the decode-table cache for the patterns
         // we will see, start thread-locals.
         run(&mem, pages, 2000);
@@ -89,23 +98,22 @@ fn page_io_does_not_allocate() {
         assert_eq!(
             n,
             0,
-            "{}: {n} heap allocations in 6000 page operations",
+            "{} (checksums {checksums}): {n} heap allocations in 6000 page operations",
             s.label()
         );
     }
     // With a node gone and its split regenerated elsewhere, reads still decode whenever a
     // parity split is among those asked: no allocation once the loss patterns are cached.
+    // With checksums, which the regenerated split must carry too.
     let s = Resilience::Hydra {
         k: 8,
         r: 2,
         delta: 2,
         mode: Mode::EcOnly,
     };
-    let mem = RemoteMemory::connect(
-        c.cluster(),
-        quiet(ClientConfig::new(s, 256 * PAGE_SIZE as u64)),
-    )
-    .unwrap();
+    let mut cfg = quiet(ClientConfig::new(s, 256 * PAGE_SIZE as u64));
+    cfg.checksums = true;
+    let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
     run(&mem, 256, 500);
     let victim = mem.group_of(0).unwrap().nodes[0] as usize;
     c.kill(victim).unwrap();
@@ -127,4 +135,9 @@ fn page_io_does_not_allocate() {
     COUNTING.store(false, Ordering::SeqCst);
     assert!(mem.stats().decodes.load(Ordering::Relaxed) > 0);
     assert_eq!(ALLOCS.load(Ordering::SeqCst), 0, "decoding reads allocated");
+    assert_eq!(
+        mem.stats().corrupt.load(Ordering::Relaxed),
+        0,
+        "a regenerated split failed its checksum"
+    );
 }

@@ -6,7 +6,7 @@ mod common;
 use std::io::Write;
 
 use common::Raw;
-use hydramem::wire::{self, ClientId, Entry, Op, Reader, ReplyEntry, Status};
+use hydramem::wire::{self, ClientId, Entry, Op, Status};
 
 fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
     readv_versioned(raw, slab, offset, len).0
@@ -14,49 +14,12 @@ fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
 
 /// One READV entry; returns (status, data) and the version the node stored.
 fn readv_versioned(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> ((Status, Vec<u8>), u64) {
-    let mut b = 1u32.to_le_bytes().to_vec();
-    let cookie = 77;
-    Entry {
-        slab,
-        len,
-        offset,
-        cookie,
-        version: 0,
-    }
-    .put(&mut b);
-    let (h, body) = raw.call(Op::ReadV, &b);
-    assert_eq!(h.status, Status::Ok);
-    let mut r = Reader::new(&body);
-    assert_eq!(r.count().unwrap(), 1);
-    let e = ReplyEntry::get_read(&mut r).unwrap();
-    assert_eq!(e.cookie, 77);
-    (
-        (e.status, r.bytes(e.len as usize).unwrap().to_vec()),
-        e.version,
-    )
+    let (st, data, version) = raw.read_split(slab, offset, len);
+    ((st, data), version)
 }
 
 fn writev(raw: &mut Raw, slab: u32, offset: u64, data: &[u8]) -> Status {
-    writev_versioned(raw, slab, offset, data, 1)
-}
-
-/// One WRITEV entry of `version`; returns its status.
-fn writev_versioned(raw: &mut Raw, slab: u32, offset: u64, data: &[u8], version: u64) -> Status {
-    let mut b = 1u32.to_le_bytes().to_vec();
-    let len = data.len() as u32;
-    Entry {
-        slab,
-        len,
-        offset,
-        cookie: 5,
-        version,
-    }
-    .put(&mut b);
-    b.extend_from_slice(data);
-    let (_, body) = raw.call(Op::WriteV, &b);
-    let mut r = Reader::new(&body);
-    r.count().unwrap();
-    ReplyEntry::get_write(&mut r).unwrap().status
+    raw.write_split(slab, offset, data, 1)
 }
 
 #[test]
@@ -99,16 +62,25 @@ fn slabs_are_private_zeroed_and_range_checked() {
     assert_eq!(readv(&mut ra, slab, 4096, 512).1, vec![0xAB; 512]);
 
     // Versions: a newer write replaces, an older one is refused and changes nothing.
+    assert_eq!(ra.write_split(slab, 512, &[5; 512], 50), Status::Ok);
+    assert_eq!(ra.write_split(slab, 512, &[3; 512], 30), Status::Stale);
+    let got = readv_versioned(&mut ra, slab, 512, 512);
+    assert_eq!(got, ((Status::Ok, vec![5; 512]), 50));
+    // The checksum is stored beside the version and returned with the split; an older write
+    // changes neither, a repeated one neither.
     assert_eq!(
-        writev_versioned(&mut ra, slab, 512, &[5; 512], 50),
+        ra.write_stamped(slab, 2048, &[6; 512], 60, 0xC0FFEE),
         Status::Ok
     );
     assert_eq!(
-        writev_versioned(&mut ra, slab, 512, &[3; 512], 30),
+        ra.write_stamped(slab, 2048, &[7; 512], 59, 1),
         Status::Stale
     );
-    let got = readv_versioned(&mut ra, slab, 512, 512);
-    assert_eq!(got, ((Status::Ok, vec![5; 512]), 50));
+    assert_eq!(ra.write_stamped(slab, 2048, &[8; 512], 60, 2), Status::Ok);
+    assert_eq!(
+        ra.read_stamped(slab, 2048, 512),
+        (Status::Ok, vec![6; 512], 60, 0xC0FFEE)
+    );
     assert_eq!(
         readv_versioned(&mut ra, slab, 1024, 512).1,
         0,
@@ -154,6 +126,7 @@ fn malformed_frames_close_only_their_connection() {
                 offset: 0,
                 cookie: 1,
                 version: 1,
+                crc: 0,
             }
             .put(&mut b);
             let mut f = Vec::new();
@@ -175,4 +148,57 @@ fn malformed_frames_close_only_their_connection() {
         // The other connection and the node are unaffected.
         assert_eq!(good.call(Op::Ping, &[]).0.status, Status::Ok);
     }
+}
+
+#[test]
+fn corrupt_reports_count_on_the_callers_slabs_and_bad_ones_are_refused_with_a_status() {
+    use hydramem::wire::{CorruptCause, CorruptReport};
+    let c = common::cluster(1, 1 << 20, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let (a, b) = (ClientId::random(), ClientId::random());
+    let mut ra = Raw::connect(addr);
+    ra.hello(a);
+    let mut rb = Raw::connect(addr);
+    rb.hello(b);
+    let (sa, sb) = (ra.alloc(512), rb.alloc(512));
+    let body = |list: &[CorruptReport]| {
+        let mut out = Vec::new();
+        wire::put_corrupt(&mut out, list);
+        out
+    };
+    let report = |slab, splits| CorruptReport {
+        slab,
+        splits,
+        cause: CorruptCause::Checksum,
+    };
+
+    // a's own slab counts; b's slab counts for the node only (an unknown slab to a).
+    let (h, reply) = ra.call(Op::Corrupt, &body(&[report(sa, 4), report(sb, 9)]));
+    assert_eq!(h.status, Status::Ok);
+    assert_eq!(wire::parse_corrupt_reply(&reply), Ok(1));
+    let stats = hydramem::status::fetch(addr, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(stats.corrupt_reported, 13);
+    let of = |id| stats.slabs.iter().find(|s| s.slab == id).unwrap().corrupt;
+    assert_eq!((of(sa), of(sb)), (4, 0));
+
+    // Bad values are refused as a whole, counted nowhere, and the connection stays usable.
+    let mut bad = body(&[report(sa, 1)]);
+    bad[12] = 9;
+    assert_eq!(ra.call(Op::Corrupt, &bad).0.status, Status::BadRequest);
+    assert_eq!(
+        ra.call(Op::Corrupt, &body(&[report(sa, 1), report(sa, 0)]))
+            .0
+            .status,
+        Status::BadRequest
+    );
+    assert_eq!(readv(&mut ra, sa, 0, 512).0, Status::Ok);
+    let stats = hydramem::status::fetch(addr, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(stats.corrupt_reported, 13);
+
+    // Only an identified client may report.
+    let mut anon = Raw::connect(addr);
+    assert_eq!(
+        anon.call(Op::Corrupt, &body(&[report(sa, 1)])).0.status,
+        Status::NotIdentified
+    );
 }

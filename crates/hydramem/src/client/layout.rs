@@ -27,6 +27,17 @@ pub enum Mode {
     FailureRecovery,
     /// Any k acknowledged: fastest, no resilience guarantee.
     EcOnly,
+    /// Corruption detection (paper Table 1): a write waits for k + Δ acknowledgements, a read
+    /// for k + Δ splits of one version, decodes from k and re-encodes to check the others, so
+    /// up to Δ corrupted splits per page are detected (and reported as an error, never
+    /// returned). The paper's configuration is r = Δ (memory overhead 1 + Δ/k).
+    Detection,
+    /// Corruption correction (paper Table 1): a write waits for k + 2Δ + 1 acknowledgements; a
+    /// read takes k + Δ splits and checks them as detection does, and when they disagree asks
+    /// Δ + 1 more and keeps the one codeword that k + Δ + 1 of them agree with
+    /// ([`super::correct`]), so up to Δ corrupted splits per page are corrected. Needs
+    /// r >= 2Δ + 1 (memory overhead 1 + (2Δ + 1)/k).
+    Correction,
 }
 
 /// A client's resilience scheme; the three schemes share the API, the transport and the nodes.
@@ -59,6 +70,8 @@ impl Resilience {
                 let m = match mode {
                     Mode::FailureRecovery => "",
                     Mode::EcOnly => " ec-only",
+                    Mode::Detection => " detection",
+                    Mode::Correction => " correction",
                 };
                 format!("hydra {k}+{r} Δ={delta}{m}")
             }
@@ -140,8 +153,30 @@ impl Layout {
                 let need = match mode {
                     Mode::FailureRecovery => k + r,
                     Mode::EcOnly => k,
+                    Mode::Detection => k + delta,
+                    Mode::Correction => k + 2 * delta + 1,
                 };
-                (k + r, k, s, need, k + delta, k)
+                let checks = matches!(mode, Mode::Detection | Mode::Correction);
+                if checks && delta == 0 {
+                    return Err(bad(format!(
+                        "{} needs delta >= 1: the extra splits are what a read checks",
+                        if mode == Mode::Detection {
+                            "detection"
+                        } else {
+                            "correction"
+                        }
+                    )));
+                }
+                if mode == Mode::Correction && r < 2 * delta + 1 {
+                    return Err(bad(format!(
+                        "correction of delta = {delta} corrupted splits needs r >= 2 * delta + 1 = {}: \
+                         use r = {} or a smaller delta",
+                        2 * delta + 1,
+                        2 * delta + 1
+                    )));
+                }
+                let read_need = if checks { k + delta } else { k };
+                (k + r, k, s, need, k + delta, read_need)
             }
             Resilience::Replication { copies } => {
                 let n = copies as usize;
@@ -187,13 +222,55 @@ impl Layout {
         self.pages_per_range * PAGE_SIZE as u64
     }
 
-    /// Size of the per-operation side buffer.
+    /// Whether reads check the splits they get against each other (corruption detection and
+    /// correction).
+    pub fn detects(&self) -> bool {
+        matches!(
+            self.resilience,
+            Resilience::Hydra {
+                mode: Mode::Detection | Mode::Correction,
+                ..
+            }
+        )
+    }
+
+    /// Whether reads correct the corrupted splits they detect (corruption correction).
+    pub fn corrects(&self) -> bool {
+        matches!(
+            self.resilience,
+            Resilience::Hydra {
+                mode: Mode::Correction,
+                ..
+            }
+        )
+    }
+
+    /// The Δ of a coded scheme (extra splits a read asks for), 0 for replication.
+    pub fn delta(&self) -> usize {
+        match self.resilience {
+            Resilience::Hydra { delta, .. } => delta as usize,
+            Resilience::Replication { .. } => 0,
+        }
+    }
+
+    /// Size of the per-operation side buffer: padded tail and parity splits, then (detection)
+    /// room to re-encode the parity of a read page.
     pub fn side_len(&self) -> usize {
         if self.coded() {
-            (self.width - self.full_data) * self.split_len
+            let check = if self.detects() {
+                (self.width - self.k) * self.split_len
+            } else {
+                0
+            };
+            self.check_offset() + check
         } else {
             0
         }
+    }
+
+    /// Where the re-encoded parity of a detection read starts in the side buffer.
+    pub fn check_offset(&self) -> usize {
+        (self.width - self.full_data) * self.split_len
     }
 
     /// Where split `j` lives.
@@ -281,6 +358,49 @@ mod tests {
         assert_eq!(l.full_data, 5);
         assert_eq!(l.place(5), Place::Side(0));
         assert_eq!(l.side_len(), 4 * 704);
+    }
+
+    #[test]
+    fn detection_waits_for_k_plus_delta_and_keeps_room_to_re_encode() {
+        let det = |delta| {
+            Layout::new(
+                Resilience::Hydra {
+                    k: 8,
+                    r: 2,
+                    delta,
+                    mode: Mode::Detection,
+                },
+                1 << 20,
+            )
+        };
+        let l = det(1).unwrap();
+        assert_eq!((l.write_need, l.read_fanout, l.read_need), (9, 9, 9));
+        assert_eq!((l.check_offset(), l.side_len()), (1024, 2048));
+        assert!(l.detects() && !hydra(8, 2).detects());
+        assert!(det(0).unwrap_err().to_string().contains("delta >= 1"));
+    }
+
+    #[test]
+    fn correction_writes_k_plus_2_delta_plus_1_and_needs_that_much_parity() {
+        let cor = |r, delta| {
+            Layout::new(
+                Resilience::Hydra {
+                    k: 8,
+                    r,
+                    delta,
+                    mode: Mode::Correction,
+                },
+                1 << 20,
+            )
+        };
+        let l = cor(3, 1).unwrap();
+        assert_eq!((l.write_need, l.read_fanout, l.read_need), (11, 9, 9));
+        assert!(l.detects() && l.corrects());
+        assert!(cor(2, 1)
+            .unwrap_err()
+            .to_string()
+            .contains("r >= 2 * delta + 1"));
+        assert!(cor(3, 0).unwrap_err().to_string().contains("delta >= 1"));
     }
 
     #[test]

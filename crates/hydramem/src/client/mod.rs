@@ -19,13 +19,14 @@
 //! Replication and single copy use the same path with width n, one "split" of 4096 bytes per
 //! copy, a write waiting for all n copies and a read taking the first copy that arrives.
 
+pub mod correct;
 pub mod layout;
 pub mod slots;
 pub mod tcp;
 pub mod transport;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,6 +36,7 @@ use parking_lot::Mutex;
 use rand::{Rng, SeedableRng};
 
 use crate::cluster::Cluster;
+use crate::integrity;
 use crate::placement::{NodeView, Placer};
 use crate::wire::{self, ClientId, Entry, Hello, Op, Status};
 use crate::PAGE_SIZE;
@@ -72,6 +74,21 @@ pub struct ClientConfig {
     pub seed: Option<u64>,
     /// Transport timeouts.
     pub tcp: TcpOptions,
+    /// Per-split CRC32C checksums bound to the page and version ([`crate::integrity`]): written
+    /// with every split, verified on every read; a split that fails is never used and the read
+    /// asks another instead. On by default (docs/architecture.md says why).
+    pub checksums: bool,
+    /// The paper's ErrorCorrectionLimit: a node whose share of corrupted splits (among those
+    /// read from it in the last window) is above this is suspect, and reads that involve it
+    /// start with every split they may need (k + 2Δ + 1 in correction mode, one spare with
+    /// checksums) instead of asking more only after they found corruption.
+    pub error_correction_limit: f64,
+    /// The paper's SlabRegenerationLimit: above this share, the client regenerates its slabs
+    /// on that node elsewhere and places nothing new there until the node restarts.
+    pub slab_regeneration_limit: f64,
+    /// Splits read from a node per accounting window: its error rate is judged once this many
+    /// were read, so that one flipped bit on a quiet node does not evict it.
+    pub error_window: u64,
 }
 
 impl ClientConfig {
@@ -88,8 +105,39 @@ impl ClientConfig {
             placement_l: 2,
             seed: None,
             tcp: TcpOptions::default(),
+            checksums: true,
+            error_correction_limit: 0.001,
+            slab_regeneration_limit: 0.01,
+            error_window: 1000,
         }
     }
+}
+
+/// What the client knows about one node's integrity (paper 4.1.2: per-machine error rates).
+#[derive(Debug, Default)]
+struct NodeHealth {
+    /// Splits read from the node in the current window.
+    reads: AtomicU64,
+    /// Of them, those found corrupted (failed checksum, or outvoted by the other splits).
+    errors: AtomicU64,
+    /// Corrupted splits found on the node since the client started.
+    total_errors: AtomicU64,
+    /// Above the ErrorCorrectionLimit in the last window.
+    suspect: AtomicBool,
+    /// Above the SlabRegenerationLimit: slabs moved away, no new placements.
+    avoided: AtomicBool,
+}
+
+/// One node's integrity as this client sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct NodeIntegrity {
+    /// Corrupted splits found on the node since the client started.
+    pub corrupt_splits: u64,
+    /// Its error rate is above the ErrorCorrectionLimit: reads involving it start wide.
+    pub suspect: bool,
+    /// Its error rate went above the SlabRegenerationLimit: the client moved its slabs away
+    /// and places nothing new there until the node restarts.
+    pub avoided: bool,
 }
 
 /// Errors that stop a client from starting or from mapping memory.
@@ -221,6 +269,21 @@ pub enum IoError {
         /// How long it retried.
         waited: Duration,
     },
+    /// Corruption detection or correction found the splits of the page inconsistent with each
+    /// other and could not put them right; the page's bytes are not handed out.
+    #[error("read of page {addr:#x} (address range {range}) found corruption: its {splits} splits of one version do not form one codeword, so at least one was corrupted on its node or on the wire; splits read from: {nodes}. {why}: rewrite the page, or enable checksums to read around corrupted splits")]
+    Corrupt {
+        /// The page.
+        addr: u64,
+        /// Its range.
+        range: u64,
+        /// Splits compared.
+        splits: usize,
+        /// The nodes the compared splits came from.
+        nodes: String,
+        /// Why the mode could not correct it.
+        why: String,
+    },
     /// The range could not be mapped.
     #[error(transparent)]
     Map(#[from] ClientError),
@@ -254,6 +317,17 @@ pub struct ClientStats {
     pub retries: AtomicU64,
     /// Write splits re-sent to a replacement slab after their node failed.
     pub rerouted: AtomicU64,
+    /// Read splits that failed their checksum (never used; another split was asked instead).
+    pub corrupt: AtomicU64,
+    /// Reads whose splits detection or correction mode found inconsistent and could not
+    /// correct (answered with an error).
+    pub corrupt_detected: AtomicU64,
+    /// Reads whose splits disagreed and that correction mode put right.
+    pub corrected: AtomicU64,
+    /// Reads that started with extra splits because a node of theirs is suspect.
+    pub wide_reads: AtomicU64,
+    /// Splits moved off nodes above the SlabRegenerationLimit.
+    pub evacuated: AtomicU64,
 }
 
 /// Prometheus handles, registered once at connect so that the data path only records into
@@ -265,6 +339,7 @@ struct ClientMetrics {
     write_errors: metrics::Counter,
     reissued: metrics::Counter,
     rerouted: metrics::Counter,
+    corrupt: metrics::Counter,
 }
 
 impl ClientMetrics {
@@ -276,6 +351,7 @@ impl ClientMetrics {
             write_errors: metrics::counter!("hydramem_client_op_errors_total", "op" => "write"),
             reissued: metrics::counter!("hydramem_client_splits_reissued_total"),
             rerouted: metrics::counter!("hydramem_client_splits_rerouted_total"),
+            corrupt: metrics::counter!("hydramem_client_splits_corrupt_total"),
         }
     }
 }
@@ -288,12 +364,56 @@ enum ReadOutcome {
     Inconsistent { range: u64 },
 }
 
+/// Encodes the r parity splits of a page into the first r splits of `parity`: the data splits
+/// are the page's whole splits, then the padded `tail` splits (when k does not divide 4096).
+fn encode_parity(codec: &Codec, l: &Layout, page: &[u8], tail: &[u8], parity: &mut [u8]) {
+    let s = l.split_len;
+    let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
+    for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
+        *d = &page[j * s..(j + 1) * s];
+    }
+    for (t, chunk) in tail.chunks_exact(s).enumerate() {
+        data[l.full_data + t] = chunk;
+    }
+    let r = l.width - l.k;
+    let mut out: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
+    for (p, chunk) in parity.chunks_exact_mut(s).take(r).enumerate() {
+        out[p] = chunk;
+    }
+    codec
+        .encode(&data[..l.k], &mut out[..r])
+        .expect("layout and codec agree on k, r and split length");
+}
+
+/// What the first look of a checked read found, for [`RemoteMemory::second_look`].
+struct Look {
+    addr: u64,
+    range: usize,
+    /// The version whose splits were checked.
+    version: u64,
+    /// Those splits.
+    mask: u32,
+    /// When the read started (its deadline runs from here).
+    start: Instant,
+    /// The slot's progress when the first look closed.
+    before: Progress,
+}
+
+/// Split indices of a mask, for messages: "2, 7".
+fn describe_mask(mask: u32) -> String {
+    (0..32)
+        .filter(|j| mask & (1 << j) != 0)
+        .map(|j| j.to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Adapter: the slot table receives the transport's completions.
 struct SlotSink(Arc<Slots>);
 
 impl Completions for SlotSink {
-    fn read_done(&self, cookie: u64, status: Status, version: u64, data: &[u8]) {
-        self.0.read_done(cookie, status, version, data)
+    fn read_done(&self, cookie: u64, status: Status, version: u64, crc: u32, data: &[u8]) {
+        self.0.read_done(cookie, status, version, crc, data)
     }
     fn write_done(&self, cookie: u64, status: Status) {
         self.0.write_done(cookie, status)
@@ -317,6 +437,14 @@ pub struct RemoteMemory {
     metrics: ClientMetrics,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).
     clock: AtomicU64,
+    /// Integrity accounting per node (cluster-file order).
+    health: Arc<[NodeHealth]>,
+    /// Some node is suspect: reads look at their group's nodes (one load on the fast path).
+    any_suspect: AtomicBool,
+    /// Corrupted splits as (node, slab, cause), until [`RemoteMemory::report_corruption`]
+    /// reports them to their nodes; at most [`MAX_QUEUED_CORRUPT`] (beyond, only the client's
+    /// own per-node counts keep them).
+    corrupt_reports: Mutex<Vec<(u16, u32, wire::CorruptCause)>>,
     /// Slabs left on failed nodes after a remap: (node, slab), freed when the node is back.
     orphans: Mutex<Vec<(u16, u32)>>,
     /// Background regenerations.
@@ -339,6 +467,9 @@ pub struct RemoteMemory {
 const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
 /// How long a repair that found no replacement node waits before trying again.
 const REPAIR_RETRY: Duration = Duration::from_secs(1);
+/// Corrupted splits queued for reporting between two maintenance rounds, at most: a bound on
+/// the queue's memory when every read meets corruption.
+const MAX_QUEUED_CORRUPT: usize = 1 << 16;
 
 /// One background regeneration: split `split` of `range`, into `slab` on `node`, optionally
 /// copying from the slab it replaces (`from`, when that slab is still readable: a move).
@@ -362,6 +493,9 @@ enum MoveReason {
         /// The slab being moved away.
         slab: u32,
     },
+    /// Its node returns too many corrupted splits (above the SlabRegenerationLimit): regenerate
+    /// by decoding from the other splits, never from it, and free the old slab.
+    Corrupt,
 }
 
 /// Counts of background slab regenerations.
@@ -441,7 +575,8 @@ impl RemoteMemory {
             }
             Resilience::Replication { .. } => None,
         };
-        let slots = Arc::new(Slots::new(layout, config.max_in_flight));
+        let slots =
+            Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
         let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
         let hello = Hello {
             client: config.client_id,
@@ -541,7 +676,10 @@ impl RemoteMemory {
                 "found this identity's existing address ranges"
             );
         }
-        let views = node_views(&transport, &loads, &domains);
+        let health: Arc<[NodeHealth]> = (0..cluster.nodes.len())
+            .map(|_| NodeHealth::default())
+            .collect();
+        let views = node_views(&transport, &loads, &domains, &health);
         let seed = config.seed.unwrap_or_else(rand::random);
         let placer = Placer::new(
             cluster.placement_policy(config.placement_l),
@@ -562,6 +700,9 @@ impl RemoteMemory {
             stats: ClientStats::default(),
             metrics: ClientMetrics::register(),
             clock: AtomicU64::new(0),
+            health,
+            any_suspect: AtomicBool::new(false),
+            corrupt_reports: Mutex::new(Vec::new()),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
@@ -623,9 +764,11 @@ impl RemoteMemory {
             }
         }
         self.unstick();
+        self.check_health();
         self.refresh_loads();
         self.regenerations_ended();
         self.release_orphans();
+        self.report_corruption();
     }
 
     /// Moves every slab of ours that `node` reclaimed (it runs short of memory, or drains) to a
@@ -695,7 +838,7 @@ impl RemoteMemory {
             }
         }
         if changed {
-            let views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
             let _ = pl.placer.refresh(&views);
         }
     }
@@ -709,12 +852,33 @@ impl RemoteMemory {
     /// repaired like a dropped reclaimed slab (`unstick`): regenerated on a replacement node,
     /// or on the restarted node itself when no other can take them.
     fn node_restarted(&self, node: u16) {
+        // A new process with fresh memory: judge it afresh.
+        if let Some(h) = self.health.get(node as usize) {
+            if h.avoided.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    node,
+                    "a node avoided for corruption restarted: placing on it again"
+                );
+            }
+            h.suspect.store(false, Ordering::Relaxed);
+            h.reads.store(0, Ordering::Relaxed);
+            h.errors.store(0, Ordering::Relaxed);
+        }
+        // Slabs the new process already holds for us were allocated after the restart (a
+        // repair may place a split on it before this round sees the restart): only the others
+        // are lost. If the node cannot be asked, all of them are treated as lost.
+        let held: Vec<u32> = match self.transport.call(node, Op::List, &[]) {
+            Ok(b) => wire::parse_list(&b)
+                .map(|l| l.into_iter().map(|(slab, _)| slab).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
         let w = self.layout.width;
         let mut lost = Vec::new();
         for range in self.ranges.iter() {
             if let Some(g) = range.load().as_ref() {
                 for j in 0..w {
-                    if g.nodes[j] == node {
+                    if g.nodes[j] == node && !held.contains(&g.slabs[j]) {
                         lost.push((node, g.slabs[j]));
                     }
                 }
@@ -898,6 +1062,7 @@ impl RemoteMemory {
         let offset = l.split_offset(pir);
         let version = self.next_version();
         let mut op = self.slots.acquire(std::ptr::null_mut());
+        let checksums = self.config.checksums;
         let post = |op: &slots::Op<'_>, group: &Group, j: usize, data: &[u8]| {
             let node = group.nodes[j];
             op.posting(j, node);
@@ -907,6 +1072,11 @@ impl RemoteMemory {
                 offset,
                 cookie: op.cookie(j),
                 version,
+                crc: if checksums {
+                    integrity::split_crc(data, range as u64, pir, j, version)
+                } else {
+                    0
+                },
             };
             if node == slots::NO_NODE || self.transport.post_write(node, e, data, true).is_err() {
                 op.post_failed(j);
@@ -926,21 +1096,7 @@ impl RemoteMemory {
             side[..ntail * s].fill(0);
             side[..tail.len()].copy_from_slice(tail);
             let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
-            let mut data: [&[u8]; MAX_WIDTH] = [&[]; MAX_WIDTH];
-            for (j, d) in data.iter_mut().enumerate().take(l.full_data) {
-                *d = &page[j * s..(j + 1) * s];
-            }
-            for (t, chunk) in tail_buf.chunks_exact(s).enumerate() {
-                data[l.full_data + t] = chunk;
-            }
-            let mut parity: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
-            let r = l.width - l.k;
-            for (p, chunk) in parity_buf.chunks_exact_mut(s).enumerate() {
-                parity[p] = chunk;
-            }
-            codec
-                .encode(&data[..l.k], &mut parity[..r])
-                .expect("layout and codec agree on k, r and split length");
+            encode_parity(codec, l, page, tail_buf, parity_buf);
         }
         // The bytes of split j: in the page, or (tail and parity) in the side buffer.
         let side_ptr = op.side().as_ptr();
@@ -1101,10 +1257,14 @@ impl RemoteMemory {
         }
         let reclaimed = matches!(why, MoveReason::Reclaimed { .. });
         let l = &self.layout;
-        // A node that reclaims a slab is never its replacement.
-        let mut excluded: Vec<u16> = if reclaimed { vec![lost] } else { Vec::new() };
+        // A node that reclaims a slab, or corrupts it, is never its replacement.
+        let mut excluded: Vec<u16> = if why != MoveReason::Lost {
+            vec![lost]
+        } else {
+            Vec::new()
+        };
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
             for n in &excluded {
                 views[*n as usize].available = false;
             }
@@ -1126,7 +1286,7 @@ impl RemoteMemory {
                     .or_else(|e| {
                         // No spare node: the lost node itself will do if it is back (it
                         // restarted and lost the slab, or returned after being declared failed).
-                        if views[lost as usize].available && !reclaimed {
+                        if views[lost as usize].available && why == MoveReason::Lost {
                             Ok(lost as usize)
                         } else {
                             Err(e)
@@ -1241,6 +1401,8 @@ impl RemoteMemory {
             split_len: self.layout.split_len as u32,
             slab: job.slab,
             pages: self.layout.pages_per_range,
+            range: job.range as u64,
+            checksums: self.config.checksums,
             sources,
         };
         let regen = self.regen.clone();
@@ -1420,6 +1582,7 @@ impl RemoteMemory {
         let l = &self.layout;
         let offset = l.split_offset(pir);
         let mut op = self.slots.acquire(page.as_mut_ptr());
+        op.bind(range as u64, pir);
         // Candidate splits: those whose node is up, in random order.
         // Regenerated splits first, in random order; then (coded schemes only) the splits
         // still being regenerated, which may lack older pages.
@@ -1454,11 +1617,10 @@ impl RemoteMemory {
             }
         });
         let mut next = 0;
-        let mut post_more = |op: &slots::Op<'_>, count: usize| -> usize {
-            let mut posted = 0;
-            while posted < count && next < n {
-                let j = order[next] as usize;
-                next += 1;
+        // Posts the splits in `again` anew, then up to `count` splits not asked yet; returns
+        // how many requests went out.
+        let mut post_more = |op: &slots::Op<'_>, count: usize, again: u32| -> usize {
+            let post = |j: usize| {
                 let node = group.nodes[j];
                 op.posting(j, node);
                 let e = Entry {
@@ -1467,20 +1629,43 @@ impl RemoteMemory {
                     offset,
                     cookie: op.cookie(j),
                     version: 0,
+                    crc: 0,
                 };
-                if self.transport.post_read(node, e, true).is_err() {
+                let ok = self.transport.post_read(node, e, true).is_ok();
+                if !ok {
                     op.post_failed(j);
-                } else {
-                    posted += 1;
                 }
+                ok as usize
+            };
+            let mut posted = (0..l.width)
+                .filter(|j| again & (1 << j) != 0)
+                .map(post)
+                .sum();
+            let mut asked = 0;
+            while asked < count && next < n {
+                let j = order[next] as usize;
+                next += 1;
+                let ok = post(j);
+                asked += ok;
+                posted += ok;
             }
             posted
         };
-        post_more(&op, l.read_fanout);
+        let fanout = self.initial_fanout(&group);
+        post_more(&op, fanout, 0);
         let op_start = Instant::now();
         let mut straggler_check = op_start + self.config.straggler_after;
         let width = l.width;
-        let need = l.read_need;
+        // A checking read (detection, correction) needs k + Δ splits of one version. With
+        // fewer settled ones (more than r − Δ of the group's nodes down or regenerating),
+        // checksums still verify every split, so k verified ones are as safe as ever; without
+        // checksums the read waits for regeneration (or fails) rather than return bytes that
+        // nothing checked.
+        let need = if l.detects() && settled < l.read_need && self.config.checksums {
+            l.k
+        } else {
+            l.read_need
+        };
         let result = self.wait(&op, start, |p| {
             // The largest set of landed splits that share one version.
             let got = match op.consistent(p.landed, width, need) {
@@ -1492,7 +1677,7 @@ impl RemoteMemory {
             if now >= straggler_check {
                 // Late binding did not hide the straggler: widen the request by what is missing.
                 straggler_check = now + self.config.straggler_after;
-                let more = post_more(&op, need - got);
+                let more = post_more(&op, need - got, 0);
                 self.stats
                     .reissued
                     .fetch_add(more as u64, Ordering::Relaxed);
@@ -1502,7 +1687,7 @@ impl RemoteMemory {
                 }
             }
             if got + pending < need {
-                let more = post_more(&op, need - got - pending);
+                let more = post_more(&op, need - got - pending, 0);
                 if more > 0 {
                     self.stats
                         .reissued
@@ -1518,12 +1703,27 @@ impl RemoteMemory {
         });
         let p = op.close();
         self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.count_reads(&op, p.landed | p.corrupt);
+        if p.corrupt != 0 {
+            self.count_corrupt(&op, p.corrupt, addr, wire::CorruptCause::Checksum);
+        }
         match result {
             Some(Ok(())) => {
-                let (_, mask) = op
+                let (version, mask) = op
                     .consistent(p.landed, width, need)
                     .expect("a consistent set was found before closing");
                 self.finish_read(&mut op, page, mask);
+                if l.detects() && !self.codeword_holds(&mut op, page, mask) {
+                    let first = Look {
+                        addr,
+                        range,
+                        version,
+                        mask,
+                        start,
+                        before: p,
+                    };
+                    return self.second_look(&mut op, page, first, &mut post_more);
+                }
                 Ok(ReadOutcome::Done)
             }
             // Enough splits arrived but from different writes: a write is in flight.
@@ -1545,6 +1745,319 @@ impl RemoteMemory {
                 waited: start.elapsed(),
                 nodes: self.describe(&op, p.outstanding()),
             }),
+        }
+    }
+
+    /// How many splits a read of `group` asks at once: the layout's fanout, or (paper 4.1.2)
+    /// every split it may need when one of the group's nodes is above the
+    /// ErrorCorrectionLimit, so that finding its corruption costs no second round trip.
+    fn initial_fanout(&self, group: &Group) -> usize {
+        let l = &self.layout;
+        if !self.any_suspect.load(Ordering::Relaxed) || !(l.corrects() || self.config.checksums) {
+            return l.read_fanout;
+        }
+        let suspect = group.nodes[..l.width].iter().any(|&n| {
+            n != slots::NO_NODE && self.health[n as usize].suspect.load(Ordering::Relaxed)
+        });
+        if !suspect {
+            return l.read_fanout;
+        }
+        self.stats.wide_reads.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!("hydramem_client_wide_reads_total").increment(1);
+        let wide = if l.corrects() {
+            l.k + 2 * l.delta() + 1
+        } else {
+            l.read_fanout + 1
+        };
+        wide.min(l.width)
+    }
+
+    /// Counts the splits a read got (intact or not) against their nodes, the denominator of
+    /// the per-node error rates. Only clients that can find corruption keep the accounts.
+    fn count_reads(&self, op: &slots::Op<'_>, got: u32) {
+        if !(self.config.checksums || self.layout.detects()) {
+            return;
+        }
+        for j in 0..self.layout.width {
+            if got & (1 << j) != 0 {
+                if let Some(h) = self.health.get(op.node_of(j) as usize) {
+                    h.reads.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+    }
+
+    /// Accounts the corrupted splits of a read (`cause`: failed its checksum, or outvoted by
+    /// the page's other splits) to the nodes that returned them (off the fast path: only reads
+    /// that met corruption come here).
+    fn count_corrupt(
+        &self,
+        op: &slots::Op<'_>,
+        corrupt: u32,
+        addr: u64,
+        cause: wire::CorruptCause,
+    ) {
+        let n = corrupt.count_ones() as u64;
+        self.stats.corrupt.fetch_add(n, Ordering::Relaxed);
+        self.metrics.corrupt.increment(n);
+        // The slab of each split, for the report to its node (unless the split moved since).
+        let group = self
+            .locate(addr)
+            .ok()
+            .and_then(|(r, _)| self.ranges[r].load_full());
+        for j in 0..self.layout.width {
+            if corrupt & (1 << j) == 0 {
+                continue;
+            }
+            let node = op.node_of(j);
+            if let Some(h) = self.health.get(node as usize) {
+                h.errors.fetch_add(1, Ordering::Relaxed);
+                h.total_errors.fetch_add(1, Ordering::Relaxed);
+            }
+            if let Some(g) = group.as_ref().filter(|g| g.nodes[j] == node) {
+                let mut q = self.corrupt_reports.lock();
+                if q.len() < MAX_QUEUED_CORRUPT {
+                    q.push((node, g.slabs[j], cause));
+                }
+            }
+            tracing::debug!(
+                node,
+                split = j,
+                addr,
+                "a split {} (corrupted on the node or on the wire, or the wrong page or \
+                 version); the page is read from its other splits",
+                match cause {
+                    wire::CorruptCause::Checksum => "failed its checksum",
+                    wire::CorruptCause::Codeword => "disagreed with the page's other splits",
+                }
+            );
+        }
+    }
+
+    /// Corrupted splits found so far, per node in cluster-file order.
+    pub fn corrupt_splits(&self) -> Vec<u64> {
+        self.health
+            .iter()
+            .map(|h| h.total_errors.load(Ordering::Relaxed))
+            .collect()
+    }
+
+    /// What this client knows about every node's integrity, in cluster-file order.
+    pub fn integrity(&self) -> Vec<NodeIntegrity> {
+        self.health
+            .iter()
+            .map(|h| NodeIntegrity {
+                corrupt_splits: h.total_errors.load(Ordering::Relaxed),
+                suspect: h.suspect.load(Ordering::Relaxed),
+                avoided: h.avoided.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Judges every node's error rate once it served a window's worth of splits (paper
+    /// 4.1.2): above the ErrorCorrectionLimit reads involving it start wide, until a window
+    /// comes in below; above the SlabRegenerationLimit its slabs of ours are regenerated
+    /// elsewhere (from the other splits, never from it) and new slabs avoid it until it
+    /// restarts. Evacuation is retried every round until nothing of ours is left there.
+    fn check_health(&self) {
+        let window = self.config.error_window.max(1);
+        let mut any = false;
+        for (n, h) in self.health.iter().enumerate() {
+            let reads = h.reads.load(Ordering::Relaxed);
+            if reads >= window {
+                let errors = h.errors.load(Ordering::Relaxed);
+                h.reads.fetch_sub(reads, Ordering::Relaxed);
+                h.errors.fetch_sub(errors, Ordering::Relaxed);
+                let rate = errors as f64 / reads as f64;
+                let suspect = rate > self.config.error_correction_limit;
+                if h.suspect.swap(suspect, Ordering::Relaxed) != suspect {
+                    tracing::warn!(
+                        node = n,
+                        node_addr = self.transport.addr(n as u16),
+                        errors,
+                        reads,
+                        suspect,
+                        "node error rate crossed the error-correction limit: reads involving \
+                         it now start {} splits",
+                        if suspect {
+                            "with all the"
+                        } else {
+                            "again with the usual"
+                        }
+                    );
+                }
+                if rate > self.config.slab_regeneration_limit
+                    && !h.avoided.swap(true, Ordering::Relaxed)
+                {
+                    metrics::counter!("hydramem_client_nodes_avoided_total").increment(1);
+                    tracing::error!(
+                        node = n,
+                        node_addr = self.transport.addr(n as u16),
+                        errors,
+                        reads,
+                        "node returns corrupted splits above the slab-regeneration limit: \
+                         regenerating its slabs elsewhere and placing nothing new on it until \
+                         it restarts; check its memory (ECC errors in the kernel log) and its \
+                         network path"
+                    );
+                }
+            }
+            any |= h.suspect.load(Ordering::Relaxed);
+            if h.avoided.load(Ordering::Relaxed) && self.transport.is_up(n as u16) {
+                self.evacuate(n as u16);
+            }
+        }
+        self.any_suspect.store(any, Ordering::Relaxed);
+    }
+
+    /// Moves every split of ours off `node` (see [`Self::check_health`]).
+    fn evacuate(&self, node: u16) {
+        for range in 0..self.ranges.len() {
+            let Some(g) = self.ranges[range].load_full() else {
+                continue;
+            };
+            for j in 0..self.layout.width {
+                if g.nodes[j] != node {
+                    continue;
+                }
+                match self.remap(range, j, node, MoveReason::Corrupt) {
+                    Ok(_) => {
+                        self.stats.evacuated.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::debug!(range, split = j, error = %e, "cannot move a split off a corrupting node yet");
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// A read whose first k + Δ splits disagree (paper 4.1.2): asks Δ + 1 more (up to
+    /// k + 2Δ + 1, or all there are), then looks for the one codeword that enough of them
+    /// agree with ([`correct`]). Correction mode returns that page and names the corrupted
+    /// splits; detection mode uses the second look only to name the corrupted node (possible
+    /// when the group is wide enough) and still answers with an error.
+    fn second_look(
+        &self,
+        op: &mut slots::Op<'_>,
+        page: &mut Page,
+        first: Look,
+        post_more: &mut dyn FnMut(&slots::Op<'_>, usize, u32) -> usize,
+    ) -> Result<ReadOutcome, IoError> {
+        let l = &self.layout;
+        let codec = self
+            .codec
+            .as_ref()
+            .expect("only coded reads check codewords");
+        let target = (l.k + 2 * l.delta() + 1).min(l.width);
+        let version = first.version;
+        let same = |op: &slots::Op<'_>, landed: u32| {
+            (0..l.width)
+                .filter(|&j| landed & (1 << j) != 0 && op.version_of(j) == version)
+                .count()
+        };
+        op.reopen();
+        {
+            let op: &slots::Op<'_> = op;
+            // Replies that came while the slot was closed for the check were dropped: ask
+            // those splits again (a reply that still comes lands once, first claim wins).
+            post_more(op, 0, first.before.outstanding());
+            self.wait(op, first.start, |p| {
+                let got = same(op, p.landed);
+                if got >= target {
+                    return Some(());
+                }
+                let pending = p.outstanding().count_ones() as usize;
+                if got + pending < target && post_more(op, target - got - pending, 0) > 0 {
+                    return None;
+                }
+                (pending == 0).then_some(())
+            });
+        }
+        let p = op.close();
+        self.count_reads(
+            op,
+            (p.landed | p.corrupt) & !(first.before.landed | first.before.corrupt),
+        );
+        let fresh_corrupt = p.corrupt & !first.before.corrupt;
+        if fresh_corrupt != 0 {
+            self.count_corrupt(op, fresh_corrupt, first.addr, wire::CorruptCause::Checksum);
+        }
+        let mask = (0..l.width)
+            .filter(|&j| p.landed & (1 << j) != 0 && op.version_of(j) == version)
+            .fold(0u32, |m, j| m | 1 << j);
+        let newer = (0..l.width).any(|j| p.landed & (1 << j) != 0 && op.version_of(j) > version);
+        let s = l.split_len;
+        let outcome = {
+            let side: &[u8] = op.side();
+            let received: Vec<Option<&[u8]>> = (0..l.width)
+                .map(|j| {
+                    (mask & (1 << j) != 0).then(|| match l.place(j) {
+                        layout::Place::Page(off) => &page[off..off + s],
+                        layout::Place::Side(off) => &side[off..off + s],
+                    })
+                })
+                .collect();
+            correct::correct(codec, &received, s)
+        };
+        let nodes = self.describe(op, mask);
+        match outcome {
+            Ok(c) => {
+                self.count_corrupt(op, c.corrupt, first.addr, wire::CorruptCause::Codeword);
+                if l.corrects() {
+                    page.copy_from_slice(&c.splits[..PAGE_SIZE]);
+                    self.stats.corrected.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("hydramem_client_reads_corrected_total").increment(1);
+                    return Ok(ReadOutcome::Done);
+                }
+                page.fill(0);
+                self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
+                Err(IoError::Corrupt {
+                    addr: first.addr,
+                    range: first.range as u64,
+                    splits: first.mask.count_ones() as usize,
+                    nodes,
+                    why: format!(
+                        "Detection mode does not correct (split(s) {} were the corrupted ones)",
+                        describe_mask(c.corrupt)
+                    ),
+                })
+            }
+            // Splits of a newer write arrived: a write is in flight, read again.
+            Err(_) if newer => {
+                page.fill(0);
+                Ok(ReadOutcome::Inconsistent {
+                    range: first.range as u64,
+                })
+            }
+            Err(e) => {
+                page.fill(0);
+                self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
+                let why = match e {
+                    _ if !l.corrects() => {
+                        "Detection mode does not correct, and the splits it could read do not \
+                         single out the corrupted one"
+                            .to_string()
+                    }
+                    correct::Uncorrectable::TooFew { received } => format!(
+                        "Only {received} splits of this version could be read, too few to find the corrupted ones"
+                    ),
+                    correct::Uncorrectable::TooManyErrors { received, best } => format!(
+                        "At most {best} of the {received} splits read agree on one page: more were corrupted than correction mode can correct"
+                    ),
+                    correct::Uncorrectable::TooManyTrials => {
+                        "The search for the corrupted splits gave up".to_string()
+                    }
+                };
+                Err(IoError::Corrupt {
+                    addr: first.addr,
+                    range: first.range as u64,
+                    splits: mask.count_ones() as usize,
+                    nodes,
+                    why,
+                })
+            }
         }
     }
 
@@ -1590,6 +2103,79 @@ impl RemoteMemory {
         if tail < PAGE_SIZE {
             page[tail..].copy_from_slice(&op.side()[..PAGE_SIZE - tail]);
         }
+    }
+
+    /// Reports the corrupted splits reads found since the last call to the nodes that returned
+    /// them (one CORRUPT per node, counted per slab, and one warning in the log), so that `hydramem status` and the node's
+    /// metrics show where corruption happens; the maintenance thread calls it every round. A
+    /// report that fails is logged and dropped: the splits stay counted in
+    /// [`RemoteMemory::corrupt_splits`].
+    pub fn report_corruption(&self) {
+        let mut found = std::mem::take(&mut *self.corrupt_reports.lock());
+        found.sort_unstable();
+        let mut reports: Vec<(u16, wire::CorruptReport)> = Vec::new();
+        for (node, slab, cause) in found {
+            match reports.last_mut() {
+                Some((n, r)) if *n == node && r.slab == slab && r.cause == cause => r.splits += 1,
+                _ => reports.push((
+                    node,
+                    wire::CorruptReport {
+                        slab,
+                        splits: 1,
+                        cause,
+                    },
+                )),
+            }
+        }
+        for per_node in reports.chunk_by(|a, b| a.0 == b.0) {
+            let node = per_node[0].0;
+            let list: Vec<_> = per_node.iter().map(|(_, r)| *r).collect();
+            let splits: u64 = list.iter().map(|r| u64::from(r.splits)).sum();
+            // One warning per node and round (every read that meets corruption logs at debug).
+            tracing::warn!(
+                node,
+                node_addr = self.transport.addr(node),
+                splits,
+                slabs = list.len(),
+                "corrupted splits from this node (on it or on the wire) were read around; \
+                 reporting them to it"
+            );
+            match self.transport.report_corrupt(node, &list) {
+                Ok(accepted) => {
+                    tracing::debug!(node, splits, accepted, "corruption reported")
+                }
+                Err(e) => tracing::warn!(
+                    node,
+                    splits,
+                    error = %e,
+                    "could not report corrupted splits to the node that returned them; its \
+                     status will not show them (this client still counts them)"
+                ),
+            }
+        }
+    }
+
+    /// Corruption detection, after [`Self::finish_read`] put the page together from k of the
+    /// splits in `mask`: re-encodes the parity from the page and compares it with every parity
+    /// split in `mask`. The splits used to decode agree by construction; every other one is a
+    /// check, so with k + Δ splits up to Δ corrupted ones are always caught (any two codewords
+    /// differ in at least r + 1 splits). Allocation-free: the parity is re-encoded into the
+    /// side buffer's check area.
+    fn codeword_holds(&self, op: &mut slots::Op<'_>, page: &Page, mask: u32) -> bool {
+        let Some(codec) = &self.codec else {
+            return true;
+        };
+        let l = &self.layout;
+        let (s, k, r) = (l.split_len, l.k, l.width - l.k);
+        let side = op.side();
+        let (front, check) = side.split_at_mut(l.check_offset());
+        let ntail = k - l.full_data;
+        let (tail, parity) = front.split_at(ntail * s);
+        encode_parity(codec, l, page, tail, check);
+        (0..r).all(|p| {
+            let at = p * s..(p + 1) * s;
+            mask & (1 << (k + p)) == 0 || check[at.clone()] == parity[at]
+        })
     }
 
     /// Polls, then parks, until `check` decides or the operation times out (`None`).
@@ -1649,7 +2235,12 @@ impl RemoteMemory {
         for j in 0..self.layout.width {
             let node = g.nodes[j];
             let down = node == slots::NO_NODE || !self.transport.is_up(node);
-            if down || p.failed & (1 << j) != 0 {
+            if p.corrupt & (1 << j) != 0 {
+                v.push(format!(
+                    "{} (split {j}: failed its checksum)",
+                    self.node_label(node)
+                ));
+            } else if down || p.failed & (1 << j) != 0 {
                 v.push(format!("{} (split {j})", self.node_label(node)));
             }
         }
@@ -1682,7 +2273,7 @@ impl RemoteMemory {
         let mut excluded: Vec<u16> = Vec::new();
         let mut full: Vec<u16> = Vec::new();
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &self.domains);
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
             for n in &excluded {
                 views[*n as usize].available = false;
             }
@@ -1826,11 +2417,18 @@ fn prepare_decode_tables(codec: &Codec, l: &Layout) {
 }
 
 /// The placer's view: a node takes new slabs if it is up and has not said it refuses them
-/// (draining, or out of memory budget).
-fn node_views(t: &dyn Transport, loads: &[u64], domains: &[Option<u32>]) -> Vec<NodeView> {
+/// (draining, or out of memory budget), and this client does not avoid it for corruption.
+fn node_views(
+    t: &dyn Transport,
+    loads: &[u64],
+    domains: &[Option<u32>],
+    health: &[NodeHealth],
+) -> Vec<NodeView> {
     (0..t.nodes())
         .map(|i| NodeView {
-            available: t.is_up(i as u16) && !t.notice(i as u16).refusing,
+            available: t.is_up(i as u16)
+                && !t.notice(i as u16).refusing
+                && !health[i].avoided.load(Ordering::Relaxed),
             load: loads[i],
             domain: domains[i],
         })

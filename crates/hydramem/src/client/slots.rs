@@ -17,6 +17,11 @@
 //! the owner's wait ended or saw `closed` and never touched the page: after step 3 no late split
 //! can write into the caller's page or side buffer, and the owner may decode in place. The
 //! generation, bumped on release, makes replies to a previous use of the slot harmless.
+//!
+//! With checksums on ([`Slots::with_checksums`]), a completer verifies a read split against
+//! its checksum and the page the slot is bound to ([`Op::bind`]) *before* it claims a landing
+//! region: a split that fails never touches the page, counts as failed (so the read asks
+//! another) and is marked corrupt, so that the owner can name the node that returned it.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, Ordering::SeqCst};
 use std::thread::Thread;
@@ -24,6 +29,7 @@ use std::thread::Thread;
 use parking_lot::{Condvar, Mutex};
 
 use super::layout::{Layout, Place, MAX_WIDTH};
+use crate::integrity;
 use crate::wire::Status;
 
 /// Marks a split that was not posted to any node.
@@ -48,8 +54,13 @@ pub struct Slot {
     writers: AtomicU32,
     /// Splits that arrived (reads) or were acknowledged (writes).
     landed: AtomicU32,
-    /// Splits whose request failed (node down, error status, short data).
+    /// Splits whose request failed (node down, error status, short data, bad checksum).
     failed: AtomicU32,
+    /// Of the failed splits, those that arrived with a checksum that does not verify.
+    corrupt: AtomicU32,
+    /// The address range and page in range a read is for (what checksums bind).
+    range: AtomicU64,
+    page_in_range: AtomicU64,
     /// Landing regions already claimed.
     claimed: AtomicU32,
     /// Splits posted to a node.
@@ -93,6 +104,8 @@ pub struct Progress {
     pub failed: u32,
     /// Bitmask of posted splits.
     pub posted: u32,
+    /// Bitmask of the failed splits whose checksum did not verify.
+    pub corrupt: u32,
 }
 
 impl Progress {
@@ -108,6 +121,8 @@ pub struct Slots {
     slots: Box<[Slot]>,
     free: Mutex<Vec<u16>>,
     freed: Condvar,
+    /// Verify every read split against its checksum.
+    checksums: bool,
 }
 
 impl Slots {
@@ -122,6 +137,9 @@ impl Slots {
                 writers: AtomicU32::new(0),
                 landed: AtomicU32::new(0),
                 failed: AtomicU32::new(0),
+                corrupt: AtomicU32::new(0),
+                range: AtomicU64::new(0),
+                page_in_range: AtomicU64::new(0),
                 claimed: AtomicU32::new(0),
                 posted: AtomicU32::new(0),
                 first_status: AtomicU32::new(0),
@@ -137,7 +155,14 @@ impl Slots {
             slots,
             free: Mutex::new((0..n as u16).rev().collect()),
             freed: Condvar::new(),
+            checksums: false,
         }
+    }
+
+    /// Verifies read splits against their checksums (see the module doc).
+    pub fn with_checksums(mut self, on: bool) -> Slots {
+        self.checksums = on;
+        self
     }
 
     /// Takes a free slot for an operation, waiting while all are in flight (back-pressure).
@@ -161,6 +186,7 @@ impl Slots {
         }
         s.landed.store(0, SeqCst);
         s.failed.store(0, SeqCst);
+        s.corrupt.store(0, SeqCst);
         s.claimed.store(0, SeqCst);
         s.posted.store(0, SeqCst);
         s.first_status.store(0, SeqCst);
@@ -201,11 +227,25 @@ impl Slots {
             .compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
     }
 
-    /// Delivers a read reply with the version the node stored for the split. Data of a stale,
-    /// closed or duplicate split is dropped unread.
-    pub fn read_done(&self, c: u64, status: Status, version: u64, data: &[u8]) {
+    /// Delivers a read reply with the version and checksum the node stored for the split.
+    /// Data of a stale, closed or duplicate split is dropped unread.
+    pub fn read_done(&self, c: u64, status: Status, version: u64, crc: u32, data: &[u8]) {
         let Some((s, j)) = self.enter(c) else { return };
-        if status != Status::Ok || data.len() != self.layout.split_len {
+        let intact = || {
+            !self.checksums
+                || integrity::verify(
+                    data,
+                    crc,
+                    s.range.load(SeqCst),
+                    s.page_in_range.load(SeqCst),
+                    j,
+                    version,
+                )
+        };
+        if status == Status::Ok && data.len() == self.layout.split_len && !intact() {
+            s.corrupt.fetch_or(1 << j, SeqCst);
+            Self::fail(s, j, Status::Internal);
+        } else if status != Status::Ok || data.len() != self.layout.split_len {
             Self::fail(
                 s,
                 j,
@@ -293,6 +333,14 @@ impl Op<'_> {
         cookie(self.idx, self.gen, j)
     }
 
+    /// Binds a read to its page, which the checksums of its splits must name (before any
+    /// split is posted).
+    pub fn bind(&self, range: u64, page_in_range: u64) {
+        let s = self.slot();
+        s.range.store(range, SeqCst);
+        s.page_in_range.store(page_in_range, SeqCst);
+    }
+
     /// Records that split `j` is being posted to `node` (before the request is sent).
     pub fn posting(&self, j: usize, node: u16) {
         let s = self.slot();
@@ -304,6 +352,7 @@ impl Op<'_> {
     pub fn retry(&self, j: usize) {
         let s = self.slot();
         s.failed.fetch_and(!(1 << j), SeqCst);
+        s.corrupt.fetch_and(!(1 << j), SeqCst);
         s.landed.fetch_and(!(1 << j), SeqCst);
     }
 
@@ -319,6 +368,7 @@ impl Op<'_> {
             landed: s.landed.load(SeqCst),
             failed: s.failed.load(SeqCst),
             posted: s.posted.load(SeqCst),
+            corrupt: s.corrupt.load(SeqCst),
         }
     }
 
@@ -374,6 +424,16 @@ impl Op<'_> {
         self.progress()
     }
 
+    /// Opens a closed slot to completers again, so that a read can ask for more splits after
+    /// it checked those it had (corruption correction). The owner must not touch the page or
+    /// the side buffer until it closes the slot again. Splits that landed keep their claimed
+    /// regions, so late or duplicate replies never overwrite them; a region the owner wrote
+    /// meanwhile without a landed split (a decoded data split) may be overwritten by that
+    /// split when it arrives, which is what a second look wants.
+    pub fn reopen(&mut self) {
+        self.slot().closed.store(false, SeqCst);
+    }
+
     /// The side buffer. Exclusive access: callable before any split is posted or after
     /// [`Op::close`], which the `&mut self` receiver and the data path's call order ensure.
     pub fn side(&mut self) -> &mut [u8] {
@@ -423,11 +483,11 @@ mod tests {
         let c3 = op.cookie(3);
         let c9 = op.cookie(9);
         let c4 = op.cookie(4);
-        slots.read_done(c3, Status::Ok, 1, &[3; 512]);
-        slots.read_done(c9, Status::Ok, 1, &[9; 512]);
+        slots.read_done(c3, Status::Ok, 1, 0, &[3; 512]);
+        slots.read_done(c9, Status::Ok, 1, 0, &[9; 512]);
         assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
         op.close();
-        slots.read_done(c4, Status::Ok, 1, &[4; 512]);
+        slots.read_done(c4, Status::Ok, 1, 0, &[4; 512]);
         assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
         assert_eq!(op.side()[512..1024], [9; 512]);
         drop(op);
@@ -439,7 +499,7 @@ mod tests {
         // A reply to the previous generation of a reused slot is ignored.
         let mut page2 = [0u8; 4096];
         let op2 = slots.acquire(page2.as_mut_ptr());
-        slots.read_done(c3, Status::Ok, 1, &[7; 512]);
+        slots.read_done(c3, Status::Ok, 1, 0, &[7; 512]);
         assert_eq!(op2.progress().landed, 0);
         drop(op2);
         assert!(page2.iter().all(|b| *b == 0));
@@ -450,14 +510,14 @@ mod tests {
         let slots = Slots::new(layout(), 2);
         let mut page = [0u8; 4096];
         let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(0), Status::NoSuchSlab, 1, &[]);
-        slots.read_done(op.cookie(1), Status::Ok, 1, &[1; 100]);
+        slots.read_done(op.cookie(0), Status::NoSuchSlab, 1, 0, &[]);
+        slots.read_done(op.cookie(1), Status::Ok, 1, 0, &[1; 100]);
         op.posting(2, 5);
         slots.node_down(5);
         assert_eq!(op.progress().failed, 0b111);
         assert_eq!(op.first_status(), Some(Status::NoSuchSlab));
         // Garbage cookies are ignored.
-        slots.read_done(u64::MAX, Status::Ok, 1, &[0; 512]);
+        slots.read_done(u64::MAX, Status::Ok, 1, 0, &[0; 512]);
         slots.write_done(cookie(1, 0, 31), Status::Ok);
     }
 
@@ -468,15 +528,15 @@ mod tests {
         let op = slots.acquire(page.as_mut_ptr());
         // 5 splits of version 7 and 4 of version 9: no version has k = 8.
         for j in 0..5 {
-            slots.read_done(op.cookie(j), Status::Ok, 7, &[7; 512]);
+            slots.read_done(op.cookie(j), Status::Ok, 7, 0, &[7; 512]);
         }
         for j in 5..9 {
-            slots.read_done(op.cookie(j), Status::Ok, 9, &[9; 512]);
+            slots.read_done(op.cookie(j), Status::Ok, 9, 0, &[9; 512]);
         }
         let landed = op.progress().landed;
         assert_eq!(op.consistent(landed, 10, 8), Err(5));
         // A fifth split of version 9 ties the two at 5: still no version has 8.
-        slots.read_done(op.cookie(9), Status::Ok, 9, &[9; 512]);
+        slots.read_done(op.cookie(9), Status::Ok, 9, 0, &[9; 512]);
         assert_eq!(op.consistent(op.progress().landed, 10, 8), Err(5));
         // With need 5 the newest version that has 5 wins.
         assert_eq!(
@@ -487,13 +547,50 @@ mod tests {
     }
 
     #[test]
+    fn splits_failing_their_checksum_never_land_and_are_marked_corrupt() {
+        let slots = Slots::new(layout(), 1).with_checksums(true);
+        let mut page = [0u8; 4096];
+        let op = slots.acquire(page.as_mut_ptr());
+        op.bind(3, 17);
+        let crc = |d: &[u8], j, v| integrity::split_crc(d, 3, 17, j, v);
+        slots.read_done(op.cookie(0), Status::Ok, 5, crc(&[1; 512], 0, 5), &[1; 512]);
+        // Flipped bytes, another page's split, another split index, another version.
+        let mut flipped = [2u8; 512];
+        let good = crc(&flipped, 1, 5);
+        flipped[9] ^= 0x10;
+        slots.read_done(op.cookie(1), Status::Ok, 5, good, &flipped);
+        let other_page = integrity::split_crc(&[3; 512], 3, 18, 2, 5);
+        slots.read_done(op.cookie(2), Status::Ok, 5, other_page, &[3; 512]);
+        slots.read_done(op.cookie(3), Status::Ok, 5, crc(&[4; 512], 4, 5), &[4; 512]);
+        slots.read_done(op.cookie(4), Status::Ok, 6, crc(&[5; 512], 4, 5), &[5; 512]);
+        // Never written: zeros with crc 0 are fine, anything else is not.
+        slots.read_done(op.cookie(5), Status::Ok, 0, 0, &[0; 512]);
+        slots.read_done(op.cookie(6), Status::Ok, 0, 0, &[6; 512]);
+        let p = op.progress();
+        assert_eq!(p.landed, 0b10_0001);
+        assert_eq!(p.failed, 0b101_1110);
+        assert_eq!(p.corrupt, 0b101_1110);
+        drop(op);
+        assert!(page[..512].iter().all(|b| *b == 1));
+        assert!(
+            page[512..].iter().all(|b| *b == 0),
+            "a corrupt split landed"
+        );
+        // Without checksums the same bytes land.
+        let slots = Slots::new(layout(), 1);
+        let op = slots.acquire(page.as_mut_ptr());
+        slots.read_done(op.cookie(1), Status::Ok, 5, good, &flipped);
+        assert_eq!((op.progress().landed, op.progress().corrupt), (0b10, 0));
+    }
+
+    #[test]
     fn replicated_copies_claim_one_region() {
         let l = Layout::new(Resilience::Replication { copies: 2 }, 1 << 20).unwrap();
         let slots = Slots::new(l, 1);
         let mut page = [0u8; 4096];
         let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(1), Status::Ok, 1, &[1; 4096]);
-        slots.read_done(op.cookie(0), Status::Ok, 1, &[2; 4096]);
+        slots.read_done(op.cookie(1), Status::Ok, 1, 0, &[1; 4096]);
+        slots.read_done(op.cookie(0), Status::Ok, 1, 0, &[2; 4096]);
         assert_eq!(op.progress().landed, 0b10);
         drop(op);
         assert!(page.iter().all(|b| *b == 1));

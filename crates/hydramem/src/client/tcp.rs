@@ -804,11 +804,11 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
         return Err(WireError::Invalid("node sent a request frame"));
     }
     match h.op {
-        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, _, _| {
+        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, _, _, _| {
             sh.completions.write_done(cookie, status)
         }),
-        Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, data| {
-            sh.completions.read_done(cookie, status, version, data)
+        Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, crc, data| {
+            sh.completions.read_done(cookie, status, version, crc, data)
         }),
         Op::Ping => {
             let c = &sh.conns[node as usize];

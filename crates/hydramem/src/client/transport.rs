@@ -12,13 +12,13 @@
 
 use std::time::Duration;
 
-use crate::wire::{Entry, Notice, Op, Status};
+use crate::wire::{self, CorruptReport, Entry, Notice, Op, Status, MAX_CORRUPT_REPORTS};
 
 /// Receives split completions; implemented by the client's slot table.
 pub trait Completions: Send + Sync {
-    /// A read entry completed with the version stored for the split; `data` is valid only
-    /// during the call.
-    fn read_done(&self, cookie: u64, status: Status, version: u64, data: &[u8]);
+    /// A read entry completed with the version and checksum stored for the split; `data` is
+    /// valid only during the call.
+    fn read_done(&self, cookie: u64, status: Status, version: u64, crc: u32, data: &[u8]);
     /// A write entry completed.
     fn write_done(&self, cookie: u64, status: Status);
     /// The connection to `node` was lost: every entry posted to it and not completed fails.
@@ -105,4 +105,24 @@ pub trait Transport: Send + Sync {
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError>;
     /// A printable address of the node, for messages.
     fn addr(&self, node: u16) -> String;
+    /// Tells `node` about corrupted splits we read from its slabs (CORRUPT, a control
+    /// request), so that its status and metrics show them: only the client can tell a split is
+    /// corrupt, the node cannot. Sends requests of at most [`MAX_CORRUPT_REPORTS`] records and
+    /// returns how many records the node matched to a slab of ours (it counts the others as
+    /// unknown slabs: freed or moved since the read).
+    fn report_corrupt(&self, node: u16, reports: &[CorruptReport]) -> Result<u32, TransportError> {
+        let mut accepted = 0;
+        for chunk in reports.chunks(MAX_CORRUPT_REPORTS) {
+            let mut body = Vec::new();
+            wire::put_corrupt(&mut body, chunk);
+            let reply = self.call(node, Op::Corrupt, &body)?;
+            accepted +=
+                wire::parse_corrupt_reply(&reply).map_err(|e| TransportError::Protocol {
+                    node,
+                    addr: self.addr(node),
+                    reason: format!("CORRUPT reply: {e}"),
+                })?;
+        }
+        Ok(accepted)
+    }
 }

@@ -26,7 +26,10 @@ use std::time::Instant;
 
 use parking_lot::{Mutex, RwLock};
 
-use crate::wire::{ClientId, Notice, Reclaim, SlabStats, Stats, Status, SLAB_RECLAIMED};
+use crate::wire::{
+    ClientId, CorruptCause, CorruptReport, Corruption, Notice, Reclaim, SlabStats, Stats, Status,
+    PPM_ALL, SLAB_RECLAIMED,
+};
 use control::{ControlConfig, MemorySample};
 pub use memory::SlabMemory;
 
@@ -54,6 +57,41 @@ pub struct Faults {
     pub resumed: parking_lot::Condvar,
     /// Whether ALLOC is refused.
     pub refuse_alloc: std::sync::atomic::AtomicBool,
+    /// Bit flips in stored splits after writes ([`Corruption::encode`]; 0 = off).
+    pub corrupt_writes: AtomicU64,
+    /// Bit flips in READV reply data.
+    pub corrupt_replies: AtomicU64,
+    /// READV entries answered with the neighbouring slot's split.
+    pub misdirect_reads: AtomicU64,
+}
+
+impl Faults {
+    /// Whether this access of `slab` is hit by the corruption stored in `which`. One relaxed
+    /// load when the corruption is off, which it is unless a test turned it on.
+    pub fn hits(which: &AtomicU64, slab: u32) -> bool {
+        let arg = which.load(Ordering::Relaxed);
+        arg != 0
+            && Corruption::decode(arg).is_ok_and(|c| c.hits(slab, rand::random_range(0..PPM_ALL)))
+    }
+
+    /// Turns every corruption off.
+    pub fn clear_corruption(&self) {
+        for c in [
+            &self.corrupt_writes,
+            &self.corrupt_replies,
+            &self.misdirect_reads,
+        ] {
+            c.store(0, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Flips one random bit of `buf` (injected corruption).
+pub fn flip_random_bit(buf: &mut [u8]) {
+    if !buf.is_empty() {
+        let bit = rand::random_range(0..buf.len() * 8);
+        buf[bit / 8] ^= 1 << (bit % 8);
+    }
 }
 
 /// Errors that prevent a node from starting.
@@ -80,6 +118,9 @@ pub struct Slab {
     memory: SlabMemory,
     /// The version of each split slot (u64 little-endian per slot; lazily backed like `memory`).
     versions: SlabMemory,
+    /// The checksum the client gave with each split slot (u32 little-endian per slot, lazily
+    /// backed; the node stores and returns it, never computes it).
+    crcs: SlabMemory,
     /// Writers take it exclusively so that a concurrent read never sees a torn split.
     lock: RwLock<()>,
     reads: AtomicU64,
@@ -94,6 +135,8 @@ pub struct Slab {
     last_accesses: AtomicU64,
     /// Decaying access count: halved every control step, plus the accesses since the last.
     activity: AtomicU64,
+    /// Corrupted splits its owner reported (CORRUPT).
+    corrupt: AtomicU64,
 }
 
 /// [`Slab::reclaim`] of a slab a drain reclaimed: no deadline.
@@ -119,20 +162,37 @@ impl Slab {
         u64::from_le_bytes(v)
     }
 
+    fn crc(&self, slot: u64) -> u32 {
+        let mut c = [0u8; 4];
+        self.crcs.read(slot * 4, &mut c).expect("slot checked");
+        u32::from_le_bytes(c)
+    }
+
     /// Copies one split out of the slab and returns its version, counting the access.
     pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<u64, Status> {
+        self.load(offset, out).map(|(version, _)| version)
+    }
+
+    /// Copies one split out of the slab and returns its version and checksum, counting the
+    /// access.
+    pub fn load(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
         let slot = self.slot(offset, out.len())?;
         let _g = self.lock.read();
         self.memory.read(offset, out).ok_or(Status::OutOfRange)?;
         self.reads.fetch_add(1, Ordering::Relaxed);
         self.bytes_read
             .fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok(self.version(slot))
+        Ok((self.version(slot), self.crc(slot)))
     }
 
-    /// Stores one split of `version` unless a newer version is stored ([`Status::Stale`]); an
-    /// equal version is acknowledged without rewriting.
+    /// [`Slab::store`] with checksum 0 (a client that keeps none).
     pub fn write(&self, offset: u64, data: &[u8], version: u64) -> Result<(), Status> {
+        self.store(offset, data, version, 0)
+    }
+
+    /// Stores one split of `version` with its checksum unless a newer version is stored
+    /// ([`Status::Stale`]); an equal version is acknowledged without rewriting.
+    pub fn store(&self, offset: u64, data: &[u8], version: u64, crc: u32) -> Result<(), Status> {
         let slot = self.slot(offset, data.len())?;
         let _g = self.lock.write();
         let stored = self.version(slot);
@@ -146,12 +206,60 @@ impl Slab {
         self.versions
             .write(slot * 8, &version.to_le_bytes())
             .expect("slot checked");
+        self.crcs
+            .write(slot * 4, &crc.to_le_bytes())
+            .expect("slot checked");
         self.writes.fetch_add(1, Ordering::Relaxed);
         self.bytes_written
             .fetch_add(data.len() as u64, Ordering::Relaxed);
         self.touched
             .fetch_max(offset + data.len() as u64, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Injected corruption: flips one random bit of the stored split at `offset` (a whole
+    /// split, as for [`Slab::write`]), leaving its version as it was.
+    pub fn corrupt(&self, offset: u64) -> Result<(), Status> {
+        let len = self.split_len as usize;
+        self.slot(offset, len)?;
+        let _g = self.lock.write();
+        let mut buf = [0u8; 1];
+        let bit = rand::random_range(0..len * 8);
+        let at = offset + (bit / 8) as u64;
+        self.memory.read(at, &mut buf).ok_or(Status::OutOfRange)?;
+        buf[0] ^= 1 << (bit % 8);
+        self.memory.write(at, &buf).ok_or(Status::OutOfRange)?;
+        Ok(())
+    }
+
+    /// Injected corruption at rest: flips one bit in every split that was ever written;
+    /// returns how many.
+    pub fn corrupt_written(&self) -> u64 {
+        let slots = self
+            .touched
+            .load(Ordering::Relaxed)
+            .div_ceil(self.split_len);
+        (0..slots)
+            .filter(|&slot| self.version(slot) != 0 && self.corrupt(slot * self.split_len).is_ok())
+            .count() as u64
+    }
+
+    /// Injected misdirected read: copies the split of the slot next to `offset` (the previous
+    /// one for the last slot) with its checksum, and returns the version stored for `offset`,
+    /// as a node that reads the wrong address but the right version would.
+    pub fn read_misdirected(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
+        let slot = self.slot(offset, out.len())?;
+        let slots = self.versions.len() as u64 / 8;
+        let other = if slot + 1 < slots {
+            slot + 1
+        } else {
+            slot.saturating_sub(1)
+        };
+        let _g = self.lock.read();
+        self.memory
+            .read(other * self.split_len, out)
+            .ok_or(Status::OutOfRange)?;
+        Ok((self.version(slot), self.crc(other)))
     }
 
     fn stats(&self, id: u32) -> SlabStats {
@@ -166,6 +274,7 @@ impl Slab {
             touched: self.touched.load(Ordering::Relaxed),
             flags: if self.reclaimed() { SLAB_RECLAIMED } else { 0 },
             activity: self.activity.load(Ordering::Relaxed),
+            corrupt: self.corrupt.load(Ordering::Relaxed),
         }
     }
 
@@ -204,6 +313,8 @@ pub struct Node {
     reclaiming: AtomicU32,
     evicted_moved: AtomicU64,
     evicted_forced: AtomicU64,
+    /// Corrupted splits clients reported, all slabs (see [`Node::report_corrupt`]).
+    corrupt_reported: AtomicU64,
     /// Last measurement: total, available, headroom.
     mem: Mutex<(u64, u64, u64)>,
     /// Simulated memory measurements (fault injection).
@@ -243,6 +354,7 @@ impl Node {
             reclaiming: AtomicU32::new(0),
             evicted_moved: AtomicU64::new(0),
             evicted_forced: AtomicU64::new(0),
+            corrupt_reported: AtomicU64::new(0),
             mem: Mutex::new((0, 0, 0)),
             simulated: control::Simulated::new(),
             incarnation: rand::random::<u64>() | 1,
@@ -289,7 +401,9 @@ impl Node {
             Some(m) => m,
             None => map(self.config.slab_size)?,
         };
-        let versions = map((self.config.slab_size / split_len as u64 * 8).max(8))?;
+        let slots = self.config.slab_size / split_len as u64;
+        let versions = map((slots * 8).max(8))?;
+        let crcs = map((slots * 4).max(4))?;
         let id = *next;
         *next = next.wrapping_add(1);
         let slab = Slab {
@@ -298,6 +412,7 @@ impl Node {
             split_len: split_len as u64,
             memory,
             versions,
+            crcs,
             lock: RwLock::new(()),
             reads: AtomicU64::new(0),
             writes: AtomicU64::new(0),
@@ -307,6 +422,7 @@ impl Node {
             reclaim: AtomicU64::new(0),
             last_accesses: AtomicU64::new(0),
             activity: AtomicU64::new(0),
+            corrupt: AtomicU64::new(0),
         };
         self.slabs.write().insert(id, Arc::new(slab));
         metrics::counter!("hydramem_node_slabs_allocated_total").increment(1);
@@ -549,6 +665,7 @@ impl Node {
             reclaiming: self.reclaiming.load(Ordering::Relaxed),
             evicted_moved: self.evicted_moved.load(Ordering::Relaxed),
             evicted_forced: self.evicted_forced.load(Ordering::Relaxed),
+            corrupt_reported: self.corrupt_reported.load(Ordering::Relaxed),
             node_id: self.config.id,
             capacity: self.config.capacity,
             slab_size: self.config.slab_size,
@@ -563,6 +680,67 @@ impl Node {
                 .map(|(id, s)| s.stats(*id))
                 .collect(),
         }
+    }
+
+    /// Injected corruption at rest in slab `id`, whoever owns it: one bit flipped in every
+    /// written split. Returns how many splits were hit.
+    pub fn corrupt_slab(&self, id: u32) -> Result<u64, Status> {
+        let slab = self.slabs.read().get(&id).cloned();
+        Ok(slab.ok_or(Status::NoSuchSlab)?.corrupt_written())
+    }
+
+    /// Counts the corrupted splits `owner` reports having read from this node: each record in
+    /// the node-wide count, and in its slab's count if the slab is `owner`'s (otherwise as an
+    /// unknown slab; see [`crate::wire::CorruptReport`]). Logs one warning per report, however
+    /// many splits it names, so that a client meeting much corruption cannot flood the log.
+    /// Returns the records that named a slab of `owner`.
+    pub fn report_corrupt(&self, owner: &ClientId, reports: &[CorruptReport]) -> u32 {
+        let (mut accepted, mut unknown) = (0u32, 0u64);
+        let mut by_cause = [0u64; CorruptCause::ALL.len()];
+        let at = |c: CorruptCause| {
+            CorruptCause::ALL
+                .iter()
+                .position(|x| *x == c)
+                .expect("in ALL")
+        };
+        {
+            let slabs = self.slabs.read();
+            for c in reports {
+                let splits = u64::from(c.splits);
+                match slabs.get(&c.slab) {
+                    Some(s) if s.owner == *owner => {
+                        s.corrupt.fetch_add(splits, Ordering::Relaxed);
+                        accepted += 1;
+                    }
+                    _ => unknown += splits,
+                }
+                by_cause[at(c.cause)] += splits;
+            }
+        }
+        let total: u64 = by_cause.iter().sum();
+        self.corrupt_reported.fetch_add(total, Ordering::Relaxed);
+        for (cause, n) in CorruptCause::ALL.into_iter().zip(by_cause) {
+            if n > 0 {
+                metrics::counter!(
+                    "hydramem_node_corrupt_splits_reported_total",
+                    "cause" => cause.label()
+                )
+                .increment(n);
+            }
+        }
+        if total > 0 {
+            tracing::warn!(
+                client = ?owner,
+                splits = total,
+                checksum = by_cause[at(CorruptCause::Checksum)],
+                codeword = by_cause[at(CorruptCause::Codeword)],
+                slabs = reports.len(),
+                unknown_slab_splits = unknown,
+                "a client read corrupted splits from this node (its memory or its network \
+                 flipped bits, or it answered for the wrong page); see hydramem status"
+            );
+        }
+        accepted
     }
 
     pub(crate) fn client_connected(&self) {
@@ -850,6 +1028,85 @@ mod tests {
         assert_eq!((st.reclaiming, st.evicted_moved), (0, 1));
         assert!(reclaimed(&n).is_empty());
         n.alloc(a, 6, 512).unwrap();
+    }
+
+    #[test]
+    fn injected_corruption_flips_one_bit_and_keeps_versions() {
+        let n = node(2);
+        let a = ClientId::random();
+        let id = n.alloc(a, 0, 512).unwrap();
+        let s = n.slab(&a, id).unwrap();
+        let bits = |b: &[u8], v: u8| b.iter().map(|x| (x ^ v).count_ones()).sum::<u32>();
+        for slot in 0..3u64 {
+            s.write(slot * 512, &[slot as u8; 512], 10 + slot).unwrap();
+        }
+        // At rest: every written split (and only those) loses one bit.
+        assert_eq!(n.corrupt_slab(id), Ok(3));
+        assert_eq!(n.corrupt_slab(id ^ 1), Err(Status::NoSuchSlab));
+        let mut b = [0u8; 512];
+        for slot in 0..3u64 {
+            assert_eq!(s.read(slot * 512, &mut b), Ok(10 + slot));
+            assert_eq!(bits(&b, slot as u8), 1);
+        }
+        assert_eq!(s.read(3 * 512, &mut b), Ok(0));
+        assert_eq!(b, [0; 512]);
+        // Misdirected: the neighbour's bytes (the previous one for the last slot) under the
+        // requested slot's version.
+        s.write(0, &[7; 512], 20).unwrap();
+        assert_eq!(s.read_misdirected(512, &mut b), Ok((11, 0)));
+        assert_eq!(bits(&b, 2), 1, "not the (corrupted) split of slot 2");
+        let last = 65536 - 512;
+        s.store(last, &[9; 512], 30, 99).unwrap();
+        s.store(last - 512, &[8; 512], 30, 88).unwrap();
+        assert_eq!(s.read_misdirected(last, &mut b), Ok((30, 88)));
+        assert_eq!(b, [8; 512]);
+        assert_eq!(s.load(last, &mut b), Ok((30, 99)));
+        assert_eq!(b, [9; 512]);
+        assert_eq!(s.corrupt(100), Err(Status::BadRequest));
+        let mut buf = [0u8; 64];
+        flip_random_bit(&mut buf);
+        assert_eq!(bits(&buf, 0), 1);
+    }
+
+    #[test]
+    fn reported_corruption_counts_per_slab_and_in_total_never_on_foreign_slabs() {
+        let n = node(4);
+        let (a, b) = (ClientId::random(), ClientId::random());
+        let (sa, sb) = (n.alloc(a, 0, 512).unwrap(), n.alloc(b, 0, 512).unwrap());
+        let report = |slab, splits, cause| CorruptReport {
+            slab,
+            splits,
+            cause,
+        };
+        let accepted = n.report_corrupt(
+            &a,
+            &[
+                report(sa, 3, CorruptCause::Checksum),
+                report(sa, 2, CorruptCause::Codeword),
+                // b's slab and a slab that does not exist: the node total only.
+                report(sb, 7, CorruptCause::Checksum),
+                report(sa ^ sb ^ 0x4000, 1, CorruptCause::Checksum),
+            ],
+        );
+        assert_eq!(accepted, 2);
+        let corrupt_of = |id| {
+            n.stats()
+                .slabs
+                .iter()
+                .find(|s| s.slab == id)
+                .map(|s| s.corrupt)
+        };
+        assert_eq!((corrupt_of(sa), corrupt_of(sb)), (Some(5), Some(0)));
+        assert_eq!(n.stats().corrupt_reported, 13);
+        assert_eq!(
+            n.report_corrupt(&b, &[report(sb, 1, CorruptCause::Checksum)]),
+            1
+        );
+        assert_eq!(n.report_corrupt(&b, &[]), 0);
+        // A freed slab's count goes with it; the node total stays.
+        n.free(&a, sa).unwrap();
+        let st = n.stats();
+        assert_eq!((st.corrupt_reported, corrupt_of(sb)), (14, Some(1)));
     }
 
     #[test]

@@ -13,6 +13,12 @@
 //! (a write in flight) is re-read from every source; a page with no k splits of one version is
 //! left to the write that is racing it. Pages never written (version 0) are skipped.
 //!
+//! When the client keeps checksums (REGEN flag), every source split is verified against its
+//! checksum before use, and a split that fails counts as missing for that page: the page is
+//! decoded from other sources, so a corrupted source is never laundered into a rebuilt split
+//! with a fresh, valid checksum. Rebuilt and copied splits are stored with the checksum bound
+//! to the target split (see [`crate::integrity`]).
+//!
 //! A source flagged *copy* holds the very bytes the target must get: the slab being moved off
 //! a node that reclaimed it, or another replica under replication. Then the node copies it
 //! (one split's bytes per page instead of k) and stores each split with its version, through
@@ -26,6 +32,7 @@ use std::time::Duration;
 use hydramem_isal::Codec;
 
 use super::Node;
+use crate::integrity;
 use crate::wire::{
     self, Entry, FrameBuilder, Header, Hello, Op, Reader, Regen, RegenSource, ReplyEntry, Status,
     HEADER_LEN,
@@ -33,6 +40,9 @@ use crate::wire::{
 
 /// Pages per vectored read from one source.
 pub const BATCH: u64 = 1024;
+
+/// Versions from here up mark a source split that failed its checksum (one per split index).
+const CORRUPT: u64 = u64::MAX - 256;
 
 /// A connection to one surviving split's node.
 struct Source {
@@ -82,6 +92,7 @@ impl Source {
                 offset: (first + p) * len as u64,
                 cookie: p,
                 version: 0,
+                crc: 0,
             }
             .put(&mut body);
         }
@@ -92,12 +103,15 @@ impl Source {
         self.stream.write_all(&frame).map_err(|e| e.to_string())
     }
 
-    /// Reads the reply to `ask`: the slots' versions and data into `out`.
+    /// Reads the reply to `ask`: the slots' versions and data into `out`. With `range` (the
+    /// client keeps checksums), a split whose checksum fails gets a version of its own above
+    /// [`CORRUPT`], which no other source shares, so it is never combined.
     fn receive(
         &mut self,
         first: u64,
         n: u64,
         len: usize,
+        range: Option<u64>,
         versions: &mut [u64],
         out: &mut [u8],
     ) -> Result<(), String> {
@@ -127,8 +141,24 @@ impl Source {
                 ));
             }
             let p = e.cookie as usize;
-            versions[p] = e.version;
-            out[p * len..(p + 1) * len].copy_from_slice(r.bytes(len).map_err(|e| e.to_string())?);
+            let data = r.bytes(len).map_err(|e| e.to_string())?;
+            let slot = first + e.cookie;
+            versions[p] = match range {
+                Some(range)
+                    if !integrity::verify(data, e.crc, range, slot, self.split, e.version) =>
+                {
+                    metrics::counter!("hydramem_node_regen_corrupt_splits_total").increment(1);
+                    tracing::warn!(
+                        split = self.split,
+                        slot,
+                        "regeneration source returned a split that fails its checksum; \
+                         decoding that page from the other sources"
+                    );
+                    CORRUPT + self.split as u64
+                }
+                _ => e.version,
+            };
+            out[p * len..(p + 1) * len].copy_from_slice(data);
         }
         Ok(())
     }
@@ -222,6 +252,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     // Batches of up to BATCH pages whose replies stay well inside one frame.
     let batch = batch_for(len);
     let b = batch as usize;
+    let check = req.checksums.then_some(req.range);
     let mut versions = vec![vec![0u64; b]; sources.len()];
     let mut data = vec![vec![0u8; b * len]; sources.len()];
     let mut rebuilt = vec![0u8; len];
@@ -242,7 +273,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     while first < req.pages {
         let n = batch.min(req.pages - first);
         for (i, s) in sources.iter_mut().enumerate().take(k) {
-            s.receive(first, n, len, &mut versions[i], &mut data[i])
+            s.receive(first, n, len, check, &mut versions[i], &mut data[i])
                 .map_err(RegenError::Source)?;
         }
         ask_k(&mut sources, first + n)?;
@@ -250,7 +281,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
         let mut chosen = [0usize; 64];
         for p in 0..n as usize {
             let v = versions[0][p];
-            let agree = (0..k).all(|i| versions[i][p] == v);
+            let agree = v < CORRUPT && (0..k).all(|i| versions[i][p] == v);
             if agree {
                 if v == 0 {
                     continue; // never written
@@ -266,7 +297,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
                         s.ask(first, n, len).map_err(RegenError::Source)?;
                     }
                     for (i, s) in sources.iter_mut().enumerate().skip(k) {
-                        s.receive(first, n, len, &mut versions[i], &mut data[i])
+                        s.receive(first, n, len, check, &mut versions[i], &mut data[i])
                             .map_err(RegenError::Source)?;
                     }
                     fetched_rest = true;
@@ -274,10 +305,11 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
                 let newest = (0..sources.len())
                     .map(|i| versions[i][p])
                     .filter(|cand| {
-                        (0..sources.len())
-                            .filter(|i| versions[*i][p] == *cand)
-                            .count()
-                            >= k
+                        *cand < CORRUPT
+                            && (0..sources.len())
+                                .filter(|i| versions[*i][p] == *cand)
+                                .count()
+                                >= k
                     })
                     .max();
                 match newest {
@@ -298,7 +330,11 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
             codec
                 .reconstruct(&present[..k], &mut [(target, &mut rebuilt[..])])
                 .map_err(|e| RegenError::Invalid(e.to_string()))?;
-            store(&slab, first + p as u64, &rebuilt, version)?;
+            let slot = first + p as u64;
+            let crc = check.map_or(0, |range| {
+                integrity::split_crc(&rebuilt, range, slot, target, version)
+            });
+            store(&slab, slot, &rebuilt, version, crc)?;
             done += 1;
         }
         batch_done(node, n, n * len as u64 * k as u64);
@@ -309,7 +345,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
 
 /// Pages per batch so that a reply of `len`-byte splits stays well inside one frame.
 fn batch_for(len: usize) -> u64 {
-    BATCH.min((wire::MAX_BODY / 2 / (len + 24)).max(1) as u64)
+    BATCH.min((wire::MAX_BODY / 2 / (len + wire::READ_REPLY_LEN)).max(1) as u64)
 }
 
 /// Copies every written split slot from a copy source into `slab`, with its version.
@@ -322,6 +358,7 @@ fn copy_from(
     let len = req.split_len as usize;
     let mut src = Source::connect(c, req).map_err(RegenError::Source)?;
     let batch = batch_for(len);
+    let check = req.checksums.then_some(req.range);
     let mut versions = vec![0u64; batch as usize];
     let mut data = vec![0u8; batch as usize * len];
     let (mut first, mut done) = (0u64, 0u64);
@@ -331,7 +368,7 @@ fn copy_from(
     }
     while first < req.pages {
         let n = batch.min(req.pages - first);
-        src.receive(first, n, len, &mut versions, &mut data)
+        src.receive(first, n, len, check, &mut versions, &mut data)
             .map_err(RegenError::Source)?;
         // The next batch is read and sent while this one is stored.
         if first + n < req.pages {
@@ -339,15 +376,22 @@ fn copy_from(
                 .map_err(RegenError::Source)?;
         }
         for p in 0..n as usize {
-            if versions[p] == 0 {
+            let (slot, version) = (first + p as u64, versions[p]);
+            if version == 0 {
                 continue;
             }
-            store(
-                slab,
-                first + p as u64,
-                &data[p * len..(p + 1) * len],
-                versions[p],
-            )?;
+            if version >= CORRUPT {
+                // The copy is not trustworthy: decode the whole slab from the group instead.
+                return Err(RegenError::Source(format!(
+                    "copy source split {} failed its checksum at slot {slot}",
+                    c.split
+                )));
+            }
+            let split = &data[p * len..(p + 1) * len];
+            let crc = check.map_or(0, |range| {
+                integrity::split_crc(split, range, slot, req.target as usize, version)
+            });
+            store(slab, slot, split, version, crc)?;
             done += 1;
         }
         batch_done(node, n, n * len as u64);
@@ -358,8 +402,14 @@ fn copy_from(
 
 /// Stores a rebuilt or copied split through the version check (a newer split the client wrote
 /// meanwhile stays).
-fn store(slab: &super::Slab, slot: u64, data: &[u8], version: u64) -> Result<(), RegenError> {
-    match slab.write(slot * data.len() as u64, data, version) {
+fn store(
+    slab: &super::Slab,
+    slot: u64,
+    data: &[u8],
+    version: u64,
+    crc: u32,
+) -> Result<(), RegenError> {
+    match slab.store(slot * data.len() as u64, data, version, crc) {
         Ok(()) | Err(Status::Stale) => Ok(()),
         Err(st) => Err(RegenError::Invalid(format!("storing slot {slot}: {st}"))),
     }

@@ -15,7 +15,7 @@ use std::net::{Shutdown as NetShutdown, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::Node;
+use super::{Faults, Node};
 use crate::wire::{
     self, ClientId, Fault, FrameBuilder, Header, HelloReply, Op, ReplyEntry, Request, Status,
     WireError, HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
@@ -181,6 +181,7 @@ impl Connection {
                 f.refuse_alloc.store(false, Ordering::Relaxed);
                 node.simulated.total.store(0, Ordering::Relaxed);
                 node.simulated.available.store(u64::MAX, Ordering::Relaxed);
+                f.clear_corruption();
                 *f.stopped.lock() = false;
                 f.resumed.notify_all();
             }
@@ -195,6 +196,13 @@ impl Connection {
             Fault::Crash => std::process::exit(134),
             Fault::MemoryTotal(b) => node.simulated.total.store(b, Ordering::Relaxed),
             Fault::MemoryAvailable(b) => node.simulated.available.store(b, Ordering::Relaxed),
+            Fault::CorruptSlab(slab) => match node.corrupt_slab(slab) {
+                Ok(splits) => tracing::warn!(slab, splits, "corrupted stored splits"),
+                Err(st) => return st,
+            },
+            Fault::CorruptWrites(c) => f.corrupt_writes.store(c.encode(), Ordering::Relaxed),
+            Fault::CorruptReplies(c) => f.corrupt_replies.store(c.encode(), Ordering::Relaxed),
+            Fault::MisdirectReads(c) => f.misdirect_reads.store(c.encode(), Ordering::Relaxed),
         }
         Status::Ok
     }
@@ -264,6 +272,19 @@ impl Connection {
                 node.drain(start);
                 fb_ok(out).finish(out)?;
             }
+            Request::Corrupt(list) => match list.reports() {
+                Ok(reports) => {
+                    let accepted = node.report_corrupt(&client.expect("identified"), &reports);
+                    let fb = fb_ok(out);
+                    out.extend_from_slice(&accepted.to_le_bytes());
+                    fb.finish(out)?;
+                }
+                Err(e) => {
+                    // Refused as a whole, connection kept (see `wire::CorruptReport`).
+                    tracing::warn!(reason = %e, records = list.len(), "CORRUPT report refused");
+                    FrameBuilder::begin(out, h.op, true, Status::BadRequest, h.id).finish(out)?;
+                }
+            },
             Request::Regen(req) => {
                 let c = client.expect("identified");
                 let st = if req.client != c {
@@ -334,10 +355,13 @@ impl Connection {
                     let st = if e.len == 0 {
                         Status::BadRequest
                     } else {
-                        match node
-                            .slab(&c, e.slab)
-                            .and_then(|s| s.write(e.offset, d, e.version))
-                        {
+                        match node.slab(&c, e.slab).and_then(|s| {
+                            s.store(e.offset, d, e.version, e.crc)?;
+                            if Faults::hits(&node.faults.corrupt_writes, e.slab) {
+                                s.corrupt(e.offset)?;
+                            }
+                            Ok(())
+                        }) {
                             Ok(()) => Status::Ok,
                             Err(st) => st,
                         }
@@ -364,7 +388,7 @@ impl Connection {
                         node.slab(&c, e.slab)
                     };
                     let head = out.len();
-                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len, 0);
+                    ReplyEntry::put_read(out, e.cookie, Status::Ok, e.len, 0, 0);
                     let start = out.len();
                     // The reply must fit one frame: refuse entries that would overflow it.
                     let fits = start + len - frame_start - HEADER_LEN <= MAX_BODY;
@@ -373,17 +397,28 @@ impl Connection {
                             return Err(Status::BadRequest);
                         }
                         out.resize(start + len, 0);
-                        s.read(e.offset, &mut out[start..start + len])
+                        let data = &mut out[start..start + len];
+                        let f = &node.faults;
+                        let stamp = if Faults::hits(&f.misdirect_reads, e.slab) {
+                            s.read_misdirected(e.offset, data)?
+                        } else {
+                            s.load(e.offset, data)?
+                        };
+                        if Faults::hits(&f.corrupt_replies, e.slab) {
+                            super::flip_random_bit(data);
+                        }
+                        Ok(stamp)
                     });
                     match r {
-                        Ok(version) => {
-                            // The version field is the last 8 bytes of the entry header.
-                            out[start - 8..start].copy_from_slice(&version.to_le_bytes());
+                        Ok((version, crc)) => {
+                            // Version and crc are the last 12 bytes of the entry header.
+                            out[start - 12..start - 4].copy_from_slice(&version.to_le_bytes());
+                            out[start - 4..start].copy_from_slice(&crc.to_le_bytes());
                             bytes += len as u64;
                         }
                         Err(st) => {
                             out.truncate(head);
-                            ReplyEntry::put_read(out, e.cookie, st, 0, 0);
+                            ReplyEntry::put_read(out, e.cookie, st, 0, 0, 0);
                         }
                     }
                 }

@@ -5,7 +5,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
-use hydramem::wire::{ClientId, FrameBuilder, Header, Hello, Op, Status, HEADER_LEN};
+use hydramem::wire::{
+    ClientId, Entry, FrameBuilder, Header, Hello, Op, Reader, ReplyEntry, Status, HEADER_LEN,
+};
 
 /// The slab size most tests use.
 pub const SLAB: u64 = 1 << 20;
@@ -99,5 +101,77 @@ impl Raw {
         Hello { client, flags: 0 }.put(&mut b);
         let (h, _) = self.call(Op::Hello, &b);
         assert_eq!(h.status, Status::Ok);
+    }
+
+    /// Allocates a slab for splits of `split_len` bytes.
+    pub fn alloc(&mut self, split_len: u32) -> u32 {
+        let body = [&1u64.to_le_bytes()[..], &split_len.to_le_bytes()].concat();
+        let (h, body) = self.call(Op::Alloc, &body);
+        assert_eq!(h.status, Status::Ok);
+        u32::from_le_bytes(body.try_into().unwrap())
+    }
+
+    /// One WRITEV entry of `version` (checksum 0); returns its status.
+    pub fn write_split(&mut self, slab: u32, offset: u64, data: &[u8], version: u64) -> Status {
+        self.write_stamped(slab, offset, data, version, 0)
+    }
+
+    /// One WRITEV entry of `version` with checksum `crc`; returns its status.
+    pub fn write_stamped(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        data: &[u8],
+        version: u64,
+        crc: u32,
+    ) -> Status {
+        let mut b = 1u32.to_le_bytes().to_vec();
+        Entry {
+            slab,
+            len: data.len() as u32,
+            offset,
+            cookie: 5,
+            version,
+            crc,
+        }
+        .put(&mut b);
+        b.extend_from_slice(data);
+        let (_, body) = self.call(Op::WriteV, &b);
+        let mut r = Reader::new(&body);
+        r.count().unwrap();
+        ReplyEntry::get_write(&mut r).unwrap().status
+    }
+
+    /// One READV entry; returns its status, data and the version the node stored.
+    pub fn read_split(&mut self, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>, u64) {
+        let (st, data, version, _) = self.read_stamped(slab, offset, len);
+        (st, data, version)
+    }
+
+    /// One READV entry; returns its status, data and the version and checksum the node stored.
+    pub fn read_stamped(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        len: u32,
+    ) -> (Status, Vec<u8>, u64, u32) {
+        let mut b = 1u32.to_le_bytes().to_vec();
+        Entry {
+            slab,
+            len,
+            offset,
+            cookie: 77,
+            version: 0,
+            crc: 0,
+        }
+        .put(&mut b);
+        let (h, body) = self.call(Op::ReadV, &b);
+        assert_eq!(h.status, Status::Ok);
+        let mut r = Reader::new(&body);
+        assert_eq!(r.count().unwrap(), 1);
+        let e = ReplyEntry::get_read(&mut r).unwrap();
+        assert_eq!(e.cookie, 77);
+        let data = r.bytes(e.len as usize).unwrap().to_vec();
+        (e.status, data, e.version, e.crc)
     }
 }
