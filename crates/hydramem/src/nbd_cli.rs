@@ -47,10 +47,23 @@ pub struct NbdArgs {
     /// up to this many (1 runs them in order).
     #[arg(long, env = "HYDRAMEM_WORKERS", default_value_t = 8)]
     workers: usize,
-    /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only), repN or
-    /// single, as `bench --schemes` takes them.
+    /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
+    /// corruption detection, -cor for correction), repN or single, as `bench --schemes`
+    /// takes them.
     #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
     scheme: String,
+    /// Turn off the per-split CRC32C checksums (on by default: a split corrupted on a node or
+    /// on the wire is then read around, never returned).
+    #[arg(long, env = "HYDRAMEM_NO_CHECKSUMS")]
+    no_checksums: bool,
+    /// Share of corrupted splits from one node above which reads involving it start with
+    /// every split they may need (the paper's ErrorCorrectionLimit).
+    #[arg(long, env = "HYDRAMEM_ERROR_CORRECTION_LIMIT", default_value_t = 0.001)]
+    error_correction_limit: f64,
+    /// Share of corrupted splits from one node above which the client moves its slabs off
+    /// that node and avoids it until it restarts (the paper's SlabRegenerationLimit).
+    #[arg(long, env = "HYDRAMEM_SLAB_REGENERATION_LIMIT", default_value_t = 0.01)]
+    slab_regeneration_limit: f64,
     /// Microseconds a waiting thread polls before it sleeps.
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
@@ -81,6 +94,22 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
     let mut config = ClientConfig::new(scheme, size);
     config.poll = Duration::from_micros(a.poll_us);
     config.op_timeout = Duration::from_secs_f64(a.op_timeout);
+    config.checksums = !a.no_checksums;
+    for (name, v) in [
+        ("--error-correction-limit", a.error_correction_limit),
+        ("--slab-regeneration-limit", a.slab_regeneration_limit),
+    ] {
+        if !(0.0..=1.0).contains(&v) {
+            bail!("{name} {v} is not a share between 0 and 1 (e.g. 0.01 for 1 % of splits)");
+        }
+    }
+    config.error_correction_limit = a.error_correction_limit;
+    config.slab_regeneration_limit = a.slab_regeneration_limit;
+    let label = if config.checksums {
+        format!("{} with checksums", scheme.label())
+    } else {
+        scheme.label()
+    };
     let keep = a.client_id.is_some();
     if let Some(id) = &a.client_id {
         config.client_id =
@@ -114,7 +143,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
         name: a.name.clone(),
         description: format!(
             "hydramem {} over {} memory nodes",
-            scheme.label(),
+            label,
             cluster.nodes.len()
         ),
         workers: a.workers,
@@ -123,7 +152,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
         "serving NBD export {:?}: {} as {} on {} memory nodes, at {}",
         a.name,
         human(size),
-        scheme.label(),
+        label,
         cluster.nodes.len(),
         uri
     );
