@@ -44,8 +44,10 @@ pub struct NbdArgs {
     #[arg(long, env = "HYDRAMEM_NAME", default_value = "hydramem")]
     name: String,
     /// Worker threads per connection: requests in flight on one connection run concurrently
-    /// up to this many (1 runs them in order).
-    #[arg(long, env = "HYDRAMEM_WORKERS", default_value_t = 8)]
+    /// up to this many (1 runs them in order). 16 covers a client at queue depth 16; with 8,
+    /// hydra 8+2 served fio's depth-16 4 KiB reads 22 % and writes 25 % slower
+    /// (docs/benchmarks.md §8).
+    #[arg(long, env = "HYDRAMEM_WORKERS", default_value_t = 16)]
     workers: usize,
     /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
     /// corruption detection, -cor for correction), repN or single, as `bench --schemes`
