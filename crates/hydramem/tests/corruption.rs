@@ -180,13 +180,21 @@ fn regeneration_decodes_around_a_corrupted_source() {
     let (mut c, mem) = setup(true);
     let g = mem.group_of(0).unwrap();
     // Split 2 rots at rest, then the node of split 0 dies: its replacement is rebuilt from
-    // the other nine, and the rotten split must not be one of the eight it decodes from.
+    // the other nine, the rotten split must not be one of the eight it decodes from, and the
+    // rotten node hears about it.
     c.inject(g.nodes[2] as usize, Fault::CorruptSlab(g.slabs[2]))
         .unwrap();
     c.kill(g.nodes[0] as usize).unwrap();
     common::wait_regenerated(&mem, 1);
     let replacement = mem.group_of(0).unwrap().nodes[0] as usize;
     assert_ne!(replacement, g.nodes[0] as usize);
+    // The regenerating node told the rotten source what it found.
+    let rotten = hydramem::status::fetch(
+        c.cluster().nodes[g.nodes[2] as usize].addr,
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
+    assert!(rotten.corrupt_reported > 0, "{rotten:?}");
     c.inject(g.nodes[2] as usize, Fault::StopAnswering).unwrap();
     let (exact, wrong, errors) = read_all(&mem);
     assert_eq!((exact, wrong), (PAGES, 0), "{errors:?}");

@@ -49,6 +49,8 @@ struct Source {
     split: usize,
     slab: u32,
     stream: TcpStream,
+    /// Splits it returned that failed their checksum, reported to it at the end.
+    corrupt: u32,
 }
 
 impl Source {
@@ -77,6 +79,7 @@ impl Source {
             split: s.split as usize,
             slab: s.slab,
             stream,
+            corrupt: 0,
         })
     }
 
@@ -148,6 +151,7 @@ impl Source {
                     if !integrity::verify(data, e.crc, range, slot, self.split, e.version) =>
                 {
                     metrics::counter!("hydramem_node_regen_corrupt_splits_total").increment(1);
+                    self.corrupt += 1;
                     tracing::warn!(
                         split = self.split,
                         slot,
@@ -340,7 +344,29 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
         batch_done(node, n, n * len as u64 * k as u64);
         first += n;
     }
+    report_corrupt(&mut sources);
     Ok(done)
+}
+
+/// Tells every source that returned splits failing their checksum how many, as the client
+/// does after its reads (CORRUPT, on the source's connection, which speaks for the client), so
+/// that the source's status and metrics count corruption found by regeneration too. Best
+/// effort: a report that fails is logged, the regeneration stands.
+fn report_corrupt(sources: &mut [Source]) {
+    for s in sources.iter_mut().filter(|s| s.corrupt > 0) {
+        let mut body = Vec::new();
+        wire::put_corrupt(
+            &mut body,
+            &[wire::CorruptReport {
+                slab: s.slab,
+                splits: s.corrupt,
+                cause: wire::CorruptCause::Checksum,
+            }],
+        );
+        if let Err(e) = crate::status::request(&mut s.stream, Op::Corrupt, &body) {
+            tracing::warn!(split = s.split, error = %e, "could not report corrupted splits to a regeneration source");
+        }
+    }
 }
 
 /// Pages per batch so that a reply of `len`-byte splits stays well inside one frame.
