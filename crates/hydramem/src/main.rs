@@ -295,9 +295,11 @@ fn main() {
     };
     let filter = tracing_subscriber::EnvFilter::try_new(log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only for a terminal: logs sent to a file or a journal stay plain text.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     if let Some(m) = &cli.metrics {
         if let Err(e) = install_metrics(m) {
