@@ -1960,11 +1960,6 @@ impl RemoteMemory {
             .expect("only coded reads check codewords");
         let target = (l.k + 2 * l.delta() + 1).min(l.width);
         let version = first.version;
-        let same = |op: &slots::Op<'_>, landed: u32| {
-            (0..l.width)
-                .filter(|&j| landed & (1 << j) != 0 && op.version_of(j) == version)
-                .count()
-        };
         op.reopen();
         {
             let op: &slots::Op<'_> = op;
@@ -1972,7 +1967,7 @@ impl RemoteMemory {
             // those splits again (a reply that still comes lands once, first claim wins).
             post_more(op, 0, first.before.outstanding());
             self.wait(op, first.start, |p| {
-                let got = same(op, p.landed);
+                let got = op.of_version(p.landed, l.width, version).count_ones() as usize;
                 if got >= target {
                     return Some(());
                 }
@@ -1992,9 +1987,7 @@ impl RemoteMemory {
         if fresh_corrupt != 0 {
             self.count_corrupt(op, fresh_corrupt, first.addr, wire::CorruptCause::Checksum);
         }
-        let mask = (0..l.width)
-            .filter(|&j| p.landed & (1 << j) != 0 && op.version_of(j) == version)
-            .fold(0u32, |m, j| m | 1 << j);
+        let mask = op.of_version(p.landed, l.width, version);
         let newer = (0..l.width).any(|j| p.landed & (1 << j) != 0 && op.version_of(j) > version);
         let s = l.split_len;
         let outcome = {

@@ -377,6 +377,13 @@ impl Op<'_> {
         self.slot().versions[j].load(SeqCst)
     }
 
+    /// The splits among `landed` (of the first `width`) that carry version `v`.
+    pub fn of_version(&self, landed: u32, width: usize, v: u64) -> u32 {
+        (0..width)
+            .filter(|&i| landed & (1 << i) != 0 && self.version_of(i) == v)
+            .fold(0, |m, i| m | 1 << i)
+    }
+
     /// Among the landed splits, the newest version that `need` of them share, with the mask of
     /// its splits; otherwise `None` and the size of the largest same-version set.
     pub fn consistent(&self, landed: u32, width: usize, need: usize) -> Result<(u64, u32), usize> {
@@ -387,12 +394,7 @@ impl Op<'_> {
                 continue;
             }
             let v = self.version_of(j);
-            let mut mask = 0u32;
-            for i in 0..width {
-                if landed & (1 << i) != 0 && self.version_of(i) == v {
-                    mask |= 1 << i;
-                }
-            }
+            let mask = self.of_version(landed, width, v);
             let n = mask.count_ones() as usize;
             largest = largest.max(n);
             if n >= need && best.is_none_or(|(bv, _)| v > bv) {
