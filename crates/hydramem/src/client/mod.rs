@@ -873,17 +873,12 @@ impl RemoteMemory {
                 .unwrap_or_default(),
             Err(_) => Vec::new(),
         };
-        let w = self.layout.width;
-        let mut lost = Vec::new();
-        for range in self.ranges.iter() {
-            if let Some(g) = range.load().as_ref() {
-                for j in 0..w {
-                    if g.nodes[j] == node && !held.contains(&g.slabs[j]) {
-                        lost.push((node, g.slabs[j]));
-                    }
-                }
-            }
-        }
+        let lost: Vec<(u16, u32)> = self
+            .splits_on(node)
+            .into_iter()
+            .filter(|(_, _, slab)| !held.contains(slab))
+            .map(|(_, _, slab)| (node, slab))
+            .collect();
         tracing::warn!(
             node,
             splits = lost.len(),
@@ -1920,25 +1915,30 @@ impl RemoteMemory {
 
     /// Moves every split of ours off `node` (see [`Self::check_health`]).
     fn evacuate(&self, node: u16) {
-        for range in 0..self.ranges.len() {
-            let Some(g) = self.ranges[range].load_full() else {
-                continue;
-            };
-            for j in 0..self.layout.width {
-                if g.nodes[j] != node {
-                    continue;
+        for (range, j, _) in self.splits_on(node) {
+            match self.remap(range, j, node, MoveReason::Corrupt) {
+                Ok(_) => {
+                    self.stats.evacuated.fetch_add(1, Ordering::Relaxed);
                 }
-                match self.remap(range, j, node, MoveReason::Corrupt) {
-                    Ok(_) => {
-                        self.stats.evacuated.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        tracing::debug!(range, split = j, error = %e, "cannot move a split off a corrupting node yet");
-                        return;
-                    }
+                Err(e) => {
+                    tracing::debug!(range, split = j, error = %e, "cannot move a split off a corrupting node yet");
+                    return;
                 }
             }
         }
+    }
+
+    /// Every split of ours on `node` now: (range, split, slab).
+    fn splits_on(&self, node: u16) -> Vec<(usize, usize, u32)> {
+        let mut out = Vec::new();
+        for (range, g) in self.ranges.iter().enumerate() {
+            if let Some(g) = g.load().as_ref() {
+                for j in (0..self.layout.width).filter(|&j| g.nodes[j] == node) {
+                    out.push((range, j, g.slabs[j]));
+                }
+            }
+        }
+        out
     }
 
     /// A read whose first k + Δ splits disagree (paper 4.1.2): asks Δ + 1 more (up to
