@@ -20,11 +20,7 @@ kill -KILL "$nbd_pid"
 wait "$nbd_pid" 2>/dev/null || true
 nbd_pid=""
 [ -S "$SOCK" ] || { echo "FAIL: expected the killed server to leave its socket file"; exit 1; }
-"$BIN" nbd --cluster "$dir/cluster.toml" --size 32MiB --socket "$SOCK" --client-id "$id" \
-  --log warn >"$dir/nbd2.out" 2>"$dir/nbd2.err" &
-nbd_pid=$!
-for _ in $(seq 100); do grep -q '^serving' "$dir/nbd2.out" 2>/dev/null && break; sleep 0.1; done
-grep -q '^serving' "$dir/nbd2.out" || { echo "FAIL: restart failed"; cat "$dir/nbd2.err"; exit 1; }
+serve_again 32MiB --client-id "$id"
 "${NBDSH[@]}" -u "$URI" -c '
 b = open("'"$dir"'/expect", "rb").read()
 for i in range(0, len(b), 15):

@@ -30,6 +30,7 @@ pub mod integrity;
 pub mod nbd;
 pub mod node;
 pub mod placement;
+pub mod release;
 pub mod shutdown;
 pub mod sim;
 pub mod status;

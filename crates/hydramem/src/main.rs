@@ -67,6 +67,23 @@ enum Cmd {
     /// Placement simulator: probability of data loss and load balance of CodingSets, EC-Cache
     /// and power of two choices (paper Figures 15 and 16).
     Sim(sim_cli::SimArgs),
+    /// Release everything one client identity holds on the cluster (what `nbd --client-id`
+    /// keeps after it stops). Stop the client using the identity first.
+    Free(FreeArgs),
+}
+
+#[derive(clap::Args)]
+struct FreeArgs {
+    /// The cluster file.
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
+    cluster: PathBuf,
+    /// The identity whose memory is released (32 hex digits, as given to `nbd --client-id`).
+    #[arg(long, env = "HYDRAMEM_CLIENT_ID")]
+    client_id: String,
 }
 
 #[derive(clap::Args)]
@@ -208,7 +225,9 @@ struct StatusArgs {
 
 /// Subcommands whose options a `--config` file may set (`sim` has sub-subcommands and takes
 /// its options on the command line only).
-const SUBCOMMANDS: [&str; 7] = ["node", "up", "status", "bench", "demo", "soak", "nbd"];
+const SUBCOMMANDS: [&str; 8] = [
+    "node", "up", "status", "bench", "demo", "soak", "nbd", "free",
+];
 
 /// The command line with the config file's settings for the subcommand inserted right after
 /// it, only for options given neither as a flag nor in the environment (both beat the file).
@@ -316,6 +335,7 @@ fn main() {
         Cmd::Soak(a) => soak::run(a),
         Cmd::Nbd(a) => stop_flag().and_then(|stop| nbd_cli::run(a, stop)),
         Cmd::Sim(a) => sim_cli::run(a),
+        Cmd::Free(a) => run_free(a),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -534,6 +554,40 @@ fn run_up(a: UpArgs, log: &str) -> Result<()> {
         bail!("memory node {i} exited on its own ({st}); stopped the others");
     }
     println!("stopped {} memory nodes", a.nodes);
+    Ok(())
+}
+
+fn run_free(a: FreeArgs) -> Result<()> {
+    let cluster = Cluster::load(&a.cluster)?;
+    let id = hydramem::wire::ClientId::from_hex(&a.client_id)
+        .map_err(|e| anyhow::anyhow!("--client-id {:?}: {e}", a.client_id))?;
+    let nodes = hydramem::release::release(&cluster, id, Duration::from_secs(5));
+    let (mut slabs, mut failed) = (0u64, Vec::new());
+    for n in &nodes {
+        match &n.result {
+            Ok(k) => {
+                slabs += k;
+                println!("node {:>3}  {:<21}  {k} slabs released", n.id, n.addr);
+            }
+            Err(e) => {
+                println!("node {:>3}  {:<21}  not released: {e}", n.id, n.addr);
+                failed.push(n.id.to_string());
+            }
+        }
+    }
+    println!(
+        "released {slabs} slabs ({}) of identity {:08x} on {} of {} nodes",
+        hydramem::units::human(slabs * cluster.slab_size),
+        id.fingerprint(),
+        nodes.len() - failed.len(),
+        nodes.len()
+    );
+    if !failed.is_empty() {
+        bail!(
+            "node(s) {} could not be asked; a node that restarts holds nothing, but one that was only unreachable keeps this identity's slabs: run `hydramem free` again once it answers",
+            failed.join(", ")
+        );
+    }
     Ok(())
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use hydramem::bench::fill_page;
 use hydramem::client::{ClientConfig, ClientError, IoError, Mode, RemoteMemory, Resilience};
+use hydramem::wire::ClientId;
 use hydramem::PAGE_SIZE;
 use rand::{Rng, SeedableRng};
 
@@ -249,6 +250,60 @@ fn a_client_that_reconnects_reads_its_data() {
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("connected with a mismatched layout"),
     }
+}
+
+#[test]
+fn an_identity_is_not_reconnected_smaller_than_its_data_and_can_be_released() {
+    let c = common::cluster(4, SLAB, 16);
+    let s = Resilience::Replication { copies: 2 };
+    let cfg = |size: u64, id| {
+        let mut cfg = ClientConfig::new(s, size);
+        cfg.client_id = id;
+        cfg
+    };
+    let (mine, theirs) = (ClientId::random(), ClientId::random());
+    let range = {
+        let mem = RemoteMemory::connect(c.cluster(), cfg(3 * SLAB, mine)).unwrap();
+        let range = mem.layout().range_bytes();
+        for r in 0..3 {
+            mem.write_page(r * range, &[r as u8 + 1; PAGE_SIZE])
+                .unwrap();
+        }
+        range
+    };
+    let other = RemoteMemory::connect(c.cluster(), cfg(SLAB, theirs)).unwrap();
+    other.write_page(0, &[9u8; PAGE_SIZE]).unwrap();
+    // Smaller than the data: refused, naming the highest range held, and nothing is lost.
+    match RemoteMemory::connect(c.cluster(), cfg(range, mine)) {
+        Err(e @ ClientError::SmallerThanHeld { .. }) => {
+            let ClientError::SmallerThanHeld {
+                range: r, start, ..
+            } = e
+            else {
+                unreachable!()
+            };
+            assert_eq!((r, start), (2, 2 * range));
+            assert!(e.to_string().contains("hydramem free"), "{e}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("connected smaller than the data it holds"),
+    }
+    let mem = RemoteMemory::connect(c.cluster(), cfg(2 * range + 1, mine)).unwrap();
+    let mut page = [0u8; PAGE_SIZE];
+    mem.read_page(2 * range, &mut page).unwrap();
+    assert_eq!(page, [3u8; PAGE_SIZE]);
+    drop(mem);
+    // Released: every slab of the identity (3 ranges × 2 copies), and only those.
+    let report = hydramem::release::release(c.cluster(), mine, Duration::from_secs(5));
+    let freed: u64 = report.iter().map(|n| n.result.clone().unwrap()).sum();
+    assert_eq!(freed, 6);
+    let again = hydramem::release::release(c.cluster(), mine, Duration::from_secs(5));
+    assert!(again.iter().all(|n| n.result == Ok(0)), "{again:?}");
+    let mem = RemoteMemory::connect(c.cluster(), cfg(range, mine)).unwrap();
+    mem.read_page(0, &mut page).unwrap();
+    assert_eq!(page, [0u8; PAGE_SIZE]);
+    other.read_page(0, &mut page).unwrap();
+    assert_eq!(page, [9u8; PAGE_SIZE]);
 }
 
 #[test]

@@ -82,6 +82,18 @@ start_export() {
   URI="nbd+unix:///hydramem?socket=$SOCK"
 }
 
+# serve_again SIZE [hydramem nbd options...]: starts the NBD server again on the nodes and the
+# socket of start_export (after the first one stopped), and waits until it serves.
+serve_again() {
+  local size=$1
+  shift
+  "$BIN" nbd --cluster "$dir/cluster.toml" --size "$size" --socket "$SOCK" --log warn "$@" \
+    >"$dir/nbd2.out" 2>"$dir/nbd2.err" &
+  nbd_pid=$!
+  for _ in $(seq 100); do grep -q '^serving' "$dir/nbd2.out" 2>/dev/null && break; sleep 0.1; done
+  grep -q '^serving' "$dir/nbd2.out" || { echo "FAIL: the server did not start again"; cat "$dir/nbd2.err"; exit 1; }
+}
+
 # stop_export: SIGTERM; the server must exit 0, release its memory and remove its socket.
 stop_export() {
   kill -TERM "$nbd_pid"

@@ -38,6 +38,7 @@ use rand::{Rng, SeedableRng};
 use crate::cluster::Cluster;
 use crate::integrity;
 use crate::placement::{NodeView, Placer};
+use crate::units::human;
 use crate::wire::{self, ClientId, Entry, Hello, Op, Status};
 use crate::PAGE_SIZE;
 use layout::MAX_WIDTH;
@@ -176,7 +177,7 @@ pub enum ClientError {
         file_slab: u64,
     },
     /// Existing slabs of this identity were written with other parameters.
-    #[error("this client identity already holds slabs written as layout {found:#06x} on node {node}, but it was started as {label} ({expected:#06x}); reconnect with the same k and r (or copies), or use a new identity")]
+    #[error("this client identity already holds slabs written as layout {found:#06x} on node {node}, but it was started as {label} ({expected:#06x}); reconnect with the same k and r (or copies), use a new identity, or release this one's memory first (hydramem free)")]
     LayoutMismatch {
         /// Node index.
         node: usize,
@@ -186,6 +187,17 @@ pub enum ClientError {
         expected: u16,
         /// This client's scheme.
         label: String,
+    },
+    /// Existing slabs of this identity lie beyond the size asked for: connecting would leave
+    /// them unreachable and their memory held on the nodes for good.
+    #[error("this client identity already holds data in address range {range}, which starts at {} (byte {start}), beyond the {} it was started with; reconnect with a size larger than {} to keep that data, or release this identity's memory first (hydramem free)", human(*start), human(*size), human(*start))]
+    SmallerThanHeld {
+        /// Size asked for.
+        size: u64,
+        /// First byte of the highest address range the identity holds.
+        start: u64,
+        /// That range's index.
+        range: u32,
     },
     /// Placement found no coding group.
     #[error("cannot place address range {range}: {source}")]
@@ -634,6 +646,7 @@ impl RemoteMemory {
         // Node loads (slab counts) and this identity's existing slabs.
         let mut loads = vec![0u64; addrs.len()];
         let mut found: HashMap<u32, Group> = HashMap::new();
+        let mut beyond: Option<u32> = None;
         for node in 0..addrs.len() as u16 {
             if !transport.is_up(node) {
                 continue;
@@ -655,7 +668,9 @@ impl RemoteMemory {
                         label: config.resilience.label(),
                     });
                 }
-                if (range as usize) < ranges.len() && (split as usize) < layout.width {
+                if range as usize >= ranges.len() {
+                    beyond = beyond.max(Some(range));
+                } else if (split as usize) < layout.width {
                     let g = found.entry(range).or_insert(Group {
                         nodes: [slots::NO_NODE; MAX_WIDTH],
                         slabs: [0; MAX_WIDTH],
@@ -665,6 +680,13 @@ impl RemoteMemory {
                     g.slabs[split as usize] = slab;
                 }
             }
+        }
+        if let Some(range) = beyond {
+            return Err(ClientError::SmallerThanHeld {
+                size: config.size,
+                start: range as u64 * layout.range_bytes(),
+                range,
+            });
         }
         let recovered = found.len();
         for (range, g) in found {

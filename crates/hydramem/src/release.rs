@@ -1,0 +1,63 @@
+//! Releasing everything one client identity holds on a cluster, without connecting as that
+//! client: no scheme or size is needed, only the identity.
+//!
+//! A client that keeps its identity (`hydramem nbd --client-id`) leaves its slabs on the
+//! nodes when it stops, so that the next client with that identity finds its data again. This
+//! is how an operator gives that memory back: each node is asked, on a connection of its own
+//! that says HELLO as the identity, for the identity's slabs (LIST), and each is freed (FREE).
+//! Slabs of other identities cannot be named on that connection, so nothing else is touched.
+//!
+//! Invariants: a node is reported released only when every slab it listed was freed; a node
+//! that cannot be reached is reported with the reason, and the others are still released (a
+//! node that restarts holds nothing of anyone, so a dead node's share is gone already, but a
+//! paused or partitioned one keeps it until this is run again). Releasing an identity that a
+//! client is still using destroys that client's data: stop the client first.
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::cluster::Cluster;
+use crate::status::request;
+use crate::wire::{self, ClientId, Hello, Op};
+
+/// What releasing did on one node.
+#[derive(Debug, Serialize)]
+pub struct NodeRelease {
+    /// Node id from the cluster file.
+    pub id: u32,
+    /// Its address.
+    pub addr: SocketAddr,
+    /// Slabs freed, or why the node could not be released.
+    pub result: Result<u64, String>,
+}
+
+/// Frees every slab `client` holds on every node of `cluster`, each node within `timeout`.
+pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<NodeRelease> {
+    cluster
+        .nodes
+        .iter()
+        .map(|n| NodeRelease {
+            id: n.id,
+            addr: n.addr,
+            result: release_on(n.addr, client, timeout),
+        })
+        .collect()
+}
+
+/// Frees the identity's slabs on the node at `addr`; returns how many.
+fn release_on(addr: SocketAddr, client: ClientId, timeout: Duration) -> Result<u64, String> {
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    let mut hello = Vec::new();
+    Hello { client, flags: 0 }.put(&mut hello);
+    request(&mut s, Op::Hello, &hello)?;
+    let list = wire::parse_list(&request(&mut s, Op::List, &[])?).map_err(|e| e.to_string())?;
+    for (slab, _) in &list {
+        request(&mut s, Op::Free, &slab.to_le_bytes())
+            .map_err(|e| format!("freeing slab {slab}: {e}"))?;
+    }
+    Ok(list.len() as u64)
+}
