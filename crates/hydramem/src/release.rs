@@ -13,13 +13,13 @@
 //! paused or partitioned one keeps it until this is run again). Releasing an identity that a
 //! client is still using destroys that client's data: stop the client first.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::cluster::Cluster;
-use crate::status::request;
+use crate::status::{open, request};
 use crate::wire::{self, ClientId, Hello, Op};
 
 /// What releasing did on one node.
@@ -48,12 +48,7 @@ pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<No
 
 /// Frees the identity's slabs on the node at `addr`; returns how many.
 fn release_on(addr: SocketAddr, client: ClientId, timeout: Duration) -> Result<u64, String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    let mut hello = Vec::new();
-    Hello { client, flags: 0 }.put(&mut hello);
-    request(&mut s, Op::Hello, &hello)?;
+    let mut s = open(addr, Some(Hello { client, flags: 0 }), timeout, timeout)?;
     let list = wire::parse_list(&request(&mut s, Op::List, &[])?).map_err(|e| e.to_string())?;
     for (slab, _) in &list {
         request(&mut s, Op::Free, &slab.to_le_bytes())

@@ -58,26 +58,38 @@ pub(crate) fn request(s: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>,
     Ok(b)
 }
 
+/// A connection of its own to the node at `addr`, for requests made one at a time with
+/// [`request`]: connected within `connect`, each reply awaited up to `reply`, and introduced
+/// with `hello` when given (admin requests such as FAULT and DRAIN need none).
+pub(crate) fn open(
+    addr: SocketAddr,
+    hello: Option<Hello>,
+    connect: Duration,
+    reply: Duration,
+) -> Result<TcpStream, String> {
+    let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
+    s.set_read_timeout(Some(reply)).map_err(|e| e.to_string())?;
+    if let Some(h) = hello {
+        let mut body = Vec::new();
+        h.put(&mut body);
+        request(&mut s, Op::Hello, &body)?;
+    }
+    Ok(s)
+}
+
 /// Fetches STATS from one node.
 pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
-    let mut hello = Vec::new();
-    Hello {
+    let observer = Hello {
         client: ClientId::default(),
         flags: wire::HELLO_OBSERVER,
-    }
-    .put(&mut hello);
-    request(&mut s, Op::Hello, &hello)?;
+    };
+    let mut s = open(addr, Some(observer), timeout, timeout)?;
     Stats::parse(&request(&mut s, Op::Stats, &[])?).map_err(|e| e.to_string())
 }
 
 /// Asks the node at `addr` to inject `fault` (refused unless it allows fault injection).
 pub fn inject(addr: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
+    let mut s = open(addr, None, timeout, timeout)?;
     let mut body = Vec::new();
     fault.put(&mut body);
     request(&mut s, Op::Fault, &body).map(|_| ())
@@ -85,9 +97,7 @@ pub fn inject(addr: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result
 
 /// Starts (`start`) or cancels draining the node at `addr` (DRAIN, an admin request).
 pub fn drain(addr: SocketAddr, start: bool, timeout: Duration) -> Result<(), String> {
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(timeout))
-        .map_err(|e| e.to_string())?;
+    let mut s = open(addr, None, timeout, timeout)?;
     request(&mut s, Op::Drain, &u32::from(start).to_le_bytes()).map(|_| ())
 }
 

@@ -539,17 +539,12 @@ pub struct RegenStats {
 /// Sends REGEN to the node holding the replacement slab on a connection of its own (the node
 /// answers when the slab is rebuilt) and returns the pages it rebuilt.
 fn send_regen(target: std::net::SocketAddr, req: &crate::wire::Regen) -> Result<u64, String> {
-    let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5))
-        .map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(Duration::from_secs(3600)))
-        .map_err(|e| e.to_string())?;
-    let mut hello = Vec::new();
-    Hello {
+    let hello = Hello {
         client: req.client,
         flags: 0,
-    }
-    .put(&mut hello);
-    crate::status::request(&mut s, Op::Hello, &hello)?;
+    };
+    let connect = Duration::from_secs(5);
+    let mut s = crate::status::open(target, Some(hello), connect, Duration::from_secs(3600))?;
     let mut body = Vec::new();
     req.put(&mut body);
     let reply = crate::status::request(&mut s, Op::Regen, &body)?;
