@@ -577,7 +577,7 @@ fn run_free(a: FreeArgs) -> Result<()> {
     }
     println!(
         "released {slabs} slabs ({}) of identity {:08x} on {} of {} nodes",
-        hydramem::units::human(slabs * cluster.slab_size),
+        human(slabs * cluster.slab_size),
         id.fingerprint(),
         nodes.len() - failed.len(),
         nodes.len()
