@@ -97,6 +97,15 @@ struct NodeArgs {
     /// Node id in the cluster file.
     #[arg(long, env = "HYDRAMEM_ID", default_value_t = 0)]
     id: u32,
+    /// The cluster file: the members this node may read from when a client asks it to
+    /// regenerate a slab (sources are named by node id and looked up here at every request,
+    /// so members added to the file are known without a restart).
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
+    cluster: PathBuf,
     /// Memory to donate: bytes (64G, 512MiB) or a share of this machine's memory (25%).
     #[arg(long, env = "HYDRAMEM_CAPACITY", default_value = "25%", value_parser = parse_size)]
     capacity: Size,
@@ -380,6 +389,7 @@ fn run_node(a: NodeArgs) -> Result<()> {
         capacity: a.capacity.bytes(),
         slab_size: a.slab_size.bytes(),
         allow_faults: a.allow_fault_injection,
+        membership: Some(a.cluster.clone()),
     };
     let node = Node::new(config)?;
     if a.allow_fault_injection {

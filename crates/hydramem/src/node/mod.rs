@@ -44,6 +44,10 @@ pub struct NodeConfig {
     pub slab_size: u64,
     /// Whether FAULT requests are obeyed (testing only; refused otherwise).
     pub allow_faults: bool,
+    /// The cluster file: the members this node may read from when it regenerates a slab
+    /// (REGEN names its sources by node id, never by address). Read at every REGEN, so a
+    /// member added to the file is known without a restart; `None`: REGEN is refused.
+    pub membership: Option<std::path::PathBuf>,
 }
 
 /// Faults injected into a running node by FAULT requests (see [`crate::wire::Fault`]).
@@ -773,6 +777,7 @@ mod tests {
             capacity: slabs * 65536,
             slab_size: 65536,
             allow_faults: false,
+            membership: None,
         })
         .unwrap()
     }
@@ -839,6 +844,7 @@ mod tests {
             capacity: 64 << 20,
             slab_size: 1 << 20,
             allow_faults: true,
+            membership: None,
         })
         .unwrap()
     }
@@ -965,6 +971,7 @@ mod tests {
                 capacity: 64 << 20,
                 slab_size: 1 << 20,
                 allow_faults: true,
+                membership: None,
             })
             .unwrap();
             let a = ClientId::random();
@@ -1116,6 +1123,7 @@ mod tests {
             capacity,
             slab_size,
             allow_faults: false,
+            membership: None,
         };
         assert!(Node::new(cfg(1 << 20, 1000)).is_err());
         assert!(Node::new(cfg(4096, 8192)).is_err());
