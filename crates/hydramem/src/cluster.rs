@@ -19,7 +19,8 @@
 //! CodingSets only keeps its copyset count low when every client forms the same extended groups
 //! from the same nodes with the same l.
 //!
-//! Invariants checked on load: at least one node, distinct ids and addresses, addresses that
+//! Invariants checked on load: at least one and at most [`MAX_NODES`] nodes, distinct ids and
+//! addresses, addresses that
 //! parse, a slab size that is a positive multiple of 4096, a known placement policy, and `l`
 //! given only for CodingSets.
 
@@ -30,6 +31,10 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::placement::{Policy, PolicyKind};
+
+/// Most nodes a cluster file may list: clients number nodes with 16 bits and keep the
+/// largest value to mean "no node".
+pub const MAX_NODES: usize = u16::MAX as usize;
 
 /// One memory node as the cluster file lists it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -128,6 +133,12 @@ impl Cluster {
         }
         if self.nodes.is_empty() {
             return Err("it lists no [[node]]; start nodes with `hydramem up` or add them".into());
+        }
+        if self.nodes.len() > MAX_NODES {
+            return Err(format!(
+                "it lists {} nodes; a cluster has at most {MAX_NODES}",
+                self.nodes.len()
+            ));
         }
         if let Some(PlacementConfig { policy, l: Some(l) }) = self.placement {
             if policy != PolicyKind::Codingsets {

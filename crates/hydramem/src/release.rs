@@ -50,7 +50,7 @@ pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<No
 fn release_on(addr: SocketAddr, client: ClientId, timeout: Duration) -> Result<u64, String> {
     let mut s = open(addr, Some(Hello { client, flags: 0 }), timeout, timeout)?;
     let list = wire::parse_list(&request(&mut s, Op::List, &[])?).map_err(|e| e.to_string())?;
-    for (slab, _) in &list {
+    for slab in list.iter().map(|l| l.slab) {
         request(&mut s, Op::Free, &slab.to_le_bytes())
             .map_err(|e| format!("freeing slab {slab}: {e}"))?;
     }

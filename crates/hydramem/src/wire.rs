@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 2; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 3; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -26,12 +26,13 @@
 //! |------|---------|------------------------------------------------|------------------------------------------------|
 //! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64 |
 //! | 0x02 | PING    | empty                                          | empty, or a notice (8 bytes, see [`Notice`])   |
-//! | 0x03 | ALLOC   | tag u64, split_len u32                         | slab u32                                       |
+//! | 0x03 | ALLOC   | tag u64, split_len u32 (1..=64 KiB)            | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
-//! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64)         |
+//! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64,         |
+//! |      |         |                                                | newest version u64) (see [`Listed`])           |
 //! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
-//! | 0x10 | WRITEV  | count u32, count × (entry (36), then len bytes | count u32, count × (cookie u64, status u32)    |
-//! |      |         | of data)                                       |                                                |
+//! | 0x10 | WRITEV  | count u32, count × (entry (36), then len bytes | count u32, count × (cookie u64, status u32,    |
+//! |      |         | of data)                                       | version u64: the version stored now)           |
 //! | 0x11 | READV   | count u32, count × entry (36)                  | count u32, count × (cookie u64, status u32,    |
 //! |      |         |                                                | len u32, version u64, crc u32, then len bytes  |
 //! |      |         |                                                | of data)                                       |
@@ -67,7 +68,15 @@
 //! is one whole split at a multiple of it. Next to each split the node keeps the version of the
 //! page it belongs to (0 = never written). A WRITEV entry is applied only if its version is
 //! newer than the stored one; an equal version is acknowledged without rewriting (a repeated
-//! write), an older one is refused with [`Status::Stale`] and changes nothing. A READV reply
+//! write), an older one is refused with [`Status::Stale`] and changes nothing. Every WRITEV
+//! reply entry carries the version stored for the split after the request (the newer one that
+//! refused it, for `Stale`), so that a client whose clock is behind what the node holds can
+//! move past it and write again: a `Stale` entry is never an acknowledgement. Valid versions
+//! are `1..=`[`MAX_VERSION`]; an entry with another version is refused with
+//! [`Status::BadRequest`] (so no peer can pin a split at a version no later write can pass,
+//! and versions never collide with the markers a regenerating node uses). LIST returns the
+//! newest version held in each slab, from which a client that reattaches to its identity
+//! seeds its version clock. A READV reply
 //! returns each split with its stored version, so that a client never combines splits of
 //! different writes of a page (docs/architecture.md, "Versions").
 //! Entries and their data are interleaved in both directions so that a sender can append one
@@ -99,7 +108,7 @@ use std::fmt;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -109,6 +118,14 @@ pub const MAX_BODY: usize = 4 << 20;
 pub const MAX_ENTRIES: usize = 8192;
 /// Length of one vectored entry on the wire.
 pub const ENTRY_LEN: usize = 36;
+/// The largest valid split version (versions are `1..=MAX_VERSION`; 0 means never written).
+/// Wall-clock nanoseconds stay below it until the year 2262.
+pub const MAX_VERSION: u64 = (1 << 63) - 1;
+/// The longest split a slab may hold (ALLOC refuses more): far above any scheme's split (at
+/// most a 4096-byte page), far below what one reply frame carries.
+pub const MAX_SPLIT_LEN: u32 = 64 << 10;
+/// Length of a WRITEV reply entry: cookie u64, status u32, stored version u64.
+pub const WRITE_REPLY_LEN: usize = 20;
 /// Bit set in the op byte of replies.
 const REPLY_BIT: u8 = 0x80;
 
@@ -1033,27 +1050,52 @@ impl<'a> CorruptList<'a> {
     }
 }
 
-/// Parses a LIST reply body into (slab, tag) pairs.
-pub fn parse_list(body: &[u8]) -> Result<Vec<(u32, u64)>, WireError> {
+/// One slab in a LIST reply.
+///
+/// | size | field |
+/// |------|-------|
+/// | 4    | slab id |
+/// | 8    | tag given at ALLOC |
+/// | 8    | the newest version stored in any split of the slab (0: none written) |
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Listed {
+    /// The slab id.
+    pub slab: u32,
+    /// The tag given at ALLOC.
+    pub tag: u64,
+    /// The newest version stored in the slab (0 when nothing was written).
+    pub newest: u64,
+}
+
+/// Length of one [`Listed`] record.
+const LISTED_LEN: usize = 20;
+
+/// Parses a LIST reply body.
+pub fn parse_list(body: &[u8]) -> Result<Vec<Listed>, WireError> {
     let mut r = Reader::new(body);
     let n = r.u32()? as usize;
-    if n > r.remaining() / 12 {
+    if n > r.remaining() / LISTED_LEN {
         return Err(WireError::Invalid("slab count exceeds the body"));
     }
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        v.push((r.u32()?, r.u64()?));
+        v.push(Listed {
+            slab: r.u32()?,
+            tag: r.u64()?,
+            newest: r.u64()?,
+        });
     }
     r.end()?;
     Ok(v)
 }
 
 /// Appends a LIST reply body.
-pub fn put_list(out: &mut Vec<u8>, slabs: &[(u32, u64)]) {
+pub fn put_list(out: &mut Vec<u8>, slabs: &[Listed]) {
     out.extend_from_slice(&(slabs.len() as u32).to_le_bytes());
-    for (slab, tag) in slabs {
-        out.extend_from_slice(&slab.to_le_bytes());
-        out.extend_from_slice(&tag.to_le_bytes());
+    for l in slabs {
+        out.extend_from_slice(&l.slab.to_le_bytes());
+        out.extend_from_slice(&l.tag.to_le_bytes());
+        out.extend_from_slice(&l.newest.to_le_bytes());
     }
 }
 
@@ -1069,17 +1111,20 @@ pub struct ReplyEntry {
     pub status: Status,
     /// Data bytes that follow (READV only).
     pub len: u32,
-    /// Version stored with the split (READV only).
+    /// Version stored with the split: READV, the version of the data; WRITEV, the version
+    /// stored after the write (the newer one that refused it, for [`Status::Stale`]).
     pub version: u64,
     /// Checksum stored with the split (READV only).
     pub crc: u32,
 }
 
 impl ReplyEntry {
-    /// Appends a WRITEV reply entry (12 bytes).
-    pub fn put_write(out: &mut Vec<u8>, cookie: u64, status: Status) {
+    /// Appends a WRITEV reply entry ([`WRITE_REPLY_LEN`] bytes): the cookie, the outcome and
+    /// the version stored for the split now (0 when the entry named no split it could read).
+    pub fn put_write(out: &mut Vec<u8>, cookie: u64, status: Status, stored: u64) {
         out.extend_from_slice(&cookie.to_le_bytes());
         out.extend_from_slice(&(status as u32).to_le_bytes());
+        out.extend_from_slice(&stored.to_le_bytes());
     }
     /// Parses a WRITEV reply entry.
     pub fn get_write(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
@@ -1087,7 +1132,7 @@ impl ReplyEntry {
             cookie: r.u64()?,
             status: Status::from_u32(r.u32()?)?,
             len: 0,
-            version: 0,
+            version: r.u64()?,
             crc: 0,
         })
     }
@@ -1107,6 +1152,23 @@ impl ReplyEntry {
         out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&crc.to_le_bytes());
     }
+    /// Appends a successful READV reply entry of `len` data bytes, zeroed, and returns them
+    /// for the caller to fill in place (one copy from the slab into the reply); its version
+    /// and checksum are set afterwards with [`ReplyEntry::stamp_read`].
+    pub fn begin_read(out: &mut Vec<u8>, cookie: u64, len: u32) -> &mut [u8] {
+        ReplyEntry::put_read(out, cookie, Status::Ok, len, 0, 0);
+        let start = out.len();
+        out.resize(start + len as usize, 0);
+        &mut out[start..]
+    }
+
+    /// Sets version and checksum of the READV reply entry that `entry` starts with (as
+    /// appended by [`ReplyEntry::begin_read`]).
+    pub fn stamp_read(entry: &mut [u8], version: u64, crc: u32) {
+        entry[16..24].copy_from_slice(&version.to_le_bytes());
+        entry[24..28].copy_from_slice(&crc.to_le_bytes());
+    }
+
     /// Parses a READV reply entry header; the data follows in the reader.
     pub fn get_read(r: &mut Reader<'_>) -> Result<ReplyEntry, WireError> {
         let e = ReplyEntry {
@@ -1125,8 +1187,8 @@ impl ReplyEntry {
 
 /// Parses the body of a WRITEV or READV reply with status OK, calling
 /// `f(cookie, status, version, crc, data)` for every entry in order (`data` is empty for
-/// writes and for failed reads; version and crc are 0 for writes). Stops at the first
-/// malformed entry; entries before it have been delivered.
+/// writes and for failed reads; for writes `version` is the version stored now and crc is 0).
+/// Stops at the first malformed entry; entries before it have been delivered.
 pub fn parse_vectored_reply<'a>(
     h: &Header,
     body: &'a [u8],
@@ -1144,7 +1206,7 @@ pub fn parse_vectored_reply<'a>(
         Op::WriteV => {
             for _ in 0..n {
                 let e = ReplyEntry::get_write(&mut r)?;
-                f(e.cookie, e.status, 0, 0, &[]);
+                f(e.cookie, e.status, e.version, 0, &[]);
             }
         }
         Op::ReadV => {
@@ -1174,9 +1236,14 @@ pub struct RegenSource {
     pub copy: bool,
     /// Its slab on that node.
     pub slab: u32,
-    /// The node.
-    pub addr: std::net::SocketAddr,
+    /// The node, by its id in the cluster file; the regenerating node looks its address up in
+    /// its own copy of the membership and never connects anywhere a request names.
+    pub node: u32,
 }
+
+/// Most splits a coding group has (k + r, or the copies of a replicated page): REGEN names at
+/// most this many sources.
+pub const MAX_GROUP: usize = 32;
 
 /// REGEN request: rebuild split `target` of a coding group into the caller's slab `slab` on
 /// this node, reading the surviving splits from their nodes with the caller's identity
@@ -1193,7 +1260,10 @@ pub struct RegenSource {
 /// | 4    | target slab on this node |
 /// | 8    | pages (split slots) to rebuild |
 /// | 8    | the address range of the group, which checksums bind |
-/// | 4    | count of sources, then count × (split u8, flags u8 (bit 0: copy source), addr length u16, slab u32, addr as UTF-8 "ip:port") |
+/// | 4    | count of sources (at most k + r, at most [`MAX_GROUP`]), then count × (split u8, flags u8 (bit 0: copy source), reserved u16 = 0, slab u32, node id u32) |
+///
+/// k ≥ 1, k + r ≤ [`MAX_GROUP`], target < k + r and every source's split < k + r, or the body
+/// is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Regen {
     /// The owner of the slabs.
@@ -1229,11 +1299,9 @@ impl Regen {
         out.extend_from_slice(&self.range.to_le_bytes());
         out.extend_from_slice(&(self.sources.len() as u32).to_le_bytes());
         for s in &self.sources {
-            let a = s.addr.to_string();
-            out.extend_from_slice(&[s.split, s.copy as u8]);
-            out.extend_from_slice(&(a.len() as u16).to_le_bytes());
+            out.extend_from_slice(&[s.split, s.copy as u8, 0, 0]);
             out.extend_from_slice(&s.slab.to_le_bytes());
-            out.extend_from_slice(a.as_bytes());
+            out.extend_from_slice(&s.node.to_le_bytes());
         }
     }
 
@@ -1251,27 +1319,32 @@ impl Regen {
         let slab = r.u32()?;
         let pages = r.u64()?;
         let range = r.u64()?;
+        let width = k as usize + rr as usize;
+        if k == 0 || width > MAX_GROUP || target as usize >= width {
+            return Err(WireError::Invalid(
+                "REGEN needs k >= 1, k + r <= 32 and a target split inside the group",
+            ));
+        }
         let n = r.u32()? as usize;
-        if n > 64 {
-            return Err(WireError::Invalid("REGEN names more than 64 sources"));
+        if n > width {
+            return Err(WireError::Invalid("REGEN names more sources than k + r"));
         }
         let mut sources = Vec::with_capacity(n);
         for _ in 0..n {
             let b = r.bytes(4)?;
-            let len = u16::from_le_bytes([b[2], b[3]]) as usize;
-            let slab = r.u32()?;
-            let addr = std::str::from_utf8(r.bytes(len)?)
-                .ok()
-                .and_then(|a| a.parse().ok())
-                .ok_or(WireError::Invalid("REGEN source address is not ip:port"))?;
-            if b[1] > 1 {
+            if b[1] > 1 || b[2] != 0 || b[3] != 0 {
                 return Err(WireError::Invalid("REGEN source has unknown flags"));
+            }
+            if b[0] as usize >= width {
+                return Err(WireError::Invalid(
+                    "REGEN source names a split outside the group",
+                ));
             }
             sources.push(RegenSource {
                 split: b[0],
                 copy: b[1] == 1,
-                slab,
-                addr,
+                slab: r.u32()?,
+                node: r.u32()?,
             });
         }
         r.end()?;
@@ -1629,7 +1702,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 2);
+        assert_eq!(b[4], 3);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
@@ -1718,6 +1791,31 @@ mod tests {
         assert_eq!(&out[24..28], &[9, 8, 7, 6]);
         let got = ReplyEntry::get_read(&mut Reader::new(&out)).unwrap();
         assert_eq!((got.version, got.crc), (5, 0x0607_0809));
+        // A WRITEV reply entry carries the version stored now, the newer one when Stale.
+        let mut out = Vec::new();
+        ReplyEntry::put_write(&mut out, 4, Status::Stale, 0x0102_0304_0506_0708);
+        assert_eq!(out.len(), WRITE_REPLY_LEN);
+        assert_eq!((out[0], out[8], out[12], out[19]), (4, 8, 8, 1));
+        let got = ReplyEntry::get_write(&mut Reader::new(&out)).unwrap();
+        assert_eq!(
+            (got.status, got.version),
+            (Status::Stale, 0x0102_0304_0506_0708)
+        );
+    }
+
+    #[test]
+    fn list_records_carry_the_newest_version_per_the_table() {
+        let l = Listed {
+            slab: 7,
+            tag: 0x11,
+            newest: 0x99,
+        };
+        let mut out = Vec::new();
+        put_list(&mut out, &[l, l]);
+        assert_eq!(out.len(), 4 + 2 * LISTED_LEN);
+        assert_eq!((out[0], out[4], out[8], out[16]), (2, 7, 0x11, 0x99));
+        assert_eq!(parse_list(&out).unwrap(), vec![l, l]);
+        assert!(parse_list(&out[..out.len() - 1]).is_err());
     }
 
     #[test]
@@ -1981,12 +2079,31 @@ mod tests {
                 split: 1,
                 copy: true,
                 slab: 3,
-                addr: "127.0.0.1:9".parse().unwrap(),
+                node: 4,
             }],
         };
         let mut out = Vec::new();
         req.put(&mut out);
         assert_eq!(Regen::parse(&out).unwrap(), req);
+        // At most k + r sources, each inside the group, and a group of at most 32.
+        let mut more = req.clone();
+        more.sources = vec![more.sources[0].clone(); 3];
+        let mut body = Vec::new();
+        more.put(&mut body);
+        assert!(Regen::parse(&body).is_err(), "3 sources for k + r = 2");
+        more.sources.truncate(1);
+        more.sources[0].split = 2;
+        body.clear();
+        more.put(&mut body);
+        assert!(
+            Regen::parse(&body).is_err(),
+            "source split outside the group"
+        );
+        let mut wide = req.clone();
+        (wide.k, wide.r) = (30, 3);
+        body.clear();
+        wide.put(&mut body);
+        assert!(Regen::parse(&body).is_err(), "k + r = 33");
         // flags byte of the first source: after 16 + 4 + 4 + 4 + 8 + 8 + 4 bytes and the split.
         let mut bad = out.clone();
         bad[16 + 4 + 4 + 4 + 8 + 8 + 4 + 1] = 2;

@@ -90,9 +90,14 @@ fn slabs_are_private_zeroed_and_range_checked() {
     // The same identity on a new connection finds the slab again.
     let mut ra2 = Raw::connect(addr);
     ra2.hello(a);
+    // LIST names it with its tag and the newest version it holds (60, written above).
     assert_eq!(
         wire::parse_list(&ra2.call(Op::List, &[]).1).unwrap(),
-        vec![(slab, 1)]
+        vec![wire::Listed {
+            slab,
+            tag: 1,
+            newest: 60
+        }]
     );
 
     // Slab operations before HELLO are refused.

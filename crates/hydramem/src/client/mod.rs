@@ -218,6 +218,9 @@ pub enum ClientError {
     /// A node refused or failed a control request.
     #[error(transparent)]
     Transport(#[from] TransportError),
+    /// A configured value is out of its range.
+    #[error("invalid client configuration: {0}")]
+    Config(String),
     /// The OS refused a resource (threads, epoll).
     #[error("client setup failed: {0}")]
     Io(#[from] std::io::Error),
@@ -296,6 +299,17 @@ pub enum IoError {
         /// Why the mode could not correct it.
         why: String,
     },
+    /// A node holds a version of the page's splits that no later write can pass (the largest
+    /// valid version): something wrote the page with a version far in the future.
+    #[error("write of page {addr:#x} refused: the nodes hold version {held} of it, and no newer version exists (at most {max}); a client with a clock far in the future, or a peer that knows this identity, wrote it. Release this identity's memory (hydramem free) or use a new identity")]
+    VersionsExhausted {
+        /// The page.
+        addr: u64,
+        /// The version the nodes hold.
+        held: u64,
+        /// The largest valid version.
+        max: u64,
+    },
     /// The range could not be mapped.
     #[error(transparent)]
     Map(#[from] ClientError),
@@ -340,6 +354,9 @@ pub struct ClientStats {
     pub wide_reads: AtomicU64,
     /// Splits moved off nodes above the SlabRegenerationLimit.
     pub evacuated: AtomicU64,
+    /// Page writes sent again with a newer version because a node held a newer one than
+    /// this client's clock gave (see [`RemoteMemory::write_page`]).
+    pub stale_rewrites: AtomicU64,
 }
 
 /// Prometheus handles, registered once at connect so that the data path only records into
@@ -352,6 +369,7 @@ struct ClientMetrics {
     reissued: metrics::Counter,
     rerouted: metrics::Counter,
     corrupt: metrics::Counter,
+    stale_rewrites: metrics::Counter,
 }
 
 impl ClientMetrics {
@@ -364,6 +382,7 @@ impl ClientMetrics {
             reissued: metrics::counter!("hydramem_client_splits_reissued_total"),
             rerouted: metrics::counter!("hydramem_client_splits_rerouted_total"),
             corrupt: metrics::counter!("hydramem_client_splits_corrupt_total"),
+            stale_rewrites: metrics::counter!("hydramem_client_stale_rewrites_total"),
         }
     }
 }
@@ -424,11 +443,19 @@ fn describe_mask(mask: u32) -> String {
 struct SlotSink(Arc<Slots>);
 
 impl Completions for SlotSink {
-    fn read_done(&self, cookie: u64, status: Status, version: u64, crc: u32, data: &[u8]) {
-        self.0.read_done(cookie, status, version, crc, data)
+    fn read_done(
+        &self,
+        node: u16,
+        cookie: u64,
+        status: Status,
+        version: u64,
+        crc: u32,
+        data: &[u8],
+    ) {
+        self.0.read_done(node, cookie, status, version, crc, data)
     }
-    fn write_done(&self, cookie: u64, status: Status) {
-        self.0.write_done(cookie, status)
+    fn write_done(&self, node: u16, cookie: u64, status: Status, stored: u64) {
+        self.0.write_done(node, cookie, status, stored)
     }
     fn node_down(&self, node: u16) {
         self.0.node_down(node)
@@ -445,6 +472,8 @@ pub struct RemoteMemory {
     ranges: Arc<[ArcSwapOption<Group>]>,
     placement: Mutex<Placement>,
     domains: Vec<Option<u32>>,
+    /// Each node's id in the cluster file (cluster-file order).
+    node_ids: Vec<u32>,
     stats: ClientStats,
     metrics: ClientMetrics,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).
@@ -536,6 +565,36 @@ pub struct RegenStats {
     pub busy: Duration,
 }
 
+/// The outcome of one write attempt.
+enum Written {
+    /// Acknowledged as the mode requires.
+    Done,
+    /// A node holds a newer version of a split (this one): write again past it.
+    Stale(u64),
+}
+
+/// The wall clock in nanoseconds since the epoch (0 before it).
+fn wall_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+        .unwrap_or(0)
+}
+
+/// Says so when the versions an identity holds are ahead of this machine's clock: new writes
+/// continue from them (versions must only grow), which is right, but worth an operator's look.
+fn seed_clock_note(held: u64) {
+    let now = wall_nanos();
+    if held > now.saturating_add(60_000_000_000) {
+        tracing::warn!(
+            ahead = ?Duration::from_nanos(held - now),
+            "this identity's stored page versions are ahead of this machine's clock (written \
+             by a machine with a faster clock, or before the clock stepped back): new writes \
+             continue from them"
+        );
+    }
+}
+
 /// Sends REGEN to the node holding the replacement slab on a connection of its own (the node
 /// answers when the slab is rebuilt) and returns the pages it rebuilt.
 fn send_regen(target: std::net::SocketAddr, req: &crate::wire::Regen) -> Result<u64, String> {
@@ -573,6 +632,14 @@ impl RemoteMemory {
         cluster: &Cluster,
         config: ClientConfig,
     ) -> Result<Arc<RemoteMemory>, ClientError> {
+        cluster.validate().map_err(ClientError::Config)?;
+        if config.max_in_flight == 0 || config.max_in_flight > slots::MAX_SLOTS {
+            return Err(ClientError::Config(format!(
+                "max_in_flight is {}; it must be 1 to {} (page operations in flight at once)",
+                config.max_in_flight,
+                slots::MAX_SLOTS
+            )));
+        }
         let layout = Layout::new(config.resilience, cluster.slab_size)?;
         let codec = match config.resilience {
             Resilience::Hydra { k, r, .. } => {
@@ -589,8 +656,14 @@ impl RemoteMemory {
             client: config.client_id,
             flags: 0,
         };
-        let (transport, outcomes) =
-            TcpTransport::connect(&addrs, hello, Arc::new(SlotSink(slots.clone())), config.tcp)?;
+        let members: Vec<(u32, std::net::SocketAddr)> =
+            cluster.nodes.iter().map(|n| (n.id, n.addr)).collect();
+        let (transport, outcomes) = TcpTransport::connect(
+            &members,
+            hello,
+            Arc::new(SlotSink(slots.clone())),
+            config.tcp,
+        )?;
         let mut down = Vec::new();
         for (i, o) in outcomes.iter().enumerate() {
             match o {
@@ -620,8 +693,20 @@ impl RemoteMemory {
                 },
             });
         }
-        let n_ranges = config.size.div_ceil(PAGE_SIZE as u64) * PAGE_SIZE as u64;
-        let n_ranges = n_ranges.div_ceil(layout.range_bytes()) as usize;
+        // Slab tags name a range with 32 bits.
+        let n_ranges = config.size.div_ceil(layout.range_bytes());
+        let n_ranges = u32::try_from(n_ranges)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                ClientError::Config(format!(
+                    "a remote address space of {} is {n_ranges} address ranges of {}; at most \
+                     {} are possible: use a smaller size or larger slabs",
+                    human(config.size),
+                    human(layout.range_bytes()),
+                    u32::MAX
+                ))
+            })?;
         let ranges: Box<[ArcSwapOption<Group>]> =
             (0..n_ranges).map(|_| ArcSwapOption::empty()).collect();
 
@@ -642,6 +727,7 @@ impl RemoteMemory {
         let mut loads = vec![0u64; addrs.len()];
         let mut found: HashMap<u32, Group> = HashMap::new();
         let mut beyond: Option<u32> = None;
+        let mut held_version = 0u64;
         for node in 0..addrs.len() as u16 {
             if !transport.is_up(node) {
                 continue;
@@ -651,7 +737,10 @@ impl RemoteMemory {
             loads[node as usize] = stats.slabs.len() as u64;
             let list = wire::parse_list(&transport.call(node, Op::List, &[])?)
                 .map_err(|e| protocol(&transport, node, e))?;
-            for (slab, tag) in list {
+            for wire::Listed { slab, tag, newest } in list {
+                // Versions only grow: continue past everything this identity ever stored, even
+                // if this machine's clock is behind the one that wrote it.
+                held_version = held_version.max(newest);
                 let Some((code, range, split)) = layout::untag(tag) else {
                     continue;
                 };
@@ -687,6 +776,7 @@ impl RemoteMemory {
         for (range, g) in found {
             ranges[range as usize].store(Some(Arc::new(g)));
         }
+        seed_clock_note(held_version);
         if recovered > 0 {
             tracing::info!(
                 ranges = recovered,
@@ -714,9 +804,10 @@ impl RemoteMemory {
             ranges: Arc::from(ranges),
             placement: Mutex::new(Placement { placer, loads }),
             domains,
+            node_ids: cluster.nodes.iter().map(|n| n.id).collect(),
             stats: ClientStats::default(),
             metrics: ClientMetrics::register(),
-            clock: AtomicU64::new(0),
+            clock: AtomicU64::new(held_version),
             health,
             any_suspect: AtomicBool::new(false),
             corrupt_reports: Mutex::new(Vec::new()),
@@ -886,7 +977,7 @@ impl RemoteMemory {
         // are lost. If the node cannot be asked, all of them are treated as lost.
         let held: Vec<u32> = match self.transport.call(node, Op::List, &[]) {
             Ok(b) => wire::parse_list(&b)
-                .map(|l| l.into_iter().map(|(slab, _)| slab).collect())
+                .map(|l| l.into_iter().map(|l| l.slab).collect())
                 .unwrap_or_default(),
             Err(_) => Vec::new(),
         };
@@ -1004,23 +1095,35 @@ impl RemoteMemory {
         }
     }
 
-    /// A fresh page version: a hybrid logical clock, the wall clock in nanoseconds unless that
-    /// would not exceed the last version handed out. Versions only grow, across threads and
-    /// across restarts of a client (whose new versions start from the wall clock, beyond
-    /// everything it wrote before as long as the clock did not step back further than the
-    /// restart took).
-    fn next_version(&self) -> u64 {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        let prev = self
+    /// A fresh page version above `past`: a hybrid logical clock, the wall clock in
+    /// nanoseconds unless that would not exceed the last version handed out (or `past`).
+    /// Versions only grow, across threads and across restarts of a client: a client that
+    /// reattaches to an identity starts from the newest version the nodes hold for it
+    /// ([`RemoteMemory::connect`]), and a node that refuses a write as stale reports the
+    /// version to pass. Fails for page `addr` when no valid version is left.
+    fn next_version(&self, addr: u64, past: u64) -> Result<u64, IoError> {
+        let now = wall_nanos();
+        let mut next = 0;
+        let _ = self
             .clock
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |last| {
-                Some(now.max(last + 1))
-            })
-            .expect("the closure always returns Some");
-        now.max(prev + 1)
+                next = now.max(last.max(past).saturating_add(1));
+                (next <= wire::MAX_VERSION).then_some(next)
+            });
+        if next > wire::MAX_VERSION {
+            return Err(IoError::VersionsExhausted {
+                addr,
+                held: past.max(self.clock.load(Ordering::SeqCst)),
+                max: wire::MAX_VERSION,
+            });
+        }
+        Ok(next)
+    }
+
+    /// Replies dropped because they came from another node than the split was posted to, or
+    /// were of another operation than the one they named (a confused or hostile node).
+    pub fn foreign_replies(&self) -> u64 {
+        self.slots.foreign_replies()
     }
 
     /// The page geometry of this client.
@@ -1064,16 +1167,50 @@ impl RemoteMemory {
     }
 
     /// Writes one page. Returns once the mode's acknowledgements are in.
+    ///
+    /// A node that refuses a split as stale holds a newer version of it than this client's
+    /// clock gave (a clock that stepped back, another machine that wrote with this identity):
+    /// then the page is written again, whole, with a version past the one the node reported,
+    /// so a write is acknowledged only once its bytes are what the nodes hold.
     pub fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
         let (range, pir) = self.locate(addr)?;
+        let start = Instant::now();
+        let mut version = self.next_version(addr, 0)?;
+        loop {
+            match self.write_version(addr, page, (range, pir), version, start)? {
+                Written::Done => return Ok(()),
+                Written::Stale(held) => {
+                    self.stats.stale_rewrites.fetch_add(1, Ordering::Relaxed);
+                    self.metrics.stale_rewrites.increment(1);
+                    tracing::debug!(
+                        addr,
+                        version,
+                        held,
+                        "a node holds a newer version of the page: writing it again past it"
+                    );
+                    version = self.next_version(addr, held)?;
+                }
+            }
+        }
+    }
+
+    /// One attempt of [`RemoteMemory::write_page`] at `version`, on a slot of its own (so
+    /// replies to an earlier attempt cannot count for this one).
+    fn write_version(
+        &self,
+        addr: u64,
+        page: &Page,
+        (range, pir): (usize, u64),
+        version: u64,
+        start: Instant,
+    ) -> Result<Written, IoError> {
         let mut group = match self.ranges[range].load_full() {
             Some(g) => g,
             None => self.map_range(range)?,
         };
         let l = &self.layout;
         let offset = l.split_offset(pir);
-        let version = self.next_version();
-        let mut op = self.slots.acquire(std::ptr::null_mut());
+        let mut op = self.slots.acquire_write();
         let checksums = self.config.checksums;
         let post = |op: &slots::Op<'_>, group: &Group, j: usize, data: &[u8]| {
             let node = group.nodes[j];
@@ -1135,7 +1272,6 @@ impl RemoteMemory {
                 post(&op, &group, j, split(j));
             }
         }
-        let start = Instant::now();
         let mut reroutes = 0;
         let result = loop {
             let result = self.wait(&op, start, |p| {
@@ -1217,6 +1353,14 @@ impl RemoteMemory {
             self.metrics.rerouted.increment(moved as u64);
         };
         let p = op.close();
+        let held = op.stale_version();
+        if held != 0 {
+            // Versions only grow: whatever this attempt's outcome, the clock moves past it.
+            self.clock.fetch_max(held, Ordering::SeqCst);
+            if !matches!(result, Some(Ok(()))) && start.elapsed() < self.config.op_timeout {
+                return Ok(Written::Stale(held));
+            }
+        }
         self.stats.writes.fetch_add(1, Ordering::Relaxed);
         self.metrics
             .write_seconds
@@ -1225,7 +1369,7 @@ impl RemoteMemory {
             self.metrics.write_errors.increment(1);
         }
         match result {
-            Some(Ok(())) => Ok(()),
+            Some(Ok(())) => Ok(Written::Done),
             Some(Err(())) => Err(IoError::Unavailable {
                 what: "write",
                 addr,
@@ -1376,15 +1520,18 @@ impl RemoteMemory {
             Resilience::Replication { .. } => (1, (width - 1) as u8, true),
         };
         let addr = |n: u16| self.transport.addr(n).parse::<std::net::SocketAddr>().ok();
+        // Sources are named by their id in the cluster file; the regenerating node looks
+        // their addresses up in its own copy of it.
+        let id = |n: u16| self.node_ids.get(n as usize).copied();
         let j = job.split;
         let mut sources: Vec<crate::wire::RegenSource> = Vec::new();
         if let Some((node, slab)) = job.from {
-            if let Some(a) = addr(node) {
+            if let Some(id) = id(node) {
                 sources.push(crate::wire::RegenSource {
                     split: j as u8,
                     copy: true,
                     slab,
-                    addr: a,
+                    node: id,
                 });
             }
         }
@@ -1398,9 +1545,11 @@ impl RemoteMemory {
                         split: i as u8,
                         copy: copies,
                         slab: g.slabs[i],
-                        addr: addr(g.nodes[i])?,
+                        node: id(g.nodes[i])?,
                     })
-                }),
+                })
+                // A move's copy source is one of the k + r as well.
+                .take(width - sources.len()),
         );
         let Some(target) = addr(job.node) else {
             return;
@@ -1593,7 +1742,10 @@ impl RemoteMemory {
         };
         let l = &self.layout;
         let offset = l.split_offset(pir);
-        let mut op = self.slots.acquire(page.as_mut_ptr());
+        // SAFETY: `page` is exclusively borrowed for this whole call and `op` is dropped before
+        // it returns; this function touches the page only after `op.close()` (decoding,
+        // checking), and `second_look` closes again before it does (see `Op::reopen`).
+        let mut op = unsafe { self.slots.acquire_read(page.as_mut_ptr()) };
         op.bind(range as u64, pir);
         // Candidate splits: those whose node is up, in random order.
         // Regenerated splits first, in random order; then (coded schemes only) the splits

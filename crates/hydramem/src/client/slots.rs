@@ -5,10 +5,18 @@
 //! (slot index, slot generation, split index) that the node echoes; the transport hands each
 //! reply to [`Slots::read_done`] / [`Slots::write_done`], which find the slot by index in O(1).
 //!
+//! A reply is trusted only as far as it matches what was asked: its cookie must name a slot in
+//! use at that generation, the split must have been posted to the very node the reply came
+//! from, and the reply's operation must be the slot's (a READV reply for a write's slot, or a
+//! WRITEV reply for a read's, is dropped). Replies that fail the node or operation check are
+//! counted ([`Slots::foreign_replies`]): a confused or hostile node can neither land bytes
+//! through another operation's pointers nor complete other nodes' splits.
+//!
 //! The landing protocol (the user-space analogue of Hydra deregistering the RDMA memory region
 //! once k splits are in):
 //! 1. a completer announces itself (`writers += 1`), then checks that the slot still has the
-//!    cookie's generation and is not closed; otherwise it backs out and drops the split;
+//!    cookie's generation, is not closed, was posted to the replying node and is of the
+//!    reply's operation; otherwise it backs out and drops the split;
 //! 2. it claims the split's landing region (first claim wins: copies of a replicated page share
 //!    one region), copies the bytes, sets the split's `landed` bit, then `writers -= 1`;
 //! 3. the owner, once enough splits are in, sets `closed` and waits for `writers == 0`.
@@ -23,7 +31,9 @@
 //! region: a split that fails never touches the page, counts as failed (so the read asks
 //! another) and is marked corrupt, so that the owner can name the node that returned it.
 
-use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{
+    AtomicBool, AtomicPtr, AtomicU16, AtomicU32, AtomicU64, AtomicU8, Ordering::SeqCst,
+};
 use std::thread::Thread;
 
 use parking_lot::{Condvar, Mutex};
@@ -32,8 +42,21 @@ use super::layout::{Layout, Place, MAX_WIDTH};
 use crate::integrity;
 use crate::wire::Status;
 
-/// Marks a split that was not posted to any node.
+/// Marks a split that was not posted to any node (node indices are below it: a cluster has at
+/// most [`crate::cluster::MAX_NODES`] nodes).
 pub const NO_NODE: u16 = u16::MAX;
+/// Most slots a table has: the cookie's slot field is 16 bits.
+pub const MAX_SLOTS: usize = 1 << 16;
+
+/// What a slot's operation is (a reply must be of the same kind).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Kind {
+    /// A page read: splits land in the caller's page.
+    Read = 1,
+    /// A page write: replies only acknowledge.
+    Write = 2,
+}
 const GEN_BITS: u32 = 40;
 const GEN_MASK: u64 = (1 << GEN_BITS) - 1;
 
@@ -50,6 +73,10 @@ fn uncookie(c: u64) -> (usize, u64, usize) {
 pub struct Slot {
     gen: AtomicU64,
     in_use: AtomicBool,
+    /// [`Kind`] of the operation in the slot.
+    kind: AtomicU8,
+    /// Writes: the newest version a node reported when it refused a split as stale.
+    stale: AtomicU64,
     closed: AtomicBool,
     writers: AtomicU32,
     /// Splits that arrived (reads) or were acknowledged (writes).
@@ -123,16 +150,22 @@ pub struct Slots {
     freed: Condvar,
     /// Verify every read split against its checksum.
     checksums: bool,
+    /// Replies dropped because they came from another node than the split was posted to, or
+    /// were of another operation than the slot's.
+    foreign: AtomicU64,
 }
 
 impl Slots {
-    /// A table of `n` slots (at most 65536) for `layout`.
+    /// A table of `n` slots for `layout`; `n` must be `1..=MAX_SLOTS` (the client's
+    /// configuration is checked before, with a clear error).
     pub fn new(layout: Layout, n: usize) -> Slots {
-        let n = n.clamp(1, 1 << 16);
+        let n = n.clamp(1, MAX_SLOTS);
         let slots = (0..n)
             .map(|_| Slot {
                 gen: AtomicU64::new(0),
                 in_use: AtomicBool::new(false),
+                kind: AtomicU8::new(0),
+                stale: AtomicU64::new(0),
                 closed: AtomicBool::new(false),
                 writers: AtomicU32::new(0),
                 landed: AtomicU32::new(0),
@@ -153,10 +186,18 @@ impl Slots {
         Slots {
             layout,
             slots,
-            free: Mutex::new((0..n as u16).rev().collect()),
+            // `n <= MAX_SLOTS`, so every index fits the cookie's 16 bits.
+            free: Mutex::new((0..n).rev().filter_map(|i| u16::try_from(i).ok()).collect()),
             freed: Condvar::new(),
             checksums: false,
+            foreign: AtomicU64::new(0),
         }
+    }
+
+    /// Replies dropped because they came from a node the split was not posted to, or were of
+    /// another operation than their slot's (a confused or hostile node).
+    pub fn foreign_replies(&self) -> u64 {
+        self.foreign.load(SeqCst)
     }
 
     /// Verifies read splits against their checksums (see the module doc).
@@ -165,10 +206,23 @@ impl Slots {
         self
     }
 
-    /// Takes a free slot for an operation, waiting while all are in flight (back-pressure).
-    /// `page` is the caller's page for a read (null for a write); it must stay valid and
-    /// untouched by the caller until the returned [`Op`] is dropped.
-    pub fn acquire(&self, page: *mut u8) -> Op<'_> {
+    /// Takes a free slot for a page read into `page`, waiting while all are in flight
+    /// (back-pressure).
+    ///
+    /// # Safety
+    /// `page` must be valid for writes of 4096 bytes and must not be read or written by
+    /// anything else until the returned [`Op`] is dropped or closed ([`Op::close`]): until
+    /// then, completers copy arriving splits into it from other threads.
+    pub unsafe fn acquire_read(&self, page: *mut u8) -> Op<'_> {
+        self.acquire(Kind::Read, page)
+    }
+
+    /// Takes a free slot for a page write, waiting while all are in flight.
+    pub fn acquire_write(&self) -> Op<'_> {
+        self.acquire(Kind::Write, std::ptr::null_mut())
+    }
+
+    fn acquire(&self, kind: Kind, page: *mut u8) -> Op<'_> {
         let idx = {
             let mut free = self.free.lock();
             loop {
@@ -190,6 +244,8 @@ impl Slots {
         s.claimed.store(0, SeqCst);
         s.posted.store(0, SeqCst);
         s.first_status.store(0, SeqCst);
+        s.stale.store(0, SeqCst);
+        s.kind.store(kind as u8, SeqCst);
         s.closed.store(false, SeqCst);
         s.in_use.store(true, SeqCst);
         Op {
@@ -199,7 +255,9 @@ impl Slots {
         }
     }
 
-    fn enter(&self, c: u64) -> Option<(&Slot, usize)> {
+    /// Enters the slot a reply from `node` of operation `kind` names, if it is that slot's
+    /// current operation, open, of that kind, and the split was posted to `node`.
+    fn enter(&self, node: u16, kind: Kind, c: u64) -> Option<(&Slot, usize)> {
         let (idx, gen, split) = uncookie(c);
         let s = self.slots.get(idx)?;
         if split >= self.layout.width {
@@ -208,6 +266,18 @@ impl Slots {
         s.writers.fetch_add(1, SeqCst);
         if s.gen.load(SeqCst) & GEN_MASK != gen || s.closed.load(SeqCst) || !s.in_use.load(SeqCst) {
             s.writers.fetch_sub(1, SeqCst);
+            return None;
+        }
+        if s.kind.load(SeqCst) != kind as u8 || s.nodes[split].load(SeqCst) != node {
+            s.writers.fetch_sub(1, SeqCst);
+            self.foreign.fetch_add(1, SeqCst);
+            metrics::counter!("hydramem_client_foreign_replies_total").increment(1);
+            tracing::debug!(
+                node,
+                ?kind,
+                cookie = c,
+                "dropped a reply from a node the split was not posted to, or of another operation"
+            );
             return None;
         }
         Some((s, split))
@@ -227,10 +297,20 @@ impl Slots {
             .compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
     }
 
-    /// Delivers a read reply with the version and checksum the node stored for the split.
-    /// Data of a stale, closed or duplicate split is dropped unread.
-    pub fn read_done(&self, c: u64, status: Status, version: u64, crc: u32, data: &[u8]) {
-        let Some((s, j)) = self.enter(c) else { return };
+    /// Delivers a read reply from `node` with the version and checksum the node stored for the
+    /// split. Data of a stale, closed, duplicate or foreign split is dropped unread.
+    pub fn read_done(
+        &self,
+        node: u16,
+        c: u64,
+        status: Status,
+        version: u64,
+        crc: u32,
+        data: &[u8],
+    ) {
+        let Some((s, j)) = self.enter(node, Kind::Read, c) else {
+            return;
+        };
         let intact = || {
             !self.checksums
                 || integrity::verify(
@@ -283,14 +363,23 @@ impl Slots {
         Self::leave(s);
     }
 
-    /// Delivers a write acknowledgement. `Stale` counts as acknowledged: the node already holds
-    /// a newer version of the split, which supersedes this one.
-    pub fn write_done(&self, c: u64, status: Status) {
-        let Some((s, j)) = self.enter(c) else { return };
-        if status == Status::Ok || status == Status::Stale {
-            s.landed.fetch_or(1 << j, SeqCst);
-        } else {
-            Self::fail(s, j, status);
+    /// Delivers a write reply from `node`; `stored` is the version the node holds for the
+    /// split now. `Stale` is a failure, never an acknowledgement: the node kept a newer
+    /// version (`stored`) and did not write this one, so the writer must write again past it
+    /// ([`Op::stale_version`]).
+    pub fn write_done(&self, node: u16, c: u64, status: Status, stored: u64) {
+        let Some((s, j)) = self.enter(node, Kind::Write, c) else {
+            return;
+        };
+        match status {
+            Status::Ok => {
+                s.landed.fetch_or(1 << j, SeqCst);
+            }
+            Status::Stale => {
+                s.stale.fetch_max(stored, SeqCst);
+                Self::fail(s, j, status);
+            }
+            _ => Self::fail(s, j, status),
         }
         Self::leave(s);
     }
@@ -302,9 +391,14 @@ impl Slots {
                 continue;
             }
             let gen = s.gen.load(SeqCst);
+            let Ok(i) = u16::try_from(i) else { break };
+            let kind = match s.kind.load(SeqCst) {
+                k if k == Kind::Read as u8 => Kind::Read,
+                _ => Kind::Write,
+            };
             for j in 0..self.layout.width {
                 if s.nodes[j].load(SeqCst) == node {
-                    if let Some((s, j)) = self.enter(cookie(i as u16, gen, j)) {
+                    if let Some((s, j)) = self.enter(node, kind, cookie(i, gen, j)) {
                         if s.landed.load(SeqCst) & (1 << j) == 0 {
                             Self::fail(s, j, Status::Internal);
                         }
@@ -409,6 +503,22 @@ impl Op<'_> {
         self.slot().nodes[j].load(SeqCst)
     }
 
+    /// Writes: the newest version a node holds for a split it refused as stale (0: none).
+    pub fn stale_version(&self) -> u64 {
+        self.slot().stale.load(SeqCst)
+    }
+
+    /// Forgets every split's outcome before the whole operation is posted again (a write
+    /// re-sent with a newer version).
+    pub fn restart(&self) {
+        let s = self.slot();
+        s.failed.store(0, SeqCst);
+        s.landed.store(0, SeqCst);
+        s.corrupt.store(0, SeqCst);
+        s.first_status.store(0, SeqCst);
+        s.stale.store(0, SeqCst);
+    }
+
     /// The first error status a node reported for this operation, if any.
     pub fn first_status(&self) -> Option<Status> {
         let v = self.slot().first_status.load(SeqCst);
@@ -477,19 +587,29 @@ mod tests {
         .unwrap()
     }
 
+    /// A read of `page` with every split posted to node 0.
+    fn read_op<'a>(slots: &'a Slots, page: &mut [u8; 4096]) -> Op<'a> {
+        // SAFETY: every test keeps `page` alive and untouched until it drops the op.
+        let op = unsafe { slots.acquire_read(page.as_mut_ptr()) };
+        for j in 0..slots.layout.width {
+            op.posting(j, 0);
+        }
+        op
+    }
+
     #[test]
     fn splits_land_in_page_and_side_and_late_ones_are_dropped() {
         let slots = Slots::new(layout(), 4);
         let mut page = [0u8; 4096];
-        let mut op = slots.acquire(page.as_mut_ptr());
+        let mut op = read_op(&slots, &mut page);
         let c3 = op.cookie(3);
         let c9 = op.cookie(9);
         let c4 = op.cookie(4);
-        slots.read_done(c3, Status::Ok, 1, 0, &[3; 512]);
-        slots.read_done(c9, Status::Ok, 1, 0, &[9; 512]);
+        slots.read_done(0, c3, Status::Ok, 1, 0, &[3; 512]);
+        slots.read_done(0, c9, Status::Ok, 1, 0, &[9; 512]);
         assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
         op.close();
-        slots.read_done(c4, Status::Ok, 1, 0, &[4; 512]);
+        slots.read_done(0, c4, Status::Ok, 1, 0, &[4; 512]);
         assert_eq!(op.progress().landed, 1 << 3 | 1 << 9);
         assert_eq!(op.side()[512..1024], [9; 512]);
         drop(op);
@@ -500,8 +620,8 @@ mod tests {
         );
         // A reply to the previous generation of a reused slot is ignored.
         let mut page2 = [0u8; 4096];
-        let op2 = slots.acquire(page2.as_mut_ptr());
-        slots.read_done(c3, Status::Ok, 1, 0, &[7; 512]);
+        let op2 = read_op(&slots, &mut page2);
+        slots.read_done(0, c3, Status::Ok, 1, 0, &[7; 512]);
         assert_eq!(op2.progress().landed, 0);
         drop(op2);
         assert!(page2.iter().all(|b| *b == 0));
@@ -511,34 +631,34 @@ mod tests {
     fn errors_short_data_and_node_loss_fail_splits() {
         let slots = Slots::new(layout(), 2);
         let mut page = [0u8; 4096];
-        let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(0), Status::NoSuchSlab, 1, 0, &[]);
-        slots.read_done(op.cookie(1), Status::Ok, 1, 0, &[1; 100]);
+        let op = read_op(&slots, &mut page);
+        slots.read_done(0, op.cookie(0), Status::NoSuchSlab, 1, 0, &[]);
+        slots.read_done(0, op.cookie(1), Status::Ok, 1, 0, &[1; 100]);
         op.posting(2, 5);
         slots.node_down(5);
         assert_eq!(op.progress().failed, 0b111);
         assert_eq!(op.first_status(), Some(Status::NoSuchSlab));
         // Garbage cookies are ignored.
-        slots.read_done(u64::MAX, Status::Ok, 1, 0, &[0; 512]);
-        slots.write_done(cookie(1, 0, 31), Status::Ok);
+        slots.read_done(0, u64::MAX, Status::Ok, 1, 0, &[0; 512]);
+        slots.write_done(0, cookie(1, 0, 31), Status::Ok, 0);
     }
 
     #[test]
     fn only_splits_of_one_version_are_combined() {
         let slots = Slots::new(layout(), 1);
         let mut page = [0u8; 4096];
-        let op = slots.acquire(page.as_mut_ptr());
+        let op = read_op(&slots, &mut page);
         // 5 splits of version 7 and 4 of version 9: no version has k = 8.
         for j in 0..5 {
-            slots.read_done(op.cookie(j), Status::Ok, 7, 0, &[7; 512]);
+            slots.read_done(0, op.cookie(j), Status::Ok, 7, 0, &[7; 512]);
         }
         for j in 5..9 {
-            slots.read_done(op.cookie(j), Status::Ok, 9, 0, &[9; 512]);
+            slots.read_done(0, op.cookie(j), Status::Ok, 9, 0, &[9; 512]);
         }
         let landed = op.progress().landed;
         assert_eq!(op.consistent(landed, 10, 8), Err(5));
         // A fifth split of version 9 ties the two at 5: still no version has 8.
-        slots.read_done(op.cookie(9), Status::Ok, 9, 0, &[9; 512]);
+        slots.read_done(0, op.cookie(9), Status::Ok, 9, 0, &[9; 512]);
         assert_eq!(op.consistent(op.progress().landed, 10, 8), Err(5));
         // With need 5 the newest version that has 5 wins.
         assert_eq!(
@@ -552,22 +672,43 @@ mod tests {
     fn splits_failing_their_checksum_never_land_and_are_marked_corrupt() {
         let slots = Slots::new(layout(), 1).with_checksums(true);
         let mut page = [0u8; 4096];
-        let op = slots.acquire(page.as_mut_ptr());
+        let op = read_op(&slots, &mut page);
         op.bind(3, 17);
         let crc = |d: &[u8], j, v| integrity::split_crc(d, 3, 17, j, v);
-        slots.read_done(op.cookie(0), Status::Ok, 5, crc(&[1; 512], 0, 5), &[1; 512]);
+        slots.read_done(
+            0,
+            op.cookie(0),
+            Status::Ok,
+            5,
+            crc(&[1; 512], 0, 5),
+            &[1; 512],
+        );
         // Flipped bytes, another page's split, another split index, another version.
         let mut flipped = [2u8; 512];
         let good = crc(&flipped, 1, 5);
         flipped[9] ^= 0x10;
-        slots.read_done(op.cookie(1), Status::Ok, 5, good, &flipped);
+        slots.read_done(0, op.cookie(1), Status::Ok, 5, good, &flipped);
         let other_page = integrity::split_crc(&[3; 512], 3, 18, 2, 5);
-        slots.read_done(op.cookie(2), Status::Ok, 5, other_page, &[3; 512]);
-        slots.read_done(op.cookie(3), Status::Ok, 5, crc(&[4; 512], 4, 5), &[4; 512]);
-        slots.read_done(op.cookie(4), Status::Ok, 6, crc(&[5; 512], 4, 5), &[5; 512]);
+        slots.read_done(0, op.cookie(2), Status::Ok, 5, other_page, &[3; 512]);
+        slots.read_done(
+            0,
+            op.cookie(3),
+            Status::Ok,
+            5,
+            crc(&[4; 512], 4, 5),
+            &[4; 512],
+        );
+        slots.read_done(
+            0,
+            op.cookie(4),
+            Status::Ok,
+            6,
+            crc(&[5; 512], 4, 5),
+            &[5; 512],
+        );
         // Never written: zeros with crc 0 are fine, anything else is not.
-        slots.read_done(op.cookie(5), Status::Ok, 0, 0, &[0; 512]);
-        slots.read_done(op.cookie(6), Status::Ok, 0, 0, &[6; 512]);
+        slots.read_done(0, op.cookie(5), Status::Ok, 0, 0, &[0; 512]);
+        slots.read_done(0, op.cookie(6), Status::Ok, 0, 0, &[6; 512]);
         let p = op.progress();
         assert_eq!(p.landed, 0b10_0001);
         assert_eq!(p.failed, 0b101_1110);
@@ -580,8 +721,8 @@ mod tests {
         );
         // Without checksums the same bytes land.
         let slots = Slots::new(layout(), 1);
-        let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(1), Status::Ok, 5, good, &flipped);
+        let op = read_op(&slots, &mut page);
+        slots.read_done(0, op.cookie(1), Status::Ok, 5, good, &flipped);
         assert_eq!((op.progress().landed, op.progress().corrupt), (0b10, 0));
     }
 
@@ -590,11 +731,68 @@ mod tests {
         let l = Layout::new(Resilience::Replication { copies: 2 }, 1 << 20).unwrap();
         let slots = Slots::new(l, 1);
         let mut page = [0u8; 4096];
-        let op = slots.acquire(page.as_mut_ptr());
-        slots.read_done(op.cookie(1), Status::Ok, 1, 0, &[1; 4096]);
-        slots.read_done(op.cookie(0), Status::Ok, 1, 0, &[2; 4096]);
+        let op = read_op(&slots, &mut page);
+        slots.read_done(0, op.cookie(1), Status::Ok, 1, 0, &[1; 4096]);
+        slots.read_done(0, op.cookie(0), Status::Ok, 1, 0, &[2; 4096]);
         assert_eq!(op.progress().landed, 0b10);
         drop(op);
         assert!(page.iter().all(|b| *b == 1));
+    }
+
+    #[test]
+    fn replies_from_another_node_or_for_another_operation_are_dropped_and_counted() {
+        let slots = Slots::new(layout(), 2);
+        let mut page = [0u8; 4096];
+        let op = read_op(&slots, &mut page);
+        // Split 3 was posted to node 0: node 7 cannot deliver it, nor fail it.
+        slots.read_done(7, op.cookie(3), Status::Ok, 1, 0, &[3; 512]);
+        slots.read_done(7, op.cookie(4), Status::NoSuchSlab, 0, 0, &[]);
+        assert_eq!((op.progress().landed, op.progress().failed), (0, 0));
+        // A write acknowledgement for a read's split is not a read reply.
+        slots.write_done(0, op.cookie(3), Status::Ok, 1);
+        assert_eq!(op.progress().landed, 0);
+        assert_eq!(slots.foreign_replies(), 3);
+        drop(op);
+        assert!(page.iter().all(|b| *b == 0));
+        // The reproduction: a READV reply carrying a write's cookie must not land anywhere
+        // (the write's slot has no page: it used to copy to null + offset).
+        let w = slots.acquire_write();
+        for j in 0..10 {
+            w.posting(j, 0);
+        }
+        slots.read_done(0, w.cookie(2), Status::Ok, 1, 0, &[9; 512]);
+        slots.read_done(0, w.cookie(9), Status::Ok, 1, 0, &[9; 512]);
+        assert_eq!(w.progress().landed, 0);
+        assert_eq!(slots.foreign_replies(), 5);
+        slots.write_done(0, w.cookie(2), Status::Ok, 1);
+        assert_eq!(w.progress().landed, 0b100);
+    }
+
+    #[test]
+    fn a_stale_write_reply_is_a_failure_with_the_stored_version_never_an_ack() {
+        let slots = Slots::new(layout(), 1);
+        let w = slots.acquire_write();
+        for j in 0..10 {
+            w.posting(j, 2);
+        }
+        slots.write_done(2, w.cookie(0), Status::Ok, 50);
+        slots.write_done(2, w.cookie(1), Status::Stale, 90);
+        slots.write_done(2, w.cookie(2), Status::Stale, 70);
+        let p = w.progress();
+        assert_eq!((p.landed, p.failed), (0b1, 0b110));
+        assert_eq!(w.stale_version(), 90);
+        assert_eq!(w.first_status(), Some(Status::Stale));
+        drop(w);
+        // A new operation in the slot starts clean.
+        let w = slots.acquire_write();
+        assert_eq!(w.stale_version(), 0);
+    }
+
+    #[test]
+    fn a_table_of_the_most_slots_the_cookie_can_name_has_them_all() {
+        let slots = Slots::new(layout(), MAX_SLOTS);
+        assert_eq!(slots.free.lock().len(), MAX_SLOTS);
+        let w = slots.acquire_write();
+        assert!(w.cookie(0) >> 48 < MAX_SLOTS as u64);
     }
 }

@@ -109,11 +109,15 @@ impl SendState {
 
 struct Conn {
     addr: SocketAddr,
+    /// The node's id in the cluster file (what it must say in HELLO).
+    id: u32,
     up: AtomicBool,
     /// The socket for sending; replaced when a node that was down is reconnected.
     stream: ArcSwapOption<TcpStream>,
     send: Mutex<SendState>,
-    /// Highest request id of a PING this node answered (heartbeats need no allocation).
+    /// Request id of the heartbeat PING in flight (0: none yet).
+    ping_sent: AtomicU64,
+    /// Request id of the last heartbeat this node answered (heartbeats need no allocation).
     pong: AtomicU64,
     /// The node's last heartbeat notice ([`wire::Notice::encode`]).
     notice: AtomicU64,
@@ -124,11 +128,14 @@ struct Conn {
 }
 
 type CallReply = (Status, Vec<u8>);
+/// A control call waiting for its reply: the node asked, the op, where to send the reply.
+type Waiting = (u16, Op, SyncSender<CallReply>);
 
 struct Shared {
     conns: Box<[Conn]>,
     completions: Arc<dyn Completions>,
-    calls: Mutex<HashMap<u64, (u16, SyncSender<CallReply>)>>,
+    /// Control calls waiting for their reply: request id → (node, op, where to send it).
+    calls: Mutex<HashMap<u64, Waiting>>,
     next_id: AtomicU64,
     stop: AtomicBool,
     options: TcpOptions,
@@ -156,31 +163,34 @@ pub struct TcpTransport {
 pub type HelloOutcome = Result<HelloReply, String>;
 
 impl TcpTransport {
-    /// Connects to every address and says HELLO. Nodes that cannot be reached are left down
-    /// (their outcome says why); the caller decides whether enough are up.
+    /// Connects to every node (its id in the cluster file and its address) and says HELLO.
+    /// Nodes that cannot be reached, or answer as another node, are left down (their outcome
+    /// says why); the caller decides whether enough are up.
     pub fn connect(
-        addrs: &[SocketAddr],
+        nodes: &[(u32, SocketAddr)],
         hello: Hello,
         completions: Arc<dyn Completions>,
         options: TcpOptions,
     ) -> io::Result<(TcpTransport, Vec<HelloOutcome>)> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
-        let mut conns = Vec::with_capacity(addrs.len());
-        let mut outcomes = Vec::with_capacity(addrs.len());
-        let mut rx = Vec::with_capacity(addrs.len());
-        for (i, addr) in addrs.iter().enumerate() {
-            match handshake(*addr, hello, options) {
+        let mut conns = Vec::with_capacity(nodes.len());
+        let mut outcomes = Vec::with_capacity(nodes.len());
+        let mut rx = Vec::with_capacity(nodes.len());
+        for (i, &(id, addr)) in nodes.iter().enumerate() {
+            match handshake(addr, id, hello, options) {
                 Ok((stream, reply)) => {
                     let mut m = mio::net::TcpStream::from_std(stream.try_clone()?);
                     poll.registry()
                         .register(&mut m, Token(i), Interest::READABLE)?;
                     rx.push(Some(Rx::new(m)));
                     conns.push(Conn {
-                        addr: *addr,
+                        addr,
+                        id,
                         up: AtomicBool::new(true),
                         stream: ArcSwapOption::from_pointee(stream),
                         send: Mutex::new(SendState::new()),
+                        ping_sent: AtomicU64::new(0),
                         pong: AtomicU64::new(0),
                         notice: AtomicU64::new(wire::Notice::default().encode()),
                         incarnation: AtomicU64::new(reply.incarnation),
@@ -192,10 +202,12 @@ impl TcpTransport {
                     tracing::warn!(node = i, %addr, error = %e, "memory node unreachable");
                     rx.push(None);
                     conns.push(Conn {
-                        addr: *addr,
+                        addr,
+                        id,
                         up: AtomicBool::new(false),
                         stream: ArcSwapOption::empty(),
                         send: Mutex::new(SendState::new()),
+                        ping_sent: AtomicU64::new(0),
                         pong: AtomicU64::new(0),
                         notice: AtomicU64::new(wire::Notice::default().encode()),
                         incarnation: AtomicU64::new(0),
@@ -213,7 +225,7 @@ impl TcpTransport {
             stop: AtomicBool::new(false),
             options,
             waker,
-            want_write: Mutex::new(Vec::with_capacity(4 * addrs.len())),
+            want_write: Mutex::new(Vec::with_capacity(4 * nodes.len())),
             new_streams: Mutex::new(Vec::new()),
             hello,
             monitor_wake: (parking_lot::Mutex::new(false), parking_lot::Condvar::new()),
@@ -262,7 +274,15 @@ impl Drop for TcpTransport {
 }
 
 /// Connects, says HELLO and reads the reply on a blocking socket, then switches to non-blocking.
-fn handshake(addr: SocketAddr, hello: Hello, o: TcpOptions) -> io::Result<(TcpStream, HelloReply)> {
+/// Connects and says HELLO; the node must answer as node `id` (the cluster file's id for
+/// that address), or the connection is refused: a node started with another `--id`, or a
+/// cluster file that lists the wrong address, must not be used as the node it is not.
+fn handshake(
+    addr: SocketAddr,
+    id: u32,
+    hello: Hello,
+    o: TcpOptions,
+) -> io::Result<(TcpStream, HelloReply)> {
     let mut s = TcpStream::connect_timeout(&addr, o.connect_timeout)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(o.call_timeout))?;
@@ -280,6 +300,13 @@ fn handshake(addr: SocketAddr, hello: Hello, o: TcpOptions) -> io::Result<(TcpSt
         return Err(io::Error::other(format!("HELLO refused: {}", h.status)));
     }
     let reply = HelloReply::parse(&body).map_err(io::Error::other)?;
+    if reply.node_id != id {
+        return Err(io::Error::other(format!(
+            "the memory node at {addr} says it is node {}, but the cluster file lists node {id} \
+             there; fix the cluster file or restart that node with --id {id}",
+            reply.node_id
+        )));
+    }
     s.set_read_timeout(None)?;
     s.set_nonblocking(true)?;
     Ok((s, reply))
@@ -429,7 +456,7 @@ impl Shared {
         let c = sh.conn(node)?;
         let id = sh.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = sync_channel(1);
-        sh.calls.lock().insert(id, (node, tx));
+        sh.calls.lock().insert(id, (node, op, tx));
         {
             let mut st = c.send.lock();
             st.open = None;
@@ -472,6 +499,7 @@ impl Shared {
     fn ping(&self, node: u16, timeout: Duration) -> bool {
         let Ok(c) = self.conn(node) else { return false };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        c.ping_sent.store(id, Ordering::Release);
         {
             let mut st = c.send.lock();
             st.open = None;
@@ -487,7 +515,7 @@ impl Shared {
         }
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
-            if c.pong.load(Ordering::Acquire) >= id {
+            if c.pong.load(Ordering::Acquire) == id {
                 return true;
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -498,8 +526,12 @@ impl Shared {
     /// Tries to reconnect a node that is down; on success it is up again.
     fn reconnect(&self, node: u16) {
         let c = &self.conns[node as usize];
-        let Ok((stream, reply)) = handshake(c.addr, self.hello, self.options) else {
-            return;
+        let (stream, reply) = match handshake(c.addr, c.id, self.hello, self.options) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(node, error = %e, "memory node still down");
+                return;
+            }
         };
         let before = c.incarnation.swap(reply.incarnation, Ordering::AcqRel);
         if before != 0 && before != reply.incarnation {
@@ -527,6 +559,13 @@ impl Shared {
         tracing::info!(node, addr = %c.addr, "memory node is back: reconnected");
     }
 
+    /// A reply that answers nothing this client asked of `node` (another node's call, another
+    /// operation, a heartbeat never sent): dropped and counted.
+    fn unexpected_reply(&self, node: u16, h: &Header) {
+        metrics::counter!("hydramem_client_foreign_replies_total").increment(1);
+        tracing::debug!(node, op = ?h.op, id = h.id, "dropped a reply to nothing this node was asked");
+    }
+
     fn mark_down(&self, node: u16) {
         let c = &self.conns[node as usize];
         if c.up.swap(false, Ordering::AcqRel) {
@@ -535,7 +574,7 @@ impl Shared {
             if let Some(s) = c.stream.load().as_ref() {
                 let _ = s.shutdown(std::net::Shutdown::Both);
             }
-            self.calls.lock().retain(|_, (n, _)| *n != node);
+            self.calls.lock().retain(|_, (n, _, _)| *n != node);
             self.completions.node_down(node);
         }
     }
@@ -633,7 +672,7 @@ fn monitor_loop(sh: Arc<Shared>) {
                     continue; // lost meanwhile, already handled
                 }
                 metrics::counter!("hydramem_client_suspicions_total").increment(1);
-                match verify(c.addr, o.verify_timeout) {
+                match verify(c.addr, c.id, o.verify_timeout) {
                     Ok(()) => {
                         tracing::info!(node, addr = %c.addr, "suspected node answered a fresh connection: slow, not failed");
                     }
@@ -651,7 +690,7 @@ fn monitor_loop(sh: Arc<Shared>) {
 }
 
 /// Verifies a suspect over a fresh connection: connect, HELLO as an observer, PING.
-fn verify(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
+fn verify(addr: SocketAddr, id: u32, timeout: Duration) -> io::Result<()> {
     let o = TcpOptions {
         connect_timeout: timeout,
         call_timeout: timeout,
@@ -661,7 +700,7 @@ fn verify(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
         client: crate::wire::ClientId::default(),
         flags: crate::wire::HELLO_OBSERVER,
     };
-    let (mut s, _) = handshake(addr, hello, o)?;
+    let (mut s, _) = handshake(addr, id, hello, o)?;
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(timeout))?;
     let mut out = Vec::new();
@@ -671,7 +710,15 @@ fn verify(addr: SocketAddr, timeout: Duration) -> io::Result<()> {
     s.write_all(&out)?;
     let mut hb = [0u8; HEADER_LEN];
     s.read_exact(&mut hb)?;
-    Ok(())
+    // Only the answer to this very PING proves the node alive.
+    match Header::parse(&hb) {
+        Ok(h) if h.reply && h.op == Op::Ping && h.id == 1 && h.status == Status::Ok => Ok(()),
+        Ok(h) => Err(io::Error::other(format!(
+            "answered {:?} #{} to a PING #1",
+            h.op, h.id
+        ))),
+        Err(e) => Err(io::Error::other(e)),
+    }
 }
 
 /// Writes as much of `buf` as the socket takes without blocking; returns the count.
@@ -804,27 +851,42 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
         return Err(WireError::Invalid("node sent a request frame"));
     }
     match h.op {
-        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, _, _, _| {
-            sh.completions.write_done(cookie, status)
+        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, stored, _, _| {
+            sh.completions.write_done(node, cookie, status, stored)
         }),
         Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, crc, data| {
-            sh.completions.read_done(cookie, status, version, crc, data)
+            sh.completions
+                .read_done(node, cookie, status, version, crc, data)
         }),
         Op::Ping => {
             let c = &sh.conns[node as usize];
+            // Only the answer to the heartbeat in flight counts: a node that answers a PING
+            // never sent (any id, u64::MAX included) proves nothing about its liveness.
+            if h.id != c.ping_sent.load(Ordering::Acquire) {
+                sh.unexpected_reply(node, h);
+                return Ok(());
+            }
             // Store the notice before the pong, so a heartbeat that saw its answer sees it.
             c.notice
                 .store(wire::Notice::parse(body)?.encode(), Ordering::Relaxed);
-            c.pong.fetch_max(h.id, Ordering::AcqRel);
+            c.pong.store(h.id, Ordering::Release);
             Ok(())
         }
         _ => {
-            let waiter = sh.calls.lock().remove(&h.id);
-            match waiter {
-                Some((n, tx)) if n == node => {
-                    let _ = tx.send((h.status, body.to_vec()));
+            // A call is answered only by its node, with its op: check before taking it, so
+            // that another node's reply cannot steal (and drop) the real one.
+            let mut calls = sh.calls.lock();
+            match calls.get(&h.id) {
+                Some(&(n, op, _)) if n == node && op == h.op => {
+                    if let Some((_, _, tx)) = calls.remove(&h.id) {
+                        let _ = tx.send((h.status, body.to_vec()));
+                    }
                 }
-                _ => tracing::debug!(node, id = h.id, "reply to an abandoned call dropped"),
+                Some(_) => {
+                    drop(calls);
+                    sh.unexpected_reply(node, h);
+                }
+                None => tracing::debug!(node, id = h.id, "reply to an abandoned call dropped"),
             }
             Ok(())
         }

@@ -14,13 +14,24 @@ use std::time::Duration;
 
 use crate::wire::{self, CorruptReport, Entry, Notice, Op, Status, MAX_CORRUPT_REPORTS};
 
-/// Receives split completions; implemented by the client's slot table.
+/// Receives split completions; implemented by the client's slot table. `node` is the node
+/// whose connection the reply arrived on (the receiver checks it against the node the split
+/// was posted to: a node cannot complete another node's splits).
 pub trait Completions: Send + Sync {
     /// A read entry completed with the version and checksum stored for the split; `data` is
     /// valid only during the call.
-    fn read_done(&self, cookie: u64, status: Status, version: u64, crc: u32, data: &[u8]);
-    /// A write entry completed.
-    fn write_done(&self, cookie: u64, status: Status);
+    fn read_done(
+        &self,
+        node: u16,
+        cookie: u64,
+        status: Status,
+        version: u64,
+        crc: u32,
+        data: &[u8],
+    );
+    /// A write entry completed; `stored` is the version the node holds for the split now
+    /// (the newer one that refused it, for [`Status::Stale`]).
+    fn write_done(&self, node: u16, cookie: u64, status: Status, stored: u64);
     /// The connection to `node` was lost: every entry posted to it and not completed fails.
     fn node_down(&self, node: u16);
 }

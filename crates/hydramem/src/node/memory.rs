@@ -3,15 +3,16 @@
 //! Invariants: a [`SlabMemory`] is exactly `len` bytes of zero-filled memory when created (the
 //! kernel hands out zero pages for a fresh anonymous mapping, so no client ever sees another
 //! client's bytes and nothing is resident until it is written); it is unmapped exactly once, on
-//! drop. All access goes through [`SlabMemory::read`] and [`SlabMemory::write`], which check
-//! bounds; callers serialize writers against readers of the same slab (the node holds a per-slab
-//! lock) so that a read never observes a torn split.
+//! drop. All access goes through [`SlabMemory::read`] (`&self`) and [`SlabMemory::write`]
+//! (`&mut self`), which check bounds: the borrow rules make writers exclusive, so no safe code
+//! can race a write against anything (the node keeps a slab's mappings behind one `RwLock`).
+//! The type is private to the node module.
 
 use std::io;
 use std::ptr::NonNull;
 
 /// A zero-filled, lazily backed region of `len` bytes.
-pub struct SlabMemory {
+pub(super) struct SlabMemory {
     ptr: NonNull<u8>,
     len: usize,
 }
@@ -19,8 +20,8 @@ pub struct SlabMemory {
 // SAFETY: the mapping is plain memory owned by this value; it has no thread affinity, and the
 // node serializes conflicting accesses with a per-slab lock.
 unsafe impl Send for SlabMemory {}
-// SAFETY: shared references only reach the memory through `read`/`write`, which take `&self`
-// but are called under the per-slab RwLock (write lock for `write`), so there are no data races.
+// SAFETY: a shared reference only reaches the memory through `read` and `len`, which do not
+// write; every write (`write`, `populate`) takes `&mut self`, so shared access is read-only.
 unsafe impl Sync for SlabMemory {}
 
 impl SlabMemory {
@@ -52,7 +53,7 @@ impl SlabMemory {
     /// Backs every page with memory now (zero-filled), so that first writes do not fault and
     /// the machine's free memory reflects what the node has claimed. Uses
     /// `MADV_POPULATE_WRITE` (Linux 5.14) and falls back to touching one byte per page.
-    pub fn populate(&self) {
+    pub fn populate(&mut self) {
         const MADV_POPULATE_WRITE: libc::c_int = 23;
         // SAFETY: the range is exactly this live mapping; the advice only faults pages in.
         let r = unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, MADV_POPULATE_WRITE) };
@@ -62,8 +63,8 @@ impl SlabMemory {
         let page = 4096;
         for off in (0..self.len).step_by(page) {
             // SAFETY: `off < len`, inside the live mapping; writing a zero over a zero page
-            // keeps the contents and makes the kernel back the page. Nobody else holds this
-            // mapping yet (it is populated before it is handed out).
+            // keeps the contents and makes the kernel back the page; `&mut self` makes this
+            // the only access.
             unsafe { std::ptr::write_volatile(self.ptr.as_ptr().add(off), 0) };
         }
     }
@@ -71,11 +72,6 @@ impl SlabMemory {
     /// Size in bytes.
     pub fn len(&self) -> usize {
         self.len
-    }
-
-    /// Whether the region is empty (never: construction refuses 0).
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     fn check(&self, offset: u64, len: usize) -> Option<usize> {
@@ -96,10 +92,10 @@ impl SlabMemory {
     }
 
     /// Copies `data` to `offset`; `None` when out of range.
-    pub fn write(&self, offset: u64, data: &[u8]) -> Option<()> {
+    pub fn write(&mut self, offset: u64, data: &[u8]) -> Option<()> {
         let off = self.check(offset, data.len())?;
-        // SAFETY: bounds checked as in `read`; the caller holds the slab's write lock, so no
-        // other access to these bytes runs concurrently.
+        // SAFETY: bounds checked as in `read`; `&mut self` excludes every other access to the
+        // mapping for the duration of the copy.
         unsafe {
             std::ptr::copy_nonoverlapping(data.as_ptr(), self.ptr.as_ptr().add(off), data.len())
         };
@@ -122,7 +118,7 @@ mod tests {
 
     #[test]
     fn fresh_memory_is_zero_and_bounds_are_checked() {
-        let m = SlabMemory::new(8192).unwrap();
+        let mut m = SlabMemory::new(8192).unwrap();
         let mut buf = [1u8; 100];
         m.read(8000, &mut buf).unwrap();
         assert!(buf.iter().all(|b| *b == 0));
@@ -136,7 +132,7 @@ mod tests {
 
     #[test]
     fn populated_memory_is_still_zero() {
-        let m = SlabMemory::new(64 << 10).unwrap();
+        let mut m = SlabMemory::new(64 << 10).unwrap();
         m.populate();
         let mut buf = vec![1u8; 64 << 10];
         m.read(0, &mut buf).unwrap();

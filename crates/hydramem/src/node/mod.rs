@@ -18,6 +18,8 @@ pub mod control;
 mod memory;
 pub mod regen;
 pub mod server;
+pub mod session;
+mod slab;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -27,11 +29,13 @@ use std::time::Instant;
 use parking_lot::{Mutex, RwLock};
 
 use crate::wire::{
-    ClientId, CorruptCause, CorruptReport, Corruption, Notice, Reclaim, SlabStats, Stats, Status,
-    PPM_ALL, SLAB_RECLAIMED,
+    ClientId, CorruptCause, CorruptReport, Corruption, Listed, Notice, Reclaim, Stats, Status,
+    MAX_SPLIT_LEN, PPM_ALL,
 };
 use control::{ControlConfig, MemorySample};
-pub use memory::SlabMemory;
+use memory::SlabMemory;
+pub use slab::Slab;
+use slab::NO_DEADLINE;
 
 /// Static configuration of one memory node.
 #[derive(Debug, Clone)]
@@ -112,184 +116,6 @@ pub enum NodeError {
         /// The OS error.
         source: std::io::Error,
     },
-}
-
-/// One allocated slab.
-pub struct Slab {
-    owner: ClientId,
-    tag: u64,
-    split_len: u64,
-    memory: SlabMemory,
-    /// The version of each split slot (u64 little-endian per slot; lazily backed like `memory`).
-    versions: SlabMemory,
-    /// The checksum the client gave with each split slot (u32 little-endian per slot, lazily
-    /// backed; the node stores and returns it, never computes it).
-    crcs: SlabMemory,
-    /// Writers take it exclusively so that a concurrent read never sees a torn split.
-    lock: RwLock<()>,
-    reads: AtomicU64,
-    writes: AtomicU64,
-    bytes_read: AtomicU64,
-    bytes_written: AtomicU64,
-    touched: AtomicU64,
-    /// 0: not reclaimed; otherwise the reclaim deadline in milliseconds since the node's
-    /// epoch, plus one ([`NO_DEADLINE`]: reclaimed by a drain, which waits for the owner).
-    reclaim: AtomicU64,
-    /// reads + writes at the last control step.
-    last_accesses: AtomicU64,
-    /// Decaying access count: halved every control step, plus the accesses since the last.
-    activity: AtomicU64,
-    /// Corrupted splits its owner reported (CORRUPT).
-    corrupt: AtomicU64,
-}
-
-/// [`Slab::reclaim`] of a slab a drain reclaimed: no deadline.
-const NO_DEADLINE: u64 = u64::MAX;
-
-impl Slab {
-    /// The slot index of a whole split at `offset`, or the error for a misaligned or
-    /// out-of-range access.
-    fn slot(&self, offset: u64, len: usize) -> Result<u64, Status> {
-        if len as u64 != self.split_len || !offset.is_multiple_of(self.split_len) {
-            return Err(Status::BadRequest);
-        }
-        let slot = offset / self.split_len;
-        if (slot + 1) * 8 > self.versions.len() as u64 {
-            return Err(Status::OutOfRange);
-        }
-        Ok(slot)
-    }
-
-    fn version(&self, slot: u64) -> u64 {
-        let mut v = [0u8; 8];
-        self.versions.read(slot * 8, &mut v).expect("slot checked");
-        u64::from_le_bytes(v)
-    }
-
-    fn crc(&self, slot: u64) -> u32 {
-        let mut c = [0u8; 4];
-        self.crcs.read(slot * 4, &mut c).expect("slot checked");
-        u32::from_le_bytes(c)
-    }
-
-    /// Copies one split out of the slab and returns its version, counting the access.
-    pub fn read(&self, offset: u64, out: &mut [u8]) -> Result<u64, Status> {
-        self.load(offset, out).map(|(version, _)| version)
-    }
-
-    /// Copies one split out of the slab and returns its version and checksum, counting the
-    /// access.
-    pub fn load(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
-        let slot = self.slot(offset, out.len())?;
-        let _g = self.lock.read();
-        self.memory.read(offset, out).ok_or(Status::OutOfRange)?;
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.bytes_read
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok((self.version(slot), self.crc(slot)))
-    }
-
-    /// [`Slab::store`] with checksum 0 (a client that keeps none).
-    pub fn write(&self, offset: u64, data: &[u8], version: u64) -> Result<(), Status> {
-        self.store(offset, data, version, 0)
-    }
-
-    /// Stores one split of `version` with its checksum unless a newer version is stored
-    /// ([`Status::Stale`]); an equal version is acknowledged without rewriting.
-    pub fn store(&self, offset: u64, data: &[u8], version: u64, crc: u32) -> Result<(), Status> {
-        let slot = self.slot(offset, data.len())?;
-        let _g = self.lock.write();
-        let stored = self.version(slot);
-        if version < stored {
-            return Err(Status::Stale);
-        }
-        if version == stored && version != 0 {
-            return Ok(());
-        }
-        self.memory.write(offset, data).ok_or(Status::OutOfRange)?;
-        self.versions
-            .write(slot * 8, &version.to_le_bytes())
-            .expect("slot checked");
-        self.crcs
-            .write(slot * 4, &crc.to_le_bytes())
-            .expect("slot checked");
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        self.touched
-            .fetch_max(offset + data.len() as u64, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Injected corruption: flips one random bit of the stored split at `offset` (a whole
-    /// split, as for [`Slab::write`]), leaving its version as it was.
-    pub fn corrupt(&self, offset: u64) -> Result<(), Status> {
-        let len = self.split_len as usize;
-        self.slot(offset, len)?;
-        let _g = self.lock.write();
-        let mut buf = [0u8; 1];
-        let bit = rand::random_range(0..len * 8);
-        let at = offset + (bit / 8) as u64;
-        self.memory.read(at, &mut buf).ok_or(Status::OutOfRange)?;
-        buf[0] ^= 1 << (bit % 8);
-        self.memory.write(at, &buf).ok_or(Status::OutOfRange)?;
-        Ok(())
-    }
-
-    /// Injected corruption at rest: flips one bit in every split that was ever written;
-    /// returns how many.
-    pub fn corrupt_written(&self) -> u64 {
-        let slots = self
-            .touched
-            .load(Ordering::Relaxed)
-            .div_ceil(self.split_len);
-        (0..slots)
-            .filter(|&slot| self.version(slot) != 0 && self.corrupt(slot * self.split_len).is_ok())
-            .count() as u64
-    }
-
-    /// Injected misdirected read: copies the split of the slot next to `offset` (the previous
-    /// one for the last slot) with its checksum, and returns the version stored for `offset`,
-    /// as a node that reads the wrong address but the right version would.
-    pub fn read_misdirected(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
-        let slot = self.slot(offset, out.len())?;
-        let slots = self.versions.len() as u64 / 8;
-        let other = if slot + 1 < slots {
-            slot + 1
-        } else {
-            slot.saturating_sub(1)
-        };
-        let _g = self.lock.read();
-        self.memory
-            .read(other * self.split_len, out)
-            .ok_or(Status::OutOfRange)?;
-        Ok((self.version(slot), self.crc(other)))
-    }
-
-    fn stats(&self, id: u32) -> SlabStats {
-        SlabStats {
-            slab: id,
-            owner: self.owner.fingerprint(),
-            tag: self.tag,
-            reads: self.reads.load(Ordering::Relaxed),
-            writes: self.writes.load(Ordering::Relaxed),
-            bytes_read: self.bytes_read.load(Ordering::Relaxed),
-            bytes_written: self.bytes_written.load(Ordering::Relaxed),
-            touched: self.touched.load(Ordering::Relaxed),
-            flags: if self.reclaimed() { SLAB_RECLAIMED } else { 0 },
-            activity: self.activity.load(Ordering::Relaxed),
-            corrupt: self.corrupt.load(Ordering::Relaxed),
-        }
-    }
-
-    fn reclaimed(&self) -> bool {
-        self.reclaim.load(Ordering::Relaxed) != 0
-    }
-
-    /// Bytes of memory this slab occupies now (approximated by how far it was written).
-    fn resident(&self) -> u64 {
-        self.touched.load(Ordering::Relaxed)
-    }
 }
 
 /// The state of a memory node, shared by all its connections.
@@ -376,6 +202,11 @@ impl Node {
         &self.config
     }
 
+    /// The slab size as a mapping length (the configuration is validated at start).
+    fn slab_bytes(&self) -> Result<usize, Status> {
+        usize::try_from(self.config.slab_size).map_err(|_| Status::Internal)
+    }
+
     /// Most slabs the node hands out at once.
     pub fn max_slabs(&self) -> u64 {
         self.config.capacity / self.config.slab_size
@@ -383,7 +214,7 @@ impl Node {
 
     /// Allocates a zeroed slab owned by `owner` for splits of `split_len` bytes.
     pub fn alloc(&self, owner: ClientId, tag: u64, split_len: u32) -> Result<u32, Status> {
-        if split_len == 0 || split_len as u64 > self.config.slab_size {
+        if split_len == 0 || split_len > MAX_SPLIT_LEN || split_len as u64 > self.config.slab_size {
             return Err(Status::BadRequest);
         }
         let mut next = self.alloc.lock();
@@ -394,40 +225,18 @@ impl Node {
             metrics::counter!("hydramem_node_alloc_refused_total").increment(1);
             return Err(Status::NoCapacity);
         }
-        let map = |len: u64| {
-            SlabMemory::new(len as usize).map_err(|e| {
-                tracing::error!(error = %e, "mapping a slab failed");
-                Status::Internal
-            })
+        let mapping_failed = |e: std::io::Error| {
+            tracing::error!(error = %e, "mapping a slab failed");
+            Status::Internal
         };
         let pooled = self.pool.lock().pop();
         let memory = match pooled {
             Some(m) => m,
-            None => map(self.config.slab_size)?,
+            None => SlabMemory::new(self.slab_bytes()?).map_err(mapping_failed)?,
         };
-        let slots = self.config.slab_size / split_len as u64;
-        let versions = map((slots * 8).max(8))?;
-        let crcs = map((slots * 4).max(4))?;
+        let slab = Slab::new(owner, tag, u64::from(split_len), memory).map_err(mapping_failed)?;
         let id = *next;
         *next = next.wrapping_add(1);
-        let slab = Slab {
-            owner,
-            tag,
-            split_len: split_len as u64,
-            memory,
-            versions,
-            crcs,
-            lock: RwLock::new(()),
-            reads: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            bytes_read: AtomicU64::new(0),
-            bytes_written: AtomicU64::new(0),
-            touched: AtomicU64::new(0),
-            reclaim: AtomicU64::new(0),
-            last_accesses: AtomicU64::new(0),
-            activity: AtomicU64::new(0),
-            corrupt: AtomicU64::new(0),
-        };
         self.slabs.write().insert(id, Arc::new(slab));
         metrics::counter!("hydramem_node_slabs_allocated_total").increment(1);
         tracing::debug!(slab = id, ?owner, tag, "slab allocated");
@@ -462,13 +271,17 @@ impl Node {
         }
     }
 
-    /// (slab, tag) of every slab `owner` holds.
-    pub fn list(&self, owner: &ClientId) -> Vec<(u32, u64)> {
+    /// Every slab `owner` holds, with its tag and the newest version stored in it.
+    pub fn list(&self, owner: &ClientId) -> Vec<Listed> {
         self.slabs
             .read()
             .iter()
             .filter(|(_, s)| s.owner == *owner)
-            .map(|(id, s)| (*id, s.tag))
+            .map(|(id, s)| Listed {
+                slab: *id,
+                tag: s.tag,
+                newest: s.newest(),
+            })
             .collect()
     }
 
@@ -557,7 +370,7 @@ impl Node {
             let slabs = self.slabs.read();
             let mut resident = 0;
             for s in slabs.values() {
-                let acc = s.reads.load(Ordering::Relaxed) + s.writes.load(Ordering::Relaxed);
+                let acc = s.accesses();
                 let delta = acc.saturating_sub(s.last_accesses.swap(acc, Ordering::Relaxed));
                 let a = s.activity.load(Ordering::Relaxed);
                 s.activity.store(a / 2 + delta, Ordering::Relaxed);
@@ -585,8 +398,12 @@ impl Node {
             metrics::counter!("hydramem_node_pool_released_total").increment(1);
         }
         while (pool.len() as u64) < want {
-            match SlabMemory::new(slab_size as usize) {
-                Ok(m) => {
+            match self
+                .slab_bytes()
+                .map_err(|_| std::io::Error::other("slab size"))
+                .and_then(SlabMemory::new)
+            {
+                Ok(mut m) => {
                     m.populate();
                     pool.push(m);
                 }
@@ -801,7 +618,14 @@ mod tests {
         n.slab(&a, s).unwrap().write(0, &[9; 512], 1).unwrap();
         assert!(matches!(n.slab(&b, s), Err(Status::NoSuchSlab)));
         assert_eq!(n.free(&b, s), Err(Status::NoSuchSlab));
-        assert_eq!(n.list(&a), vec![(s, 7)]);
+        assert_eq!(
+            n.list(&a),
+            vec![Listed {
+                slab: s,
+                tag: 7,
+                newest: 1
+            }]
+        );
         assert!(n.list(&b).is_empty());
         // A new slab for b is zeroed even though a wrote into memory before.
         n.free(&a, s).unwrap();
@@ -871,7 +695,7 @@ mod tests {
         n.stats()
             .slabs
             .iter()
-            .filter(|s| s.flags & SLAB_RECLAIMED != 0)
+            .filter(|s| s.flags & crate::wire::SLAB_RECLAIMED != 0)
             .map(|s| s.slab)
             .collect()
     }
@@ -893,7 +717,7 @@ mod tests {
         assert_eq!(n.stats().pool_slabs, 0);
         assert_eq!(n.alloc(a, 9, 512), Err(Status::NoCapacity));
         assert!(n.notice_for(&a).refusing);
-        let id = n.list(&a)[0].0;
+        let id = n.list(&a)[0].slab;
         let mut buf = [1u8; 512];
         n.slab(&a, id).unwrap().read(0, &mut buf).unwrap();
         assert_eq!(buf, [0; 512]);

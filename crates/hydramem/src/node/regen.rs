@@ -23,25 +23,36 @@
 //! a node that reclaimed it, or another replica under replication. Then the node copies it
 //! (one split's bytes per page instead of k) and stores each split with its version, through
 //! the same version check; only if every copy source fails does it fall back to decoding.
+//!
+//! A REGEN is checked before anything is allocated or connected ([`serve`]): the caller must
+//! own the target slab, the split length must be the slab's and the pages within it, at most
+//! k + r sources (the wire already refuses more), and every source is a node *id* that this
+//! node looks up in its own membership file (the cluster file it was started with), so a
+//! request can neither make the node connect to an address of its choosing nor make it
+//! allocate more than what its sources actually send (buffers grow as replies arrive, at most
+//! one frame per source).
 
 use std::io::{Read, Write};
-use std::net::TcpStream;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use hydramem_isal::Codec;
 
-use super::Node;
+use super::{Node, Slab};
+use crate::cluster::Cluster;
 use crate::integrity;
 use crate::wire::{
-    self, Entry, FrameBuilder, Header, Hello, Op, Reader, Regen, RegenSource, ReplyEntry, Status,
-    HEADER_LEN,
+    self, ClientId, Entry, FrameBuilder, Header, Hello, Op, Reader, Regen, RegenSource, ReplyEntry,
+    Status, HEADER_LEN,
 };
 
 /// Pages per vectored read from one source.
 pub const BATCH: u64 = 1024;
 
-/// Versions from here up mark a source split that failed its checksum (one per split index).
+/// Versions from here up mark a source split that failed its checksum (one per split index);
+/// no stored version reaches them (they are above [`wire::MAX_VERSION`]).
 const CORRUPT: u64 = u64::MAX - 256;
 
 /// A connection to one surviving split's node.
@@ -51,15 +62,17 @@ struct Source {
     stream: TcpStream,
     /// Splits it returned that failed their checksum, reported to it at the end.
     corrupt: u32,
+    /// The last reply frame's body (grown to what the source sends, at most one frame).
+    reply: Vec<u8>,
 }
 
 impl Source {
-    fn connect(s: &RegenSource, req: &Regen) -> Result<Source, String> {
+    fn connect(s: &RegenSource, addr: SocketAddr, req: &Regen) -> Result<Source, String> {
         // A source that does not greet us within a second is skipped (a stalled node must not
         // hold the regeneration up when other splits can serve); data reads get longer.
         let greet = Duration::from_secs(1);
-        let mut stream = TcpStream::connect_timeout(&s.addr, greet)
-            .map_err(|e| format!("connecting to {}: {e}", s.addr))?;
+        let mut stream = TcpStream::connect_timeout(&addr, greet)
+            .map_err(|e| format!("connecting to node {} at {addr}: {e}", s.node))?;
         stream
             .set_read_timeout(Some(greet))
             .map_err(|e| e.to_string())?;
@@ -71,7 +84,7 @@ impl Source {
         }
         .put(&mut hello);
         crate::status::request(&mut stream, Op::Hello, &hello)
-            .map_err(|e| format!("HELLO to {}: {e}", s.addr))?;
+            .map_err(|e| format!("HELLO to node {} at {addr}: {e}", s.node))?;
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
@@ -80,6 +93,7 @@ impl Source {
             slab: s.slab,
             stream,
             corrupt: 0,
+            reply: Vec::new(),
         })
     }
 
@@ -116,16 +130,22 @@ impl Source {
         len: usize,
         range: Option<u64>,
         versions: &mut [u64],
-        out: &mut [u8],
+        out: &mut Vec<u8>,
     ) -> Result<(), String> {
         let mut hb = [0u8; HEADER_LEN];
         self.stream.read_exact(&mut hb).map_err(|e| e.to_string())?;
         let h = Header::parse(&hb).map_err(|e| e.to_string())?;
-        let mut reply = vec![0u8; h.body_len as usize];
+        if !h.reply || h.op != Op::ReadV || h.id != first {
+            return Err(format!(
+                "source split {} answered {:?} #{} to READV #{first}",
+                self.split, h.op, h.id
+            ));
+        }
+        self.reply.resize(h.body_len as usize, 0);
         self.stream
-            .read_exact(&mut reply)
+            .read_exact(&mut self.reply)
             .map_err(|e| e.to_string())?;
-        let mut r = Reader::new(&reply);
+        let mut r = Reader::new(&self.reply);
         let count = r.count().map_err(|e| e.to_string())?;
         if count as u64 != n || h.status != Status::Ok {
             return Err(format!(
@@ -146,6 +166,11 @@ impl Source {
             let p = e.cookie as usize;
             let data = r.bytes(len).map_err(|e| e.to_string())?;
             let slot = first + e.cookie;
+            let end = (p + 1) * len;
+            if out.len() < end {
+                // Grown as data arrives: at most the batch this source was asked for.
+                out.resize(end, 0);
+            }
             versions[p] = match range {
                 Some(range)
                     if !integrity::verify(data, e.crc, range, slot, self.split, e.version) =>
@@ -177,14 +202,138 @@ pub enum RegenError {
     /// The target slab is not the caller's.
     #[error("no slab {0} of this client on this node")]
     NoSuchSlab(u32),
+    /// The sources cannot be looked up.
+    #[error("{0}")]
+    Membership(String),
     /// A source failed.
     #[error("regeneration source failed: {0}")]
     Source(String),
 }
 
+impl RegenError {
+    /// The status the requester gets.
+    fn status(&self) -> Status {
+        match self {
+            RegenError::Invalid(_) => Status::BadRequest,
+            RegenError::NoSuchSlab(_) => Status::NoSuchSlab,
+            RegenError::Membership(_) => Status::Forbidden,
+            RegenError::Source(_) => Status::Internal,
+        }
+    }
+}
+
+/// A REGEN checked against the target slab and the membership.
+struct Checked<'a> {
+    req: &'a Regen,
+    slab: Arc<Slab>,
+    /// The address of every source, in the request's order.
+    addrs: Vec<SocketAddr>,
+}
+
+/// Serves a REGEN from `client`: checks it, rebuilds the slab, and returns the pages rebuilt
+/// or the status to refuse it with (the reason is logged).
+pub fn serve(node: &Node, client: &ClientId, req: &Regen) -> Result<u64, Status> {
+    if req.client != *client {
+        tracing::warn!("REGEN for another identity refused");
+        return Err(Status::NoSuchSlab);
+    }
+    let checked = check(node, req).map_err(|e| {
+        tracing::warn!(error = %e, slab = req.slab, "REGEN refused");
+        e.status()
+    })?;
+    tracing::info!(
+        slab = req.slab,
+        split = req.target,
+        pages = req.pages,
+        "regenerating a slab"
+    );
+    let t0 = std::time::Instant::now();
+    match regenerate(node, &checked) {
+        Ok(pages) => {
+            tracing::info!(slab = req.slab, pages, elapsed = ?t0.elapsed(), "slab regenerated");
+            Ok(pages)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, slab = req.slab, "regeneration failed");
+            Err(e.status())
+        }
+    }
+}
+
+/// Checks a request before anything is allocated or connected (see the module doc).
+fn check<'a>(node: &Node, req: &'a Regen) -> Result<Checked<'a>, RegenError> {
+    let (k, r, target) = (req.k as usize, req.r as usize, req.target as usize);
+    let bad = |m: String| RegenError::Invalid(m);
+    if k == 0 || target >= k + r || req.sources.is_empty() || req.sources.len() > k + r {
+        return Err(bad(
+            "need k >= 1, target < k + r and 1 to k + r sources".into()
+        ));
+    }
+    let mut seen = 0u64;
+    for s in &req.sources {
+        let bit = 1u64 << s.split;
+        if s.split as usize >= k + r {
+            return Err(bad("a source names a split outside the group".into()));
+        }
+        if s.copy {
+            continue;
+        }
+        if s.split as usize == target || seen & bit != 0 {
+            return Err(bad(
+                "decoding sources must be distinct splits of the group, not the target".into(),
+            ));
+        }
+        seen |= bit;
+    }
+    let slab = node
+        .slab(&req.client, req.slab)
+        .map_err(|_| RegenError::NoSuchSlab(req.slab))?;
+    if u64::from(req.split_len) != slab.split_len() {
+        return Err(bad(format!(
+            "split length {} is not the slab's ({})",
+            req.split_len,
+            slab.split_len()
+        )));
+    }
+    if req.pages > slab.slots() {
+        return Err(bad(format!(
+            "{} pages asked, the slab holds {}",
+            req.pages,
+            slab.slots()
+        )));
+    }
+    let Some(path) = &node.config().membership else {
+        return Err(RegenError::Membership(
+            "this node was started without a cluster file, so it cannot look up regeneration              sources; restart it with --cluster FILE"
+                .into(),
+        ));
+    };
+    let cluster = Cluster::load(path)
+        .map_err(|e| RegenError::Membership(format!("cannot look up regeneration sources: {e}")))?;
+    let addrs = req
+        .sources
+        .iter()
+        .map(|s| {
+            cluster
+                .nodes
+                .iter()
+                .find(|n| n.id == s.node)
+                .map(|n| n.addr)
+                .ok_or_else(|| {
+                    RegenError::Invalid(format!(
+                        "source node {} is not a member of the cluster in {}",
+                        s.node,
+                        path.display()
+                    ))
+                })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Checked { req, slab, addrs })
+}
+
 /// Rebuilds the target slab; returns the number of pages rebuilt. Counted in the node's
 /// STATS (regenerations running, pages rebuilt) and metrics while it runs.
-pub fn regenerate(node: &Node, req: &Regen) -> Result<u64, RegenError> {
+fn regenerate(node: &Node, req: &Checked<'_>) -> Result<u64, RegenError> {
     node.regenerating.fetch_add(1, Ordering::Relaxed);
     metrics::gauge!("hydramem_node_regenerations_in_progress").increment(1.0);
     let r = rebuild(node, req);
@@ -196,37 +345,17 @@ pub fn regenerate(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     r
 }
 
-fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
+fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
+    let req = checked.req;
+    let slab = &checked.slab;
     let (k, r, target) = (req.k as usize, req.r as usize, req.target as usize);
     let len = req.split_len as usize;
-    let bad = |m: &str| RegenError::Invalid(m.to_string());
-    if k == 0 || target >= k + r || req.sources.is_empty() {
-        return Err(bad("need k >= 1, target < k + r and at least one source"));
-    }
-    let mut seen = 0u64;
-    for s in &req.sources {
-        let bit = 1u64 << s.split;
-        if s.split as usize >= k + r {
-            return Err(bad("a source names a split outside the group"));
-        }
-        if s.copy {
-            continue;
-        }
-        if s.split as usize == target || seen & bit != 0 {
-            return Err(bad(
-                "decoding sources must be distinct splits of the group, not the target",
-            ));
-        }
-        seen |= bit;
-    }
-    let slab = node
-        .slab(&req.client, req.slab)
-        .map_err(|_| RegenError::NoSuchSlab(req.slab))?;
-    for c in req.sources.iter().filter(|s| s.copy) {
-        match copy_from(node, &slab, c, req) {
+    let sources_with_addr = || req.sources.iter().zip(checked.addrs.iter().copied());
+    for (c, addr) in sources_with_addr().filter(|(s, _)| s.copy) {
+        match copy_from(node, slab, c, addr, req) {
             Ok(pages) => return Ok(pages),
             Err(e) => {
-                tracing::warn!(error = %e, source = %c.addr, "copy source failed; trying the next")
+                tracing::warn!(error = %e, source = %addr, "copy source failed; trying the next")
             }
         }
     }
@@ -239,8 +368,8 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     }
     let codec = Codec::new(k, r).map_err(|e| RegenError::Invalid(e.to_string()))?;
     let mut sources = Vec::new();
-    for s in req.sources.iter().filter(|s| !s.copy) {
-        match Source::connect(s, req) {
+    for (s, addr) in sources_with_addr().filter(|(s, _)| !s.copy) {
+        match Source::connect(s, addr, req) {
             Ok(src) => sources.push(src),
             Err(e) => {
                 tracing::warn!(error = %e, "regeneration source unreachable; using the others")
@@ -258,7 +387,8 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
     let b = batch as usize;
     let check = req.checksums.then_some(req.range);
     let mut versions = vec![vec![0u64; b]; sources.len()];
-    let mut data = vec![vec![0u8; b * len]; sources.len()];
+    // Grown by `receive` as data arrives.
+    let mut data = vec![Vec::new(); sources.len()];
     let mut rebuilt = vec![0u8; len];
     let mut done = 0u64;
     let mut first = 0u64;
@@ -338,7 +468,7 @@ fn rebuild(node: &Node, req: &Regen) -> Result<u64, RegenError> {
             let crc = check.map_or(0, |range| {
                 integrity::split_crc(&rebuilt, range, slot, target, version)
             });
-            store(&slab, slot, &rebuilt, version, crc)?;
+            store(slab, slot, &rebuilt, version, crc)?;
             done += 1;
         }
         batch_done(node, n, n * len as u64 * k as u64);
@@ -377,16 +507,17 @@ fn batch_for(len: usize) -> u64 {
 /// Copies every written split slot from a copy source into `slab`, with its version.
 fn copy_from(
     node: &Node,
-    slab: &super::Slab,
+    slab: &Slab,
     c: &RegenSource,
+    addr: SocketAddr,
     req: &Regen,
 ) -> Result<u64, RegenError> {
     let len = req.split_len as usize;
-    let mut src = Source::connect(c, req).map_err(RegenError::Source)?;
+    let mut src = Source::connect(c, addr, req).map_err(RegenError::Source)?;
     let batch = batch_for(len);
     let check = req.checksums.then_some(req.range);
     let mut versions = vec![0u64; batch as usize];
-    let mut data = vec![0u8; batch as usize * len];
+    let mut data = Vec::new();
     let (mut first, mut done) = (0u64, 0u64);
     if req.pages > 0 {
         src.ask(0, batch.min(req.pages), len)
@@ -428,13 +559,7 @@ fn copy_from(
 
 /// Stores a rebuilt or copied split through the version check (a newer split the client wrote
 /// meanwhile stays).
-fn store(
-    slab: &super::Slab,
-    slot: u64,
-    data: &[u8],
-    version: u64,
-    crc: u32,
-) -> Result<(), RegenError> {
+fn store(slab: &Slab, slot: u64, data: &[u8], version: u64, crc: u32) -> Result<(), RegenError> {
     match slab.store(slot * data.len() as u64, data, version, crc) {
         Ok(()) | Err(Status::Stale) => Ok(()),
         Err(st) => Err(RegenError::Invalid(format!("storing slot {slot}: {st}"))),

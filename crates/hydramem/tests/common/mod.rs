@@ -125,6 +125,19 @@ impl Raw {
         version: u64,
         crc: u32,
     ) -> Status {
+        self.write_reply(slab, offset, data, version, crc).0
+    }
+
+    /// One WRITEV entry of `version` with checksum `crc`; returns its status and the version
+    /// the node holds for the split afterwards.
+    pub fn write_reply(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        data: &[u8],
+        version: u64,
+        crc: u32,
+    ) -> (Status, u64) {
         let mut b = 1u32.to_le_bytes().to_vec();
         Entry {
             slab,
@@ -139,7 +152,8 @@ impl Raw {
         let (_, body) = self.call(Op::WriteV, &b);
         let mut r = Reader::new(&body);
         r.count().unwrap();
-        ReplyEntry::get_write(&mut r).unwrap().status
+        let e = ReplyEntry::get_write(&mut r).unwrap();
+        (e.status, e.version)
     }
 
     /// One READV entry; returns its status, data and the version the node stored.

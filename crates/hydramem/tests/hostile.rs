@@ -1,0 +1,452 @@
+//! A confused or hostile peer: every reproduction of issue 12 against real node processes.
+//! Each ends in a clear error or a correct retry, with 0 lost and 0 wrong bytes.
+//!
+//! - a client reattached with a clock behind the stored versions, and a Stale reply: the write
+//!   is written again past the stored version, never acknowledged as written;
+//! - a version no write can pass: a clear error, never a silent loss;
+//! - a node that answers with another operation's cookies, or heartbeats it was never sent:
+//!   dropped and counted, nothing lands, the node is judged failed;
+//! - requests that used to panic a node, leak its connection or blow up its memory.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::{Raw, HYDRA, SLAB};
+use hydramem::client::{ClientConfig, IoError, RemoteMemory, Resilience};
+use hydramem::cluster::Cluster;
+use hydramem::integrity;
+use hydramem::wire::{
+    ClientId, FrameBuilder, Header, Op, Reader, Regen, RegenSource, ReplyEntry, Status, HEADER_LEN,
+    MAX_VERSION,
+};
+
+fn now_nanos() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+}
+
+fn page(seed: u64) -> [u8; 4096] {
+    let mut p = [0u8; 4096];
+    for (i, b) in p.iter_mut().enumerate() {
+        *b = (seed.wrapping_mul(31) as usize + i * 7) as u8;
+    }
+    p[..8].copy_from_slice(&seed.to_le_bytes());
+    p
+}
+
+fn config(resilience: Resilience, id: ClientId) -> ClientConfig {
+    let mut c = ClientConfig::new(resilience, 4 * SLAB);
+    c.client_id = id;
+    c
+}
+
+/// Polls `cond` (a counter or a state moving) for up to 20 s.
+fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !cond() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_stale_write_is_never_acknowledged_a_reattached_client_continues_past_the_stored_versions() {
+    // The reproduction: write 'A' with the clock a day ahead, reconnect the same identity
+    // with the real clock, write 'B' → reads 'B' (it used to read 'AAAAAAAA').
+    let c = common::cluster(4, SLAB, 8);
+    let id = ClientId::random();
+    let rep = Resilience::Replication { copies: 2 };
+    let a = [b'A'; 4096];
+    {
+        let mem = RemoteMemory::connect(c.cluster(), config(rep, id)).unwrap();
+        mem.write_page(0, &a).unwrap();
+        // What a client with its clock a day ahead stores: the page at a version a day in
+        // the future, with the checksum bound to that version.
+        let ahead = now_nanos() + 86_400_000_000_000;
+        let g = mem.group_of(0).unwrap();
+        for j in 0..2 {
+            let mut raw = Raw::connect(c.cluster().nodes[g.nodes[j] as usize].addr);
+            raw.hello(id);
+            let crc = integrity::split_crc(&a, 0, 0, j, ahead);
+            assert_eq!(raw.write_stamped(g.slabs[j], 0, &a, ahead, crc), Status::Ok);
+        }
+    }
+    let mem = RemoteMemory::connect(c.cluster(), config(rep, id)).unwrap();
+    mem.write_page(0, &[b'B'; 4096]).unwrap();
+    let mut got = [0u8; 4096];
+    mem.read_page(0, &mut got).unwrap();
+    assert_eq!(got, [b'B'; 4096], "an acknowledged write was lost");
+}
+
+#[test]
+fn a_stale_reply_carries_the_stored_version_and_the_client_writes_again_past_it() {
+    let c = common::cluster(12, SLAB, 8);
+    let id = ClientId::random();
+    let mem = RemoteMemory::connect(c.cluster(), config(HYDRA, id)).unwrap();
+    let addr = 5 * 4096;
+    mem.write_page(addr, &page(1)).unwrap();
+    // After this client connected, something with a faster clock wrote split 3 of the page.
+    let g = mem.group_of(addr).unwrap();
+    let offset = mem.layout().split_offset(5);
+    let len = mem.layout().split_len;
+    let ahead = now_nanos() + 3_600_000_000_000;
+    let mut raw = Raw::connect(c.cluster().nodes[g.nodes[3] as usize].addr);
+    raw.hello(id);
+    assert_eq!(
+        raw.write_reply(g.slabs[3], offset, &vec![0xEE; len], ahead, 0),
+        (Status::Ok, ahead)
+    );
+    // An older write is refused as Stale and told the version stored.
+    assert_eq!(
+        raw.write_reply(g.slabs[3], offset, &vec![0xDD; len], ahead - 1, 0),
+        (Status::Stale, ahead)
+    );
+    mem.write_page(addr, &page(2)).unwrap();
+    assert!(mem.stats().stale_rewrites.load(Ordering::Relaxed) >= 1);
+    let mut got = [0u8; 4096];
+    mem.read_page(addr, &mut got).unwrap();
+    assert_eq!(got, page(2));
+    // The page now carries a version past the one that refused it, on every split.
+    let (st, _, v) = raw.read_split(g.slabs[3], offset, len as u32);
+    assert_eq!(st, Status::Ok);
+    assert!(v > ahead, "split 3 still holds version {v} <= {ahead}");
+    // Versions only grow: the next write of another page goes past it too.
+    mem.write_page(0, &page(3)).unwrap();
+    let (_, _, v0) = raw.read_split(g.slabs[3], 0, len as u32);
+    assert!(v0 > v);
+}
+
+#[test]
+fn a_version_no_write_can_pass_gives_a_clear_error_and_invalid_versions_are_refused() {
+    let c = common::cluster(4, SLAB, 8);
+    let id = ClientId::random();
+    let rep = Resilience::Replication { copies: 2 };
+    let mem = RemoteMemory::connect(c.cluster(), config(rep, id)).unwrap();
+    mem.write_page(0, &page(1)).unwrap();
+    let g = mem.group_of(0).unwrap();
+    let mut raw = Raw::connect(c.cluster().nodes[g.nodes[0] as usize].addr);
+    raw.hello(id);
+    // Versions beyond the valid range (a pin no write could ever pass) and 0 are refused.
+    for bad in [MAX_VERSION + 1, u64::MAX, 0] {
+        assert_eq!(
+            raw.write_reply(g.slabs[0], 0, &[1; 4096], bad, 0),
+            (Status::BadRequest, 0)
+        );
+    }
+    // The largest valid version pins the page: the client says so instead of acknowledging.
+    assert_eq!(
+        raw.write_reply(g.slabs[0], 0, &[1; 4096], MAX_VERSION, 0).0,
+        Status::Ok
+    );
+    match mem.write_page(0, &page(2)) {
+        Err(e @ IoError::VersionsExhausted { .. }) => {
+            assert!(e.to_string().contains("hydramem free"), "{e}")
+        }
+        other => panic!("expected VersionsExhausted, got {other:?}"),
+    }
+}
+
+/// How the hostile proxy in front of a node misbehaves.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mischief {
+    /// Before every WRITEV reply, a forged READV reply carrying the write's cookies.
+    ForgeReads,
+    /// Swallows heartbeats and answers each with a PING reply of id u64::MAX.
+    FakePongs,
+}
+
+/// Runs a proxy to `node` on a fresh port; returns its address.
+fn hostile_proxy(node: SocketAddr, mischief: Mischief, forged: Arc<AtomicU64>) -> SocketAddr {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for conn in l.incoming() {
+            let Ok(client) = conn else { return };
+            let Ok(upstream) = TcpStream::connect(node) else {
+                return;
+            };
+            let (c2, u2) = (client.try_clone().unwrap(), upstream.try_clone().unwrap());
+            let (f, f2) = (forged.clone(), forged.clone());
+            let to_client = Arc::new(std::sync::Mutex::new(client));
+            let tc = to_client.clone();
+            // Client → node: PINGs may be answered here instead.
+            std::thread::spawn(move || {
+                let (mut from, mut to) = (c2, upstream);
+                while let Some((h, body)) = read_frame(&mut from) {
+                    if mischief == Mischief::FakePongs && h.op == Op::Ping {
+                        let mut out = Vec::new();
+                        FrameBuilder::begin(&mut out, Op::Ping, true, Status::Ok, u64::MAX)
+                            .finish(&mut out)
+                            .unwrap();
+                        let _ = tc.lock().unwrap().write_all(&out);
+                        f.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    if write_frame(&mut to, &h, &body).is_err() {
+                        return;
+                    }
+                }
+            });
+            // Node → client: forged READV replies ahead of WRITEV replies.
+            std::thread::spawn(move || {
+                let mut from = u2;
+                while let Some((h, body)) = read_frame(&mut from) {
+                    let mut out = Vec::new();
+                    if mischief == Mischief::ForgeReads && h.op == Op::WriteV && h.reply {
+                        out = forged_reads(&h, &body);
+                        f2.fetch_add(1, Ordering::Relaxed);
+                    }
+                    let mut frame = Vec::new();
+                    frame.extend_from_slice(&h.encode());
+                    frame.extend_from_slice(&body);
+                    out.extend_from_slice(&frame);
+                    if to_client.lock().unwrap().write_all(&out).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+/// A READV reply frame with the cookies of a WRITEV reply, each with a split of junk.
+fn forged_reads(h: &Header, body: &[u8]) -> Vec<u8> {
+    let mut r = Reader::new(body);
+    let n = r.count().unwrap();
+    let mut out = Vec::new();
+    let fb = FrameBuilder::begin(&mut out, Op::ReadV, true, Status::Ok, h.id);
+    out.extend_from_slice(&(n as u32).to_le_bytes());
+    for _ in 0..n {
+        let e = ReplyEntry::get_write(&mut r).unwrap();
+        ReplyEntry::put_read(&mut out, e.cookie, Status::Ok, 512, e.version, 0);
+        out.extend_from_slice(&[0x5A; 512]);
+    }
+    fb.finish(&mut out).unwrap();
+    out
+}
+
+fn read_frame(s: &mut TcpStream) -> Option<(Header, Vec<u8>)> {
+    let mut hb = [0u8; HEADER_LEN];
+    s.read_exact(&mut hb).ok()?;
+    let h = Header::parse(&hb).ok()?;
+    let mut body = vec![0u8; h.body_len as usize];
+    s.read_exact(&mut body).ok()?;
+    Some((h, body))
+}
+
+fn write_frame(s: &mut TcpStream, h: &Header, body: &[u8]) -> std::io::Result<()> {
+    let mut f = h.encode().to_vec();
+    f.extend_from_slice(body);
+    s.write_all(&f)
+}
+
+/// The cluster file with node 0 reached through a proxy.
+fn behind_proxy(c: &Cluster, proxy: SocketAddr) -> Cluster {
+    let mut c = c.clone();
+    c.nodes[0].addr = proxy;
+    c
+}
+
+#[test]
+fn read_replies_carrying_write_cookies_are_dropped_counted_and_never_land() {
+    // The reproduction: a READV reply with a write's cookie made read completion copy to
+    // null + offset (`hydramem nbd` died with a segfault).
+    let c = common::cluster(12, SLAB, 8);
+    let forged = Arc::new(AtomicU64::new(0));
+    let proxy = hostile_proxy(
+        c.cluster().nodes[0].addr,
+        Mischief::ForgeReads,
+        forged.clone(),
+    );
+    let cluster = behind_proxy(c.cluster(), proxy);
+    let mem = RemoteMemory::connect(&cluster, config(HYDRA, ClientId::random())).unwrap();
+    let pages = 4 * SLAB / 4096;
+    for p in 0..pages {
+        mem.write_page(p * 4096, &page(p)).unwrap();
+    }
+    assert!(forged.load(Ordering::Relaxed) > 0, "node 0 took no write");
+    for p in 0..pages {
+        let mut got = [0u8; 4096];
+        mem.read_page(p * 4096, &mut got).unwrap();
+        assert_eq!(got, page(p), "page {p} read back wrong");
+    }
+    assert!(
+        mem.foreign_replies() >= forged.load(Ordering::Relaxed),
+        "{} foreign replies counted for {} forged frames",
+        mem.foreign_replies(),
+        forged.load(Ordering::Relaxed)
+    );
+}
+
+#[test]
+fn a_node_that_answers_heartbeats_it_was_never_sent_is_judged_failed() {
+    // The reproduction: a PING reply with id u64::MAX used to satisfy heartbeats forever.
+    let c = common::cluster(12, SLAB, 8);
+    let forged = Arc::new(AtomicU64::new(0));
+    let proxy = hostile_proxy(
+        c.cluster().nodes[0].addr,
+        Mischief::FakePongs,
+        forged.clone(),
+    );
+    let cluster = behind_proxy(c.cluster(), proxy);
+    let mem = RemoteMemory::connect(&cluster, config(HYDRA, ClientId::random())).unwrap();
+    eventually("node 0 judged failed", || !mem.transport().is_up(0));
+    assert!(forged.load(Ordering::Relaxed) > 0);
+}
+
+#[test]
+fn a_node_that_says_it_is_another_node_is_not_used_as_that_node() {
+    let c = common::cluster(12, SLAB, 8);
+    let mut cluster = c.cluster().clone();
+    // Nodes 0 and 1 swapped in the file: each answers with the other's id.
+    let (a0, a1) = (cluster.nodes[0].addr, cluster.nodes[1].addr);
+    cluster.nodes[0].addr = a1;
+    cluster.nodes[1].addr = a0;
+    let mem = RemoteMemory::connect(&cluster, config(HYDRA, ClientId::random())).unwrap();
+    assert!(!mem.transport().is_up(0) && !mem.transport().is_up(1));
+    mem.write_page(0, &page(9)).unwrap();
+    let g = mem.group_of(0).unwrap();
+    assert!(!g.nodes[..10].contains(&0) && !g.nodes[..10].contains(&1));
+}
+
+#[test]
+fn no_request_panics_a_node_or_leaks_its_connection() {
+    // The reproduction: on a slab of 1-byte splits, WRITEV at offset 2^64 - 1 overflowed the
+    // slot arithmetic and panicked the connection's thread, which then leaked its socket and
+    // its count (64 of them: STATS said 64 clients with none connected).
+    let c = common::cluster(1, SLAB, 4);
+    let addr = c.cluster().nodes[0].addr;
+    for _ in 0..64 {
+        let mut raw = Raw::connect(addr);
+        raw.hello(ClientId::random());
+        let slab = raw.alloc(1);
+        let (st, stored) = raw.write_reply(slab, u64::MAX, &[1], 5, 0);
+        assert_eq!((st, stored), (Status::OutOfRange, 0));
+        // The connection is still served.
+        assert_eq!(raw.read_split(slab, 0, 1).0, Status::Ok);
+        assert_eq!(raw.call(Op::Free, &slab.to_le_bytes()).0.status, Status::Ok);
+    }
+    eventually("every connection uncounted", || {
+        hydramem::status::fetch(addr, Duration::from_secs(5))
+            .map(|s| s.clients == 0)
+            .unwrap_or(false)
+    });
+    // Splits longer than a node serves are refused at ALLOC.
+    let mut raw = Raw::connect(addr);
+    raw.hello(ClientId::random());
+    let body = [&1u64.to_le_bytes()[..], &(1u32 << 20).to_le_bytes()].concat();
+    assert_eq!(raw.call(Op::Alloc, &body).0.status, Status::BadRequest);
+}
+
+fn regen(client: ClientId, slab: u32, split_len: u32, pages: u64, sources: &[u32]) -> Vec<u8> {
+    let req = Regen {
+        client,
+        k: 2,
+        r: 1,
+        target: 2,
+        split_len,
+        slab,
+        pages,
+        range: 0,
+        checksums: false,
+        sources: sources
+            .iter()
+            .enumerate()
+            .map(|(i, &node)| RegenSource {
+                split: i as u8,
+                copy: false,
+                slab: 1,
+                node,
+            })
+            .collect(),
+    };
+    let mut b = Vec::new();
+    req.put(&mut b);
+    b
+}
+
+#[test]
+fn regen_is_checked_against_the_slab_and_the_membership_before_it_allocates_or_connects() {
+    let c = common::cluster(3, SLAB, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let id = ClientId::random();
+    let mut raw = Raw::connect(addr);
+    raw.hello(id);
+    let slab = raw.alloc(512);
+    let rss = || {
+        hydramem::status::fetch(addr, Duration::from_secs(5))
+            .unwrap()
+            .rss
+    };
+    let before = rss();
+    // The reproduction: a ~200-byte REGEN whose split length is not the slab's took a node
+    // from 5.5 MB to 1.05 GB resident.
+    let (h, _) = raw.call(Op::Regen, &regen(id, slab, 64 << 20, 1 << 20, &[1, 2]));
+    assert_eq!(h.status, Status::BadRequest);
+    // More pages than the slab holds.
+    let (h, _) = raw.call(Op::Regen, &regen(id, slab, 512, SLAB / 512 + 1, &[1, 2]));
+    assert_eq!(h.status, Status::BadRequest);
+    // A source that is not a member: the node never connects where a request says.
+    let (h, _) = raw.call(Op::Regen, &regen(id, slab, 512, 16, &[1, 999]));
+    assert_eq!(h.status, Status::BadRequest);
+    assert!(
+        rss() < before + (64 << 20),
+        "REGEN grew the node from {before} to {} bytes",
+        rss()
+    );
+    // More sources than k + r: a malformed frame, that connection only is closed.
+    raw.s
+        .write_all(&{
+            let mut out = Vec::new();
+            let fb = FrameBuilder::begin(&mut out, Op::Regen, false, Status::Ok, 99);
+            out.extend_from_slice(&regen(id, slab, 512, 16, &[1, 2, 1, 2]));
+            fb.finish(&mut out).unwrap();
+            out
+        })
+        .unwrap();
+    let mut b = [0u8; 1];
+    assert_eq!(raw.s.read(&mut b).unwrap_or(0), 0, "connection not closed");
+    assert!(hydramem::status::fetch(addr, Duration::from_secs(5)).is_ok());
+    // A well-formed REGEN from members works (here: nothing written, 0 pages rebuilt).
+    let mut raw = Raw::connect(addr);
+    raw.hello(id);
+    let target = raw.alloc(512);
+    let mut srcs = Vec::new();
+    for n in 1..3 {
+        let mut r = Raw::connect(c.cluster().nodes[n].addr);
+        r.hello(id);
+        srcs.push(r.alloc(512));
+    }
+    let req = Regen {
+        client: id,
+        k: 2,
+        r: 1,
+        target: 2,
+        split_len: 512,
+        slab: target,
+        pages: 16,
+        range: 0,
+        checksums: false,
+        sources: (0..2)
+            .map(|i| RegenSource {
+                split: i as u8,
+                copy: false,
+                slab: srcs[i],
+                node: c.cluster().nodes[i + 1].id,
+            })
+            .collect(),
+    };
+    let mut body = Vec::new();
+    req.put(&mut body);
+    let (h, reply) = raw.call(Op::Regen, &body);
+    assert_eq!(h.status, Status::Ok);
+    assert_eq!(reply, 0u64.to_le_bytes());
+}
