@@ -21,7 +21,7 @@
 
 pub mod correct;
 pub mod layout;
-pub mod slots;
+pub(crate) mod slots;
 pub mod tcp;
 pub mod transport;
 
@@ -2129,7 +2129,9 @@ impl RemoteMemory {
             .expect("only coded reads check codewords");
         let target = (l.k + 2 * l.delta() + 1).min(l.width);
         let version = first.version;
-        op.reopen();
+        // SAFETY: `page` (the one the read's slot was acquired for) is not touched from here
+        // until `op.close()` below; only the posting of split reads happens in between.
+        unsafe { op.reopen() };
         {
             let op: &slots::Op<'_> = op;
             // Replies that came while the slot was closed for the check were dropped: ask

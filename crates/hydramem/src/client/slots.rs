@@ -508,17 +508,6 @@ impl Op<'_> {
         self.slot().stale.load(SeqCst)
     }
 
-    /// Forgets every split's outcome before the whole operation is posted again (a write
-    /// re-sent with a newer version).
-    pub fn restart(&self) {
-        let s = self.slot();
-        s.failed.store(0, SeqCst);
-        s.landed.store(0, SeqCst);
-        s.corrupt.store(0, SeqCst);
-        s.first_status.store(0, SeqCst);
-        s.stale.store(0, SeqCst);
-    }
-
     /// The first error status a node reported for this operation, if any.
     pub fn first_status(&self) -> Option<Status> {
         let v = self.slot().first_status.load(SeqCst);
@@ -537,12 +526,15 @@ impl Op<'_> {
     }
 
     /// Opens a closed slot to completers again, so that a read can ask for more splits after
-    /// it checked those it had (corruption correction). The owner must not touch the page or
-    /// the side buffer until it closes the slot again. Splits that landed keep their claimed
+    /// it checked those it had (corruption correction). Splits that landed keep their claimed
     /// regions, so late or duplicate replies never overwrite them; a region the owner wrote
     /// meanwhile without a landed split (a decoded data split) may be overwritten by that
     /// split when it arrives, which is what a second look wants.
-    pub fn reopen(&mut self) {
+    ///
+    /// # Safety
+    /// The contract of [`Slots::acquire_read`] holds again: nothing may read or write the
+    /// page (or the side buffer) until the slot is closed again ([`Op::close`]) or dropped.
+    pub unsafe fn reopen(&mut self) {
         self.slot().closed.store(false, SeqCst);
     }
 
