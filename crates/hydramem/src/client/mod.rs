@@ -20,6 +20,8 @@
 //! copy, a write waiting for all n copies and a read taking the first copy that arrives.
 
 pub mod correct;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod layout;
 pub(crate) mod slots;
 pub mod tcp;
@@ -45,7 +47,7 @@ use layout::MAX_WIDTH;
 pub use layout::{Layout, Mode, Resilience};
 use slots::{Progress, Slots};
 use tcp::{TcpOptions, TcpTransport};
-use transport::{Completions, Transport, TransportError};
+use transport::{Transport, TransportError};
 
 /// A page: the unit of remote I/O.
 pub type Page = [u8; PAGE_SIZE];
@@ -440,28 +442,6 @@ fn describe_mask(mask: u32) -> String {
 }
 
 /// Adapter: the slot table receives the transport's completions.
-struct SlotSink(Arc<Slots>);
-
-impl Completions for SlotSink {
-    fn read_done(
-        &self,
-        node: u16,
-        cookie: u64,
-        status: Status,
-        version: u64,
-        crc: u32,
-        data: &[u8],
-    ) {
-        self.0.read_done(node, cookie, status, version, crc, data)
-    }
-    fn write_done(&self, node: u16, cookie: u64, status: Status, stored: u64) {
-        self.0.write_done(node, cookie, status, stored)
-    }
-    fn node_down(&self, node: u16) {
-        self.0.node_down(node)
-    }
-}
-
 /// A client's resilient remote address space. `Send + Sync`: share it across threads.
 pub struct RemoteMemory {
     layout: Layout,
@@ -658,12 +638,8 @@ impl RemoteMemory {
         };
         let members: Vec<(u32, std::net::SocketAddr)> =
             cluster.nodes.iter().map(|n| (n.id, n.addr)).collect();
-        let (transport, outcomes) = TcpTransport::connect(
-            &members,
-            hello,
-            Arc::new(SlotSink(slots.clone())),
-            config.tcp,
-        )?;
+        let (transport, outcomes) =
+            TcpTransport::connect(&members, hello, slots.clone(), config.tcp)?;
         let mut down = Vec::new();
         for (i, o) in outcomes.iter().enumerate() {
             match o {

@@ -39,6 +39,7 @@ use std::thread::Thread;
 use parking_lot::{Condvar, Mutex};
 
 use super::layout::{Layout, Place, MAX_WIDTH};
+use super::transport::Completions;
 use crate::integrity;
 use crate::wire::Status;
 
@@ -296,18 +297,13 @@ impl Slots {
             .first_status
             .compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
     }
+}
 
+/// The transport delivers completions straight into the table: no queue, no thread hop.
+impl Completions for Slots {
     /// Delivers a read reply from `node` with the version and checksum the node stored for the
     /// split. Data of a stale, closed, duplicate or foreign split is dropped unread.
-    pub fn read_done(
-        &self,
-        node: u16,
-        c: u64,
-        status: Status,
-        version: u64,
-        crc: u32,
-        data: &[u8],
-    ) {
+    fn read_done(&self, node: u16, c: u64, status: Status, version: u64, crc: u32, data: &[u8]) {
         let Some((s, j)) = self.enter(node, Kind::Read, c) else {
             return;
         };
@@ -367,7 +363,7 @@ impl Slots {
     /// split now. `Stale` is a failure, never an acknowledgement: the node kept a newer
     /// version (`stored`) and did not write this one, so the writer must write again past it
     /// ([`Op::stale_version`]).
-    pub fn write_done(&self, node: u16, c: u64, status: Status, stored: u64) {
+    fn write_done(&self, node: u16, c: u64, status: Status, stored: u64) {
         let Some((s, j)) = self.enter(node, Kind::Write, c) else {
             return;
         };
@@ -385,7 +381,7 @@ impl Slots {
     }
 
     /// Fails every outstanding split posted to `node` (its connection was lost).
-    pub fn node_down(&self, node: u16) {
+    fn node_down(&self, node: u16) {
         for (i, s) in self.slots.iter().enumerate() {
             if !s.in_use.load(SeqCst) {
                 continue;

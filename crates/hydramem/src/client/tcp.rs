@@ -850,14 +850,10 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
     if !h.reply {
         return Err(WireError::Invalid("node sent a request frame"));
     }
+    if super::transport::deliver(&*sh.completions, node, h, body)? {
+        return Ok(());
+    }
     match h.op {
-        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, stored, _, _| {
-            sh.completions.write_done(node, cookie, status, stored)
-        }),
-        Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, crc, data| {
-            sh.completions
-                .read_done(node, cookie, status, version, crc, data)
-        }),
         Op::Ping => {
             let c = &sh.conns[node as usize];
             // Only the answer to the heartbeat in flight counts: a node that answers a PING

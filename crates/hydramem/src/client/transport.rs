@@ -12,7 +12,9 @@
 
 use std::time::Duration;
 
-use crate::wire::{self, CorruptReport, Entry, Notice, Op, Status, MAX_CORRUPT_REPORTS};
+use crate::wire::{
+    self, CorruptReport, Entry, Header, Notice, Op, Status, WireError, MAX_CORRUPT_REPORTS,
+};
 
 /// Receives split completions; implemented by the client's slot table. `node` is the node
 /// whose connection the reply arrived on (the receiver checks it against the node the split
@@ -34,6 +36,28 @@ pub trait Completions: Send + Sync {
     fn write_done(&self, node: u16, cookie: u64, status: Status, stored: u64);
     /// The connection to `node` was lost: every entry posted to it and not completed fails.
     fn node_down(&self, node: u16);
+}
+
+/// Hands every entry of a WRITEV or READV reply frame that arrived from `node` to
+/// `completions`; returns `Ok(false)` for a frame of another op (the caller's business).
+/// An error means the frame is malformed (entries before the bad one were delivered): the
+/// connection that carried it cannot be trusted and must be closed.
+pub fn deliver(
+    completions: &dyn Completions,
+    node: u16,
+    h: &Header,
+    body: &[u8],
+) -> Result<bool, WireError> {
+    match h.op {
+        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, stored, _, _| {
+            completions.write_done(node, cookie, status, stored)
+        })?,
+        Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, crc, data| {
+            completions.read_done(node, cookie, status, version, crc, data)
+        })?,
+        _ => return Ok(false),
+    }
+    Ok(true)
 }
 
 /// Errors of the transport.

@@ -15,6 +15,8 @@
 //!   did not move it within the grace period (see [`control`]).
 
 pub mod control;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 mod memory;
 pub mod regen;
 pub mod server;
