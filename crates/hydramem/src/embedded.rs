@@ -4,14 +4,22 @@
 //! `hydramem node` process listening on port 0; it announces its address on its first stdout
 //! line, which is how the parent learns it. Children get `PR_SET_PDEATHSIG`, so they die with
 //! the parent even when it is SIGKILLed; dropping an [`EmbeddedCluster`] kills and reaps them.
-//! Nodes can be killed, paused, resumed and restarted individually (fault injection).
+//! Nodes can be killed, paused, resumed and restarted individually (fault injection); a
+//! restarted node listens on its old address and starts empty, as a rebooted machine would.
+//!
+//! Every node is started with `--cluster FILE`, the membership it resolves regeneration
+//! sources from. The addresses are known only once every node has announced its own, so the
+//! file is written then, before [`EmbeddedCluster::start`] returns (nodes read it lazily, at
+//! their first REGEN). It is the caller's file when [`EmbeddedOptions::cluster_file`] names
+//! one, else a file in a private temporary directory that is removed with the cluster.
 
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::DirBuilderExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use crate::cluster::{Cluster, NodeEntry};
+use crate::cluster::{Cluster, ClusterError, NodeEntry};
 
 /// The path to run this very program again: `/proc/self/exe`, which still names the running
 /// binary after it was replaced on disk (a rebuild), unlike the path `current_exe` returns.
@@ -37,6 +45,10 @@ pub struct EmbeddedOptions {
     pub capacity: u64,
     /// Extra arguments for every node (e.g. `--log warn`).
     pub extra_args: Vec<String>,
+    /// The cluster file to write and to give every node as `--cluster`; `None`: one in a
+    /// private temporary directory, removed when the cluster is dropped (a cluster that is
+    /// never dropped, e.g. kept for the life of the process, leaves it behind: give it a file).
+    pub cluster_file: Option<PathBuf>,
 }
 
 /// Errors starting or controlling the embedded cluster.
@@ -60,6 +72,22 @@ pub enum EmbeddedError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The private directory for the cluster file could not be made.
+    #[error(
+        "cannot create a private directory for the cluster file in {dir}: {source}; \
+         set TMPDIR to a writable directory or pass a cluster file"
+    )]
+    TempDir {
+        /// The parent directory.
+        dir: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The cluster file the nodes read their membership from could not be written.
+    #[error(
+        "memory nodes started, but {0}; they were stopped: name a file in a writable directory"
+    )]
+    ClusterFile(ClusterError),
 }
 
 struct NodeProc {
@@ -72,11 +100,49 @@ pub struct EmbeddedCluster {
     options: EmbeddedOptions,
     nodes: Vec<NodeProc>,
     cluster: Cluster,
+    /// The file every node is given as `--cluster` (absolute: nodes may resolve it later).
+    cluster_file: PathBuf,
+    /// The private directory holding `cluster_file` when the caller gave none.
+    temp_dir: Option<PathBuf>,
+}
+
+/// Makes a directory only this user can enter, with a name no other cluster uses.
+fn private_temp_dir() -> Result<PathBuf, EmbeddedError> {
+    let parent = std::env::temp_dir();
+    let mut attempt = 0;
+    loop {
+        let dir = parent.join(format!(
+            "hydramem-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => attempt += 1,
+            Err(source) => {
+                return Err(EmbeddedError::TempDir {
+                    dir: parent.display().to_string(),
+                    source,
+                })
+            }
+        }
+    }
 }
 
 impl EmbeddedCluster {
-    /// Starts the nodes and waits until each has announced its address.
+    /// Starts the nodes, waits until each has announced its address, and writes the cluster
+    /// file they were given.
     pub fn start(options: EmbeddedOptions) -> Result<EmbeddedCluster, EmbeddedError> {
+        let (cluster_file, temp_dir) = match &options.cluster_file {
+            // Absolute, so that it names the same file whatever directory reads it.
+            Some(p) => (std::path::absolute(p).unwrap_or_else(|_| p.clone()), None),
+            None => {
+                let dir = private_temp_dir()?;
+                (dir.join("cluster.toml"), Some(dir))
+            }
+        };
+        // From here on, dropping `c` (an error below) stops the nodes started so far and
+        // removes the private directory.
         let mut c = EmbeddedCluster {
             cluster: Cluster {
                 slab_size: options.slab_size,
@@ -85,11 +151,18 @@ impl EmbeddedCluster {
             },
             options,
             nodes: Vec::new(),
+            cluster_file,
+            temp_dir,
         };
         for i in 0..c.options.nodes {
+            let id = u32::try_from(i).map_err(|_| EmbeddedError::Start {
+                node: i,
+                binary: c.options.binary.display().to_string(),
+                reason: "more nodes than there are node ids (2^32); start fewer".into(),
+            })?;
             let (child, addr) = c.spawn(i, "127.0.0.1:0")?;
             let entry = NodeEntry {
-                id: i as u32,
+                id,
                 addr,
                 domain: None,
             };
@@ -99,6 +172,9 @@ impl EmbeddedCluster {
                 entry,
             });
         }
+        c.cluster
+            .save(&c.cluster_file)
+            .map_err(EmbeddedError::ClusterFile)?;
         Ok(c)
     }
 
@@ -119,6 +195,8 @@ impl EmbeddedCluster {
             .args(["--id", &i.to_string()])
             .args(["--capacity", &o.capacity.to_string()])
             .args(["--slab-size", &o.slab_size.to_string()])
+            .arg("--cluster")
+            .arg(&self.cluster_file)
             .arg("--announce")
             .args(&o.extra_args)
             // Every node would try to serve metrics on the same address.
@@ -174,8 +252,13 @@ impl EmbeddedCluster {
         &self.cluster
     }
 
-    /// Writes the cluster file.
-    pub fn write_cluster_file(&self, path: &Path) -> Result<(), crate::cluster::ClusterError> {
+    /// The cluster file the nodes were given as `--cluster` (written by [`Self::start`]).
+    pub fn cluster_file(&self) -> &Path {
+        &self.cluster_file
+    }
+
+    /// Writes a copy of the cluster file to `path`.
+    pub fn write_cluster_file(&self, path: &Path) -> Result<(), ClusterError> {
         self.cluster.save(path)
     }
 
@@ -288,5 +371,8 @@ impl EmbeddedCluster {
 impl Drop for EmbeddedCluster {
     fn drop(&mut self) {
         self.shutdown();
+        if let Some(dir) = &self.temp_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }

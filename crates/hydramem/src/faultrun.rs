@@ -160,6 +160,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             "--control-period".into(),
             "100ms".into(),
         ],
+        cluster_file: None,
     })
     .map_err(|e| e.to_string())?;
     let scheme = Resilience::Hydra {

@@ -196,7 +196,7 @@ struct UpArgs {
     /// Number of memory nodes.
     #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
     nodes: usize,
-    /// Where to write the cluster file.
+    /// Where to write the cluster file (the nodes read it too, as their membership).
     #[arg(
         long,
         env = "HYDRAMEM_CLUSTER",
@@ -535,10 +535,10 @@ fn run_up(a: UpArgs, log: &str) -> Result<()> {
         slab_size: a.slab_size.bytes(),
         capacity: a.capacity.bytes(),
         extra_args: vec!["--log".into(), log.into()],
+        cluster_file: Some(a.cluster.clone()),
     };
     let stop = stop_flag()?;
     let mut cluster = EmbeddedCluster::start(opts)?;
-    cluster.write_cluster_file(&a.cluster)?;
     println!(
         "{} memory nodes up on loopback ({} each, {} slabs); cluster file: {}",
         a.nodes,
