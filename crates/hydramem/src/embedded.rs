@@ -14,10 +14,12 @@
 //! one, else a file in a private temporary directory that is removed with the cluster.
 
 use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::os::unix::fs::DirBuilderExt;
-use std::os::unix::process::CommandExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, ClusterError, NodeEntry};
 
@@ -90,9 +92,66 @@ pub enum EmbeddedError {
     ClusterFile(ClusterError),
 }
 
+/// How a node process ended, as [`EmbeddedCluster::try_wait_any`] found it.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeExit {
+    /// Node index (its id in the cluster file).
+    pub node: usize,
+    /// The address it listened on.
+    pub addr: SocketAddr,
+    /// Its process id.
+    pub pid: u32,
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// How long it ran since its (re)start.
+    pub ran: Duration,
+}
+
+/// "exited with status 3", "killed by signal 9 (SIGKILL)": how a process ended, in words.
+pub fn describe_exit(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    let Some(sig) = status.signal() else {
+        return status.to_string();
+    };
+    let core = if status.core_dumped() {
+        ", core dumped"
+    } else {
+        ""
+    };
+    match signal_name(sig) {
+        Some(name) => format!("killed by signal {sig} ({name}){core}"),
+        None => format!("killed by signal {sig}{core}"),
+    }
+}
+
+/// The name of a common signal.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    const NAMES: [(i32, &str); 15] = [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+    ];
+    NAMES.iter().find(|(n, _)| *n == sig).map(|(_, name)| *name)
+}
+
 struct NodeProc {
     child: Option<Child>,
     entry: NodeEntry,
+    started: Instant,
 }
 
 /// Running nodes and the cluster file that describes them.
@@ -170,6 +229,7 @@ impl EmbeddedCluster {
             c.nodes.push(NodeProc {
                 child: Some(child),
                 entry,
+                started: Instant::now(),
             });
         }
         c.cluster
@@ -223,9 +283,7 @@ impl EmbeddedCluster {
         let stdout = child.stdout.take().expect("piped");
         let mut line = String::new();
         let mut reader = BufReader::new(stdout);
-        reader
-            .read_line(&mut line)
-            .map_err(|e| err(e.to_string()))?;
+        let read = reader.read_line(&mut line);
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut sink = String::new();
@@ -233,18 +291,26 @@ impl EmbeddedCluster {
                 sink.clear();
             }
         });
-        let addr = line
+        let announced = line
             .trim()
             .strip_prefix("listening ")
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| {
-                let _ = child.kill();
-                err(format!(
-                    "expected 'listening ADDR' on stdout, got {:?}",
-                    line.trim()
-                ))
-            })?;
-        Ok((child, addr))
+            .and_then(|a| a.parse().ok());
+        if let (Ok(_), Some(addr)) = (&read, announced) {
+            return Ok((child, addr));
+        }
+        let _ = child.kill();
+        let status = child.wait();
+        Err(err(match (read, status) {
+            (Err(e), _) => format!("cannot read its announcement: {e}"),
+            (Ok(0), Ok(st)) => format!(
+                "it {} before listening on {listen} (its log above says why)",
+                describe_exit(st)
+            ),
+            _ => format!(
+                "expected 'listening ADDR' on its stdout, got {:?}",
+                line.trim()
+            ),
+        }))
     }
 
     /// The cluster description (addresses of the running nodes).
@@ -275,6 +341,11 @@ impl EmbeddedCluster {
     /// Process id of node `i`, if running.
     pub fn pid(&self, i: usize) -> Option<u32> {
         self.nodes[i].child.as_ref().map(|c| c.id())
+    }
+
+    /// Number of node processes running (not yet seen to exit).
+    pub fn running(&self) -> usize {
+        self.nodes.iter().filter(|n| n.child.is_some()).count()
     }
 
     fn signal(&self, i: usize, sig: i32) -> Result<(), EmbeddedError> {
@@ -310,13 +381,16 @@ impl EmbeddedCluster {
         self.signal(i, libc::SIGCONT)
     }
 
-    /// Starts a killed node again on its old address, empty.
-    pub fn restart(&mut self, i: usize) -> Result<(), EmbeddedError> {
+    /// Starts node `i` again on its old address, empty (SIGKILLing it first if it runs);
+    /// returns its new process id.
+    pub fn restart(&mut self, i: usize) -> Result<u32, EmbeddedError> {
         self.kill(i)?;
         let listen = self.nodes[i].entry.addr.to_string();
         let (child, _) = self.spawn(i, &listen)?;
+        let pid = child.id();
         self.nodes[i].child = Some(child);
-        Ok(())
+        self.nodes[i].started = Instant::now();
+        Ok(pid)
     }
 
     /// Injects a fault into node `i` (its nodes must run with `--allow-fault-injection`).
@@ -328,13 +402,21 @@ impl EmbeddedCluster {
         )
     }
 
-    /// Waits for any node to exit on its own; returns its index and status.
-    pub fn try_wait_any(&mut self) -> Option<(usize, std::process::ExitStatus)> {
+    /// Reaps one node that exited on its own (or was killed from outside), if any: which,
+    /// how, and after how long. Does not block.
+    pub fn try_wait_any(&mut self) -> Option<NodeExit> {
         for (i, n) in self.nodes.iter_mut().enumerate() {
             if let Some(c) = n.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    let exit = NodeExit {
+                        node: i,
+                        addr: n.entry.addr,
+                        pid: c.id(),
+                        status,
+                        ran: n.started.elapsed(),
+                    };
                     n.child = None;
-                    return Some((i, st));
+                    return Some(exit);
                 }
             }
         }
@@ -374,5 +456,23 @@ impl Drop for EmbeddedCluster {
         if let Some(dir) = &self.temp_dir {
             let _ = std::fs::remove_dir_all(dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits_are_described_by_status_and_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let st = |raw| std::process::ExitStatus::from_raw(raw);
+        assert_eq!(describe_exit(st(3 << 8)), "exited with status 3");
+        assert_eq!(describe_exit(st(9)), "killed by signal 9 (SIGKILL)");
+        assert_eq!(
+            describe_exit(st(11 | 0x80)),
+            "killed by signal 11 (SIGSEGV), core dumped"
+        );
+        assert_eq!(describe_exit(st(64)), "killed by signal 64");
     }
 }
