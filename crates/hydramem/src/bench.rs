@@ -565,6 +565,7 @@ pub fn failure_scenarios(
             "error".into(),
             "--allow-fault-injection".into(),
         ],
+        cluster_file: None,
     })
     .map_err(|e| BenchError::Client {
         scheme: "cluster".into(),
@@ -788,6 +789,7 @@ pub fn regeneration(
                 "--prealloc".into(),
                 "0".into(),
             ],
+            cluster_file: None,
         })
         .map_err(|e| io("cluster", e.to_string()))?;
         let layout = crate::client::Layout::new(hydra, slab).map_err(|e| BenchError::Client {

@@ -155,6 +155,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 } else {
                     vec!["--log".into(), "warn".into()]
                 },
+                cluster_file: None,
             })?;
             let cl = c.cluster().clone();
             _embedded = Some(c);

@@ -106,6 +106,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         slab_size: 16 << 20,
         capacity: 1 << 30,
         extra_args: vec!["--log".into(), "error".into()],
+        cluster_file: None,
     })?;
     let resilience = Resilience::Hydra {
         k: 8,

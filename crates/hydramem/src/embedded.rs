@@ -4,14 +4,24 @@
 //! `hydramem node` process listening on port 0; it announces its address on its first stdout
 //! line, which is how the parent learns it. Children get `PR_SET_PDEATHSIG`, so they die with
 //! the parent even when it is SIGKILLed; dropping an [`EmbeddedCluster`] kills and reaps them.
-//! Nodes can be killed, paused, resumed and restarted individually (fault injection).
+//! Nodes can be killed, paused, resumed and restarted individually (fault injection); a
+//! restarted node listens on its old address and starts empty, as a rebooted machine would.
+//!
+//! Every node is started with `--cluster FILE`, the membership it resolves regeneration
+//! sources from. The addresses are known only once every node has announced its own, so the
+//! file is written then, before [`EmbeddedCluster::start`] returns (nodes read it lazily, at
+//! their first REGEN). It is the caller's file when [`EmbeddedOptions::cluster_file`] names
+//! one, else a file in a private temporary directory that is removed with the cluster.
 
 use std::io::{BufRead, BufReader};
-use std::os::unix::process::CommandExt;
+use std::net::SocketAddr;
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
 
-use crate::cluster::{Cluster, NodeEntry};
+use crate::cluster::{Cluster, ClusterError, NodeEntry};
 
 /// The path to run this very program again: `/proc/self/exe`, which still names the running
 /// binary after it was replaced on disk (a rebuild), unlike the path `current_exe` returns.
@@ -37,6 +47,10 @@ pub struct EmbeddedOptions {
     pub capacity: u64,
     /// Extra arguments for every node (e.g. `--log warn`).
     pub extra_args: Vec<String>,
+    /// The cluster file to write and to give every node as `--cluster`; `None`: one in a
+    /// private temporary directory, removed when the cluster is dropped (a cluster that is
+    /// never dropped, e.g. kept for the life of the process, leaves it behind: give it a file).
+    pub cluster_file: Option<PathBuf>,
 }
 
 /// Errors starting or controlling the embedded cluster.
@@ -60,11 +74,84 @@ pub enum EmbeddedError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The private directory for the cluster file could not be made.
+    #[error(
+        "cannot create a private directory for the cluster file in {dir}: {source}; \
+         set TMPDIR to a writable directory or pass a cluster file"
+    )]
+    TempDir {
+        /// The parent directory.
+        dir: String,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The cluster file the nodes read their membership from could not be written.
+    #[error(
+        "memory nodes started, but {0}; they were stopped: name a file in a writable directory"
+    )]
+    ClusterFile(ClusterError),
+}
+
+/// How a node process ended, as [`EmbeddedCluster::try_wait_any`] found it.
+#[derive(Debug, Clone, Copy)]
+pub struct NodeExit {
+    /// Node index (its id in the cluster file).
+    pub node: usize,
+    /// The address it listened on.
+    pub addr: SocketAddr,
+    /// Its process id.
+    pub pid: u32,
+    /// Its exit status.
+    pub status: ExitStatus,
+    /// How long it ran since its (re)start.
+    pub ran: Duration,
+}
+
+/// "exited with status 3", "killed by signal 9 (SIGKILL)": how a process ended, in words.
+pub fn describe_exit(status: ExitStatus) -> String {
+    if let Some(code) = status.code() {
+        return format!("exited with status {code}");
+    }
+    let Some(sig) = status.signal() else {
+        return status.to_string();
+    };
+    let core = if status.core_dumped() {
+        ", core dumped"
+    } else {
+        ""
+    };
+    match signal_name(sig) {
+        Some(name) => format!("killed by signal {sig} ({name}){core}"),
+        None => format!("killed by signal {sig}{core}"),
+    }
+}
+
+/// The name of a common signal.
+fn signal_name(sig: i32) -> Option<&'static str> {
+    const NAMES: [(i32, &str); 15] = [
+        (libc::SIGHUP, "SIGHUP"),
+        (libc::SIGINT, "SIGINT"),
+        (libc::SIGQUIT, "SIGQUIT"),
+        (libc::SIGILL, "SIGILL"),
+        (libc::SIGTRAP, "SIGTRAP"),
+        (libc::SIGABRT, "SIGABRT"),
+        (libc::SIGBUS, "SIGBUS"),
+        (libc::SIGFPE, "SIGFPE"),
+        (libc::SIGKILL, "SIGKILL"),
+        (libc::SIGUSR1, "SIGUSR1"),
+        (libc::SIGSEGV, "SIGSEGV"),
+        (libc::SIGUSR2, "SIGUSR2"),
+        (libc::SIGPIPE, "SIGPIPE"),
+        (libc::SIGALRM, "SIGALRM"),
+        (libc::SIGTERM, "SIGTERM"),
+    ];
+    NAMES.iter().find(|(n, _)| *n == sig).map(|(_, name)| *name)
 }
 
 struct NodeProc {
     child: Option<Child>,
     entry: NodeEntry,
+    started: Instant,
 }
 
 /// Running nodes and the cluster file that describes them.
@@ -72,11 +159,49 @@ pub struct EmbeddedCluster {
     options: EmbeddedOptions,
     nodes: Vec<NodeProc>,
     cluster: Cluster,
+    /// The file every node is given as `--cluster` (absolute: nodes may resolve it later).
+    cluster_file: PathBuf,
+    /// The private directory holding `cluster_file` when the caller gave none.
+    temp_dir: Option<PathBuf>,
+}
+
+/// Makes a directory only this user can enter, with a name no other cluster uses.
+fn private_temp_dir() -> Result<PathBuf, EmbeddedError> {
+    let parent = std::env::temp_dir();
+    let mut attempt = 0;
+    loop {
+        let dir = parent.join(format!(
+            "hydramem-{}-{:016x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        match std::fs::DirBuilder::new().mode(0o700).create(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && attempt < 8 => attempt += 1,
+            Err(source) => {
+                return Err(EmbeddedError::TempDir {
+                    dir: parent.display().to_string(),
+                    source,
+                })
+            }
+        }
+    }
 }
 
 impl EmbeddedCluster {
-    /// Starts the nodes and waits until each has announced its address.
+    /// Starts the nodes, waits until each has announced its address, and writes the cluster
+    /// file they were given.
     pub fn start(options: EmbeddedOptions) -> Result<EmbeddedCluster, EmbeddedError> {
+        let (cluster_file, temp_dir) = match &options.cluster_file {
+            // Absolute, so that it names the same file whatever directory reads it.
+            Some(p) => (std::path::absolute(p).unwrap_or_else(|_| p.clone()), None),
+            None => {
+                let dir = private_temp_dir()?;
+                (dir.join("cluster.toml"), Some(dir))
+            }
+        };
+        // From here on, dropping `c` (an error below) stops the nodes started so far and
+        // removes the private directory.
         let mut c = EmbeddedCluster {
             cluster: Cluster {
                 slab_size: options.slab_size,
@@ -85,11 +210,18 @@ impl EmbeddedCluster {
             },
             options,
             nodes: Vec::new(),
+            cluster_file,
+            temp_dir,
         };
         for i in 0..c.options.nodes {
+            let id = u32::try_from(i).map_err(|_| EmbeddedError::Start {
+                node: i,
+                binary: c.options.binary.display().to_string(),
+                reason: "more nodes than there are node ids (2^32); start fewer".into(),
+            })?;
             let (child, addr) = c.spawn(i, "127.0.0.1:0")?;
             let entry = NodeEntry {
-                id: i as u32,
+                id,
                 addr,
                 domain: None,
             };
@@ -97,8 +229,12 @@ impl EmbeddedCluster {
             c.nodes.push(NodeProc {
                 child: Some(child),
                 entry,
+                started: Instant::now(),
             });
         }
+        c.cluster
+            .save(&c.cluster_file)
+            .map_err(EmbeddedError::ClusterFile)?;
         Ok(c)
     }
 
@@ -119,6 +255,8 @@ impl EmbeddedCluster {
             .args(["--id", &i.to_string()])
             .args(["--capacity", &o.capacity.to_string()])
             .args(["--slab-size", &o.slab_size.to_string()])
+            .arg("--cluster")
+            .arg(&self.cluster_file)
             .arg("--announce")
             .args(&o.extra_args)
             // Every node would try to serve metrics on the same address.
@@ -145,9 +283,7 @@ impl EmbeddedCluster {
         let stdout = child.stdout.take().expect("piped");
         let mut line = String::new();
         let mut reader = BufReader::new(stdout);
-        reader
-            .read_line(&mut line)
-            .map_err(|e| err(e.to_string()))?;
+        let read = reader.read_line(&mut line);
         // Keep draining stdout so the node never blocks on a full pipe.
         std::thread::spawn(move || {
             let mut sink = String::new();
@@ -155,18 +291,26 @@ impl EmbeddedCluster {
                 sink.clear();
             }
         });
-        let addr = line
+        let announced = line
             .trim()
             .strip_prefix("listening ")
-            .and_then(|a| a.parse().ok())
-            .ok_or_else(|| {
-                let _ = child.kill();
-                err(format!(
-                    "expected 'listening ADDR' on stdout, got {:?}",
-                    line.trim()
-                ))
-            })?;
-        Ok((child, addr))
+            .and_then(|a| a.parse().ok());
+        if let (Ok(_), Some(addr)) = (&read, announced) {
+            return Ok((child, addr));
+        }
+        let _ = child.kill();
+        let status = child.wait();
+        Err(err(match (read, status) {
+            (Err(e), _) => format!("cannot read its announcement: {e}"),
+            (Ok(0), Ok(st)) => format!(
+                "it {} before listening on {listen} (its log above says why)",
+                describe_exit(st)
+            ),
+            _ => format!(
+                "expected 'listening ADDR' on its stdout, got {:?}",
+                line.trim()
+            ),
+        }))
     }
 
     /// The cluster description (addresses of the running nodes).
@@ -174,8 +318,13 @@ impl EmbeddedCluster {
         &self.cluster
     }
 
-    /// Writes the cluster file.
-    pub fn write_cluster_file(&self, path: &Path) -> Result<(), crate::cluster::ClusterError> {
+    /// The cluster file the nodes were given as `--cluster` (written by [`Self::start`]).
+    pub fn cluster_file(&self) -> &Path {
+        &self.cluster_file
+    }
+
+    /// Writes a copy of the cluster file to `path`.
+    pub fn write_cluster_file(&self, path: &Path) -> Result<(), ClusterError> {
         self.cluster.save(path)
     }
 
@@ -192,6 +341,11 @@ impl EmbeddedCluster {
     /// Process id of node `i`, if running.
     pub fn pid(&self, i: usize) -> Option<u32> {
         self.nodes[i].child.as_ref().map(|c| c.id())
+    }
+
+    /// Number of node processes running (not yet seen to exit).
+    pub fn running(&self) -> usize {
+        self.nodes.iter().filter(|n| n.child.is_some()).count()
     }
 
     fn signal(&self, i: usize, sig: i32) -> Result<(), EmbeddedError> {
@@ -227,13 +381,16 @@ impl EmbeddedCluster {
         self.signal(i, libc::SIGCONT)
     }
 
-    /// Starts a killed node again on its old address, empty.
-    pub fn restart(&mut self, i: usize) -> Result<(), EmbeddedError> {
+    /// Starts node `i` again on its old address, empty (SIGKILLing it first if it runs);
+    /// returns its new process id.
+    pub fn restart(&mut self, i: usize) -> Result<u32, EmbeddedError> {
         self.kill(i)?;
         let listen = self.nodes[i].entry.addr.to_string();
         let (child, _) = self.spawn(i, &listen)?;
+        let pid = child.id();
         self.nodes[i].child = Some(child);
-        Ok(())
+        self.nodes[i].started = Instant::now();
+        Ok(pid)
     }
 
     /// Injects a fault into node `i` (its nodes must run with `--allow-fault-injection`).
@@ -245,13 +402,21 @@ impl EmbeddedCluster {
         )
     }
 
-    /// Waits for any node to exit on its own; returns its index and status.
-    pub fn try_wait_any(&mut self) -> Option<(usize, std::process::ExitStatus)> {
+    /// Reaps one node that exited on its own (or was killed from outside), if any: which,
+    /// how, and after how long. Does not block.
+    pub fn try_wait_any(&mut self) -> Option<NodeExit> {
         for (i, n) in self.nodes.iter_mut().enumerate() {
             if let Some(c) = n.child.as_mut() {
-                if let Ok(Some(st)) = c.try_wait() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    let exit = NodeExit {
+                        node: i,
+                        addr: n.entry.addr,
+                        pid: c.id(),
+                        status,
+                        ran: n.started.elapsed(),
+                    };
                     n.child = None;
-                    return Some((i, st));
+                    return Some(exit);
                 }
             }
         }
@@ -288,5 +453,26 @@ impl EmbeddedCluster {
 impl Drop for EmbeddedCluster {
     fn drop(&mut self) {
         self.shutdown();
+        if let Some(dir) = &self.temp_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exits_are_described_by_status_and_signal() {
+        use std::os::unix::process::ExitStatusExt;
+        let st = |raw| std::process::ExitStatus::from_raw(raw);
+        assert_eq!(describe_exit(st(3 << 8)), "exited with status 3");
+        assert_eq!(describe_exit(st(9)), "killed by signal 9 (SIGKILL)");
+        assert_eq!(
+            describe_exit(st(11 | 0x80)),
+            "killed by signal 11 (SIGSEGV), core dumped"
+        );
+        assert_eq!(describe_exit(st(64)), "killed by signal 64");
     }
 }

@@ -133,7 +133,7 @@ fn heal(cluster: &mut EmbeddedCluster, n: usize, kind: Impairment) -> Result<(),
         // client has usually moved its slabs off it (its error rate is far above the
         // slab-regeneration limit) and avoids it until it restarts.
         Impairment::Killed | Impairment::CorruptReplies | Impairment::Misdirected => {
-            cluster.restart(n).map_err(|e| e.to_string())
+            cluster.restart(n).map(drop).map_err(|e| e.to_string())
         }
         Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
         Impairment::Slow | Impairment::Squeezed => cluster.inject(n, Fault::Clear),
@@ -160,6 +160,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             "--control-period".into(),
             "100ms".into(),
         ],
+        cluster_file: None,
     })
     .map_err(|e| e.to_string())?;
     let scheme = Resilience::Hydra {

@@ -34,6 +34,7 @@ pub mod release;
 pub mod shutdown;
 pub mod sim;
 pub mod status;
+pub mod supervisor;
 pub mod units;
 pub mod wire;
 

@@ -11,6 +11,7 @@ mod demo;
 mod nbd_cli;
 mod sim_cli;
 mod soak;
+mod up_cli;
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -21,7 +22,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use hydramem::cluster::Cluster;
-use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
 use hydramem::node::control::{self, ControlConfig, MemorySource, SystemMemory};
 use hydramem::node::{server, Node, NodeConfig};
 use hydramem::units::{human, parse_size, Size};
@@ -53,7 +53,7 @@ enum Cmd {
     /// Run one memory node in the foreground.
     Node(NodeArgs),
     /// Start N memory nodes on loopback and write the cluster file (the embedded default).
-    Up(UpArgs),
+    Up(up_cli::UpArgs),
     /// Show health, capacity, use and slabs of every node of a cluster.
     Status(StatusArgs),
     /// Latency and throughput of every resilience scheme, side by side, against one cluster.
@@ -192,26 +192,6 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 #[derive(clap::Args)]
-struct UpArgs {
-    /// Number of memory nodes.
-    #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
-    nodes: usize,
-    /// Where to write the cluster file.
-    #[arg(
-        long,
-        env = "HYDRAMEM_CLUSTER",
-        default_value = "hydramem.cluster.toml"
-    )]
-    cluster: PathBuf,
-    /// Slab size of the cluster.
-    #[arg(long, env = "HYDRAMEM_SLAB_SIZE", default_value = "64MiB", value_parser = parse_size)]
-    slab_size: Size,
-    /// Memory each node may donate.
-    #[arg(long, env = "HYDRAMEM_CAPACITY", default_value = "2GiB", value_parser = parse_size)]
-    capacity: Size,
-}
-
-#[derive(clap::Args)]
 struct StatusArgs {
     /// The cluster file.
     #[arg(
@@ -337,7 +317,7 @@ fn main() {
     }
     let r = match cli.cmd {
         Cmd::Node(a) => run_node(a),
-        Cmd::Up(a) => run_up(a, &cli.log),
+        Cmd::Up(a) => up_cli::run(a, &cli.log),
         Cmd::Status(a) => run_status(a),
         Cmd::Bench(a) => bench_cli::run(a),
         Cmd::Demo(a) => demo::run(a),
@@ -523,48 +503,6 @@ fn run_drain(d: DrainArgs) -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(200));
     }
-}
-
-fn run_up(a: UpArgs, log: &str) -> Result<()> {
-    if a.nodes == 0 {
-        bail!("--nodes must be at least 1");
-    }
-    let opts = EmbeddedOptions {
-        binary: hydramem::embedded::self_exe().context("finding the hydramem binary")?,
-        nodes: a.nodes,
-        slab_size: a.slab_size.bytes(),
-        capacity: a.capacity.bytes(),
-        extra_args: vec!["--log".into(), log.into()],
-    };
-    let stop = stop_flag()?;
-    let mut cluster = EmbeddedCluster::start(opts)?;
-    cluster.write_cluster_file(&a.cluster)?;
-    println!(
-        "{} memory nodes up on loopback ({} each, {} slabs); cluster file: {}",
-        a.nodes,
-        human(a.capacity.bytes()),
-        human(a.slab_size.bytes()),
-        a.cluster.display()
-    );
-    for n in &cluster.cluster().nodes {
-        println!("  node {:>3}  {}", n.id, n.addr);
-    }
-    println!("Ctrl-C stops them all.");
-    let mut exit = None;
-    while !stop.load(Ordering::Relaxed) {
-        if let Some((i, st)) = cluster.try_wait_any() {
-            exit = Some((i, st));
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    cluster.shutdown();
-    let _ = std::fs::remove_file(&a.cluster);
-    if let Some((i, st)) = exit {
-        bail!("memory node {i} exited on its own ({st}); stopped the others");
-    }
-    println!("stopped {} memory nodes", a.nodes);
-    Ok(())
 }
 
 fn run_free(a: FreeArgs) -> Result<()> {

@@ -24,13 +24,17 @@ const FUA: u16 = 1;
 
 /// One cluster of 10 memory nodes for every test of this file. It is started by a thread
 /// that never ends, because the nodes die with the thread that spawned them
-/// (PR_SET_PDEATHSIG), and they must outlive the test that happens to start them.
+/// (PR_SET_PDEATHSIG), and they must outlive the test that happens to start them. Never
+/// dropped, it could not remove a private directory for its cluster file, so the file lives
+/// in cargo's temporary directory for tests instead.
 fn cluster() -> &'static Cluster {
     static CLUSTER: OnceLock<Cluster> = OnceLock::new();
     CLUSTER.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            let c = common::cluster(10, common::SLAB, 64);
+            let file = std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+                .join(format!("nbd-test-cluster-{}.toml", std::process::id()));
+            let c = common::cluster_in(10, common::SLAB, 64, &[], Some(file));
             tx.send(c.cluster().clone()).unwrap();
             loop {
                 std::thread::park();

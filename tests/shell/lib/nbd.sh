@@ -1,8 +1,8 @@
-# Sourced by the tests/shell/nbd_*.sh scripts: memory node processes (started one by one
-# rather than by `hydramem up`, which stops every node when one dies, so that a script can
-# kill some) and `hydramem nbd` serving an export on a Unix socket, all stopped on exit; and the real NBD
-# clients the scripts drive, installed from Debian when missing (a script is skipped, with
-# the reason, only when a tool is missing and cannot be installed).
+# Sourced by the tests/shell/nbd_*.sh scripts: memory node processes (started one by one,
+# so that a script holds each one's pid and can kill some) and `hydramem nbd` serving an
+# export on a Unix socket, all stopped on exit; and the real NBD clients the scripts drive,
+# installed from Debian when missing (a script is skipped, with the reason, only when a tool
+# is missing and cannot be installed).
 # The scripts run from the repository root, like every shell test (scripts/test).
 
 BIN=${HYDRAMEM_BIN:-target/release/hydramem}

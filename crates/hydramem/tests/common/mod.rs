@@ -32,6 +32,18 @@ pub fn cluster_with(
     slabs_per_node: u64,
     extra: &[&str],
 ) -> EmbeddedCluster {
+    cluster_in(nodes, slab_size, slabs_per_node, extra, None)
+}
+
+/// Like [`cluster_with`], with the nodes' cluster file at `cluster_file` (`None`: a private
+/// one that goes with the cluster).
+pub fn cluster_in(
+    nodes: usize,
+    slab_size: u64,
+    slabs_per_node: u64,
+    extra: &[&str],
+    cluster_file: Option<std::path::PathBuf>,
+) -> EmbeddedCluster {
     let mut extra_args: Vec<String> = vec!["--log".into(), "error".into()];
     extra_args.extend(extra.iter().map(|s| s.to_string()));
     EmbeddedCluster::start(EmbeddedOptions {
@@ -40,6 +52,7 @@ pub fn cluster_with(
         slab_size,
         capacity: slab_size * slabs_per_node,
         extra_args,
+        cluster_file,
     })
     .expect("start memory nodes")
 }

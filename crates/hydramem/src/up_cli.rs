@@ -1,0 +1,91 @@
+//! `hydramem up`: the embedded cluster in the foreground, until Ctrl-C or SIGTERM.
+//!
+//! It starts N memory nodes on loopback, writes the cluster file (which the nodes also read as
+//! their membership), lists every node with its pid, and then supervises them: a node that dies
+//! is reported on stdout and the others keep serving, since surviving lost machines is what the
+//! cluster is for; with `--restart always` the node comes back on its old address, empty.
+//! Only Ctrl-C or SIGTERM ends `up`, which then stops every node and removes the cluster file.
+
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
+use hydramem::supervisor::{RestartPolicy, Supervisor};
+use hydramem::units::{human, parse_size, Size};
+
+#[derive(clap::Args)]
+pub struct UpArgs {
+    /// Number of memory nodes.
+    #[arg(long, env = "HYDRAMEM_NODES", default_value_t = 12)]
+    nodes: usize,
+    /// Where to write the cluster file (the nodes read it too, as their membership).
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
+    cluster: PathBuf,
+    /// Slab size of the cluster.
+    #[arg(long, env = "HYDRAMEM_SLAB_SIZE", default_value = "64MiB", value_parser = parse_size)]
+    slab_size: Size,
+    /// Memory each node may donate.
+    #[arg(long, env = "HYDRAMEM_CAPACITY", default_value = "2GiB", value_parser = parse_size)]
+    capacity: Size,
+    /// What to do when a node process exits: leave it down, or start it again on its old
+    /// address, empty (after 0.1 s, doubling up to 5 s while it keeps dying at once).
+    #[arg(long, env = "HYDRAMEM_RESTART", value_enum, default_value = "never")]
+    restart: RestartPolicy,
+}
+
+/// How often `up` looks for nodes that exited and restarts due.
+const POLL: Duration = Duration::from_millis(50);
+
+pub fn run(a: UpArgs, log: &str) -> Result<()> {
+    if a.nodes == 0 {
+        bail!("--nodes must be at least 1");
+    }
+    let opts = EmbeddedOptions {
+        binary: hydramem::embedded::self_exe().context("finding the hydramem binary")?,
+        nodes: a.nodes,
+        slab_size: a.slab_size.bytes(),
+        capacity: a.capacity.bytes(),
+        extra_args: vec!["--log".into(), log.into()],
+        cluster_file: Some(a.cluster.clone()),
+    };
+    let stop = crate::stop_flag()?;
+    let mut cluster = EmbeddedCluster::start(opts)?;
+    println!(
+        "{} memory nodes up on loopback ({} each, {} slabs); cluster file: {}",
+        a.nodes,
+        human(a.capacity.bytes()),
+        human(a.slab_size.bytes()),
+        a.cluster.display()
+    );
+    for (i, n) in cluster.cluster().nodes.iter().enumerate() {
+        let pid = cluster
+            .pid(i)
+            .map_or_else(|| "-".to_string(), |p| p.to_string());
+        println!("  node {:>3}  {:<21}  pid {pid}", n.id, n.addr);
+    }
+    println!(
+        "{}; Ctrl-C stops them all.",
+        match a.restart {
+            RestartPolicy::Never => "A node that dies stays down (--restart never)",
+            RestartPolicy::Always => "A node that dies is restarted, empty (--restart always)",
+        }
+    );
+    let mut supervisor = Supervisor::new(a.restart, cluster.len());
+    while !stop.load(Ordering::Relaxed) {
+        for event in supervisor.poll(&mut cluster, Instant::now()) {
+            println!("{event}");
+        }
+        std::thread::sleep(POLL);
+    }
+    let running = cluster.running();
+    cluster.shutdown();
+    let _ = std::fs::remove_file(&a.cluster);
+    println!("stopped {running} memory nodes (of {})", a.nodes);
+    Ok(())
+}
