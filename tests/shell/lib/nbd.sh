@@ -62,9 +62,10 @@ start_export() {
   local size=$1
   shift
   local i addr
+  # Nodes read the cluster file (their membership) only when asked to regenerate, by then whole.
   printf 'slab_size = 4194304\n' >"$dir/cluster.toml"
   for i in $(seq 0 $((${NODES:-10} - 1))); do
-    "$BIN" node --listen 127.0.0.1:0 --id "$i" --slab-size 4MiB --capacity 1GiB --announce \
+    "$BIN" node --listen 127.0.0.1:0 --id "$i" --cluster "$dir/cluster.toml" --slab-size 4MiB --capacity 1GiB --announce \
       --log warn >"$dir/node$i.out" 2>>"$dir/nodes.log" &
     NODE_PIDS+=($!)
     for _ in $(seq 100); do grep -q listening "$dir/node$i.out" 2>/dev/null && break; sleep 0.05; done
