@@ -22,9 +22,9 @@ use crate::PAGE_SIZE;
 
 /// Largest option data read and parsed; longer data is skipped and refused with
 /// NBD_REP_ERR_TOO_BIG (an INFO/GO with a 4096-byte name and every info type is far below).
-const MAX_OPTION_DATA: u32 = 16 << 10;
+pub const MAX_OPTION_DATA: u32 = 16 << 10;
 /// Longest option data skipped before the server gives up on the client and closes.
-const MAX_OPTION_SKIP: u32 = 16 << 20;
+pub const MAX_OPTION_SKIP: u32 = 16 << 20;
 
 /// What the handshake agreed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -304,7 +304,7 @@ fn fail<W: Write>(replies: &Replies<W>, cookie: u64, cmd: &'static str, error: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nbd::export::tests::MemStore;
+    use crate::nbd::export::MemStore;
     use crate::nbd::handshake::transmission_flags;
     use crate::nbd::wire::*;
     use std::sync::Arc;
