@@ -206,20 +206,25 @@ fn read_requests<R: Read>(
         if req.kind == wire::CMD_DISC {
             return Ok(End::Disconnect);
         }
+        let truncated = || NbdError::TruncatedPayload {
+            len: req.len,
+            offset: req.offset,
+        };
         let payload = match req.payload_len() as usize {
             0 if req.kind != wire::CMD_WRITE => Payload::None,
             n if n > MAX_PAYLOAD => {
-                // The client broke the advertised limit; keep the stream framed and refuse.
-                io::copy(&mut r.by_ref().take(n as u64), &mut io::sink())?;
+                // The client broke the advertised limit; keep the stream framed and refuse,
+                // but only a payload that really arrived whole (else it is cut, as below).
+                let skipped = io::copy(&mut r.by_ref().take(n as u64), &mut io::sink())?;
+                if skipped < n as u64 {
+                    return Err(truncated());
+                }
                 Payload::Discarded
             }
             n => {
                 let mut d = vec![0u8; n];
                 r.read_exact(&mut d).map_err(|e| match e.kind() {
-                    io::ErrorKind::UnexpectedEof => NbdError::TruncatedPayload {
-                        len: req.len,
-                        offset: req.offset,
-                    },
+                    io::ErrorKind::UnexpectedEof => truncated(),
                     _ => NbdError::Io(e),
                 })?;
                 Payload::Data(d)
@@ -459,6 +464,22 @@ mod tests {
             run(&cut, false, 1).0,
             Err(NbdError::TruncatedPayload { .. })
         ));
+    }
+
+    #[test]
+    fn an_oversized_write_cut_short_ends_the_connection_unanswered() {
+        // Found by fuzzing: the payload of a write over the maximum was skipped without
+        // checking that it all arrived, so a cut one was answered EINVAL as if whole and the
+        // connection "closed" cleanly instead of failing like any cut payload.
+        let mut inp = req(CMD_FLUSH, 0, 1, 0, 0);
+        inp.extend(req(CMD_WRITE, 0, 2, 0, MAX_PAYLOAD as u32 + 1));
+        inp.extend_from_slice(&[0; 16]);
+        let (r, out) = run(&inp, false, 1);
+        assert!(matches!(
+            r,
+            Err(NbdError::TruncatedPayload { len, .. }) if len == MAX_PAYLOAD as u32 + 1
+        ));
+        assert_eq!(simple(&out, |_| 0), [(0, 1, vec![])]);
     }
 
     proptest::proptest! {
