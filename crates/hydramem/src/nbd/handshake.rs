@@ -89,7 +89,19 @@ pub fn negotiate(
                     len: h.len,
                 });
             }
-            io::copy(&mut r.by_ref().take(h.len as u64), &mut io::sink())?;
+            let skipped = io::copy(&mut r.by_ref().take(u64::from(h.len)), &mut io::sink())?;
+            if skipped < u64::from(h.len) {
+                // Refuse only an option that arrived whole; a cut one ends the connection like
+                // any option cut short.
+                return Err(NbdError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the connection ended inside the {}-byte data of {}",
+                        h.len,
+                        OptionName(h.option)
+                    ),
+                )));
+            }
             let msg = format!("option data of {} bytes is too large", h.len);
             wire::put_option_reply(&mut out, h.option, wire::REP_ERR_TOO_BIG, msg.as_bytes());
             send(w, &out)?;
@@ -371,6 +383,28 @@ mod tests {
         }
         .put(&mut huge);
         assert!(matches!(run(&huge).0, Err(NbdError::OptionTooLarge { .. })));
+    }
+
+    #[test]
+    fn an_oversized_option_cut_short_ends_the_connection_unanswered() {
+        // Found by fuzzing: the data of an option too large to parse was skipped without
+        // checking that it all arrived, so a cut one was refused with TOO_BIG as if whole and
+        // the handshake then "ended cleanly" instead of failing like any cut option.
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_LIST, &[]);
+        OptionHeader {
+            option: 77,
+            len: MAX_OPTION_DATA + 1,
+        }
+        .put(&mut inp);
+        inp.extend_from_slice(&[0; 100]);
+        let (r, out) = run(&inp);
+        match r {
+            Err(NbdError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof),
+            other => panic!("expected a cut connection, got {other:?}"),
+        }
+        let types: Vec<u32> = replies(&out).iter().map(|r| r.1).collect();
+        assert_eq!(types, [REP_SERVER, REP_ACK]);
     }
 
     #[test]
