@@ -18,6 +18,7 @@
 //!   bytes as the acknowledged writes before it left them; reading stops at DISC, at the end
 //!   of input, at a shutdown, or with an error at broken framing, and at nothing else.
 
+use std::fmt;
 use std::io::{BufReader, Read};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -74,7 +75,7 @@ fn u64_at(b: &[u8], at: usize) -> Option<u64> {
 }
 
 /// Takes `n` bytes off the front of `b`, panicking with `what` if they are not all there.
-fn take<'a>(b: &mut &'a [u8], n: usize, what: &str) -> &'a [u8] {
+fn take<'a>(b: &mut &'a [u8], n: usize, what: &dyn fmt::Display) -> &'a [u8] {
     assert!(
         b.len() >= n,
         "{what}: {n} bytes expected, only {} sent",
@@ -85,8 +86,29 @@ fn take<'a>(b: &mut &'a [u8], n: usize, what: &str) -> &'a [u8] {
     head
 }
 
+/// Names the reply being checked in a failure message; formatted only when a check fails, so
+/// that checking costs no formatting.
+enum At<'a> {
+    /// The `i`-th option reply, and what it should be.
+    Option(usize, &'a OptionReply),
+    /// The `i`-th transmission reply, and the request it answers when known.
+    Reply(usize, Option<&'a Expected<'a>>),
+}
+
+impl fmt::Display for At<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            At::Option(i, want) => write!(f, "option reply {i} (expected {want:?})"),
+            At::Reply(i, None) => write!(f, "reply {i}"),
+            At::Reply(i, Some(e)) => {
+                write!(f, "reply {i} to {:?} (owed error {})", e.req, e.error)
+            }
+        }
+    }
+}
+
 /// A protocol string: UTF-8, no NUL, at most 4096 bytes.
-fn check_string(s: &[u8], what: &str) {
+fn check_string(s: &[u8], what: &dyn fmt::Display) {
     assert!(
         s.len() <= MAX_STRING,
         "{what}: a {}-byte string (the protocol allows {MAX_STRING})",
@@ -288,7 +310,7 @@ fn info_request(data: &[u8]) -> Option<(&[u8], Vec<u16>)> {
 /// Checks `out`, everything the server sent during the handshake, against `model`.
 pub fn check_handshake(out: &[u8], model: &Handshake, export: ExportView) {
     let mut b = out;
-    let greeting = take(&mut b, GREETING_LEN, "greeting");
+    let greeting = take(&mut b, GREETING_LEN, &"greeting");
     assert_eq!(&greeting[..8], b"NBDMAGIC", "greeting magic");
     assert_eq!(&greeting[8..16], b"IHAVEOPT", "greeting option magic");
     assert_eq!(
@@ -297,7 +319,7 @@ pub fn check_handshake(out: &[u8], model: &Handshake, export: ExportView) {
         "handshake flags: FIXED_NEWSTYLE | NO_ZEROES"
     );
     for (i, want) in model.replies.iter().enumerate() {
-        let what = format!("option reply {i} (expected {want:?})");
+        let what = At::Option(i, want);
         let h = take(&mut b, 20, &what);
         assert_eq!(u64_at(h, 0), Some(OPTION_REPLY_MAGIC), "{what}: magic");
         assert_eq!(u32_at(h, 8), Some(want.option), "{what}: option answered");
@@ -311,11 +333,11 @@ pub fn check_handshake(out: &[u8], model: &Handshake, export: ExportView) {
         export_name: Some(no_zeroes),
     } = model.end
     {
-        let r = take(&mut b, 10, "EXPORT_NAME reply");
+        let r = take(&mut b, 10, &"EXPORT_NAME reply");
         assert_eq!(u64_at(r, 0), Some(export.size), "EXPORT_NAME reply: size");
         check_flags(u16_at(r, 8).unwrap_or_default(), structured);
         if !no_zeroes {
-            let pad = take(&mut b, 124, "EXPORT_NAME reply padding");
+            let pad = take(&mut b, 124, &"EXPORT_NAME reply padding");
             assert!(pad.iter().all(|&z| z == 0), "EXPORT_NAME padding not zero");
         }
     }
@@ -327,7 +349,12 @@ pub fn check_handshake(out: &[u8], model: &Handshake, export: ExportView) {
     );
 }
 
-fn check_option_reply_data(want: &OptionReply, data: &[u8], export: ExportView, what: &str) {
+fn check_option_reply_data(
+    want: &OptionReply,
+    data: &[u8],
+    export: ExportView,
+    what: &dyn fmt::Display,
+) {
     match want.kind {
         REP_ACK => assert!(data.is_empty(), "{what}: ACK with data"),
         REP_SERVER => {
@@ -506,7 +533,7 @@ struct Reply<'a> {
 
 /// Reads one structured reply chunk off `b`; it must be the only chunk of its reply (DONE):
 /// the server answers every request with one chunk.
-fn chunk<'a>(b: &mut &'a [u8], what: &str) -> Reply<'a> {
+fn chunk<'a>(b: &mut &'a [u8], what: &dyn fmt::Display) -> Reply<'a> {
     let h = take(b, CHUNK_HEADER_LEN, what);
     assert_eq!(u32_at(h, 0), Some(STRUCTURED_REPLY_MAGIC), "{what}: magic");
     let flags = u16_at(h, 4).unwrap_or_default();
@@ -587,7 +614,7 @@ pub fn check_replies(
         );
         let mut answered = vec![false; expected.len()];
         for i in 0..expected.len() {
-            let what = format!("reply {i}");
+            let what = At::Reply(i, None);
             let r = chunk(&mut b, &what);
             let j = (0..expected.len())
                 .find(|&j| !answered[j] && answers(&r, &expected[j]))
@@ -601,7 +628,7 @@ pub fn check_replies(
         }
     } else {
         for (i, e) in expected.iter().enumerate() {
-            let what = format!("reply {i} to {:?} (owed error {})", e.req, e.error);
+            let what = At::Reply(i, Some(e));
             let r = if structured {
                 chunk(&mut b, &what)
             } else {
