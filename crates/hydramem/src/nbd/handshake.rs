@@ -103,7 +103,7 @@ pub fn negotiate(
                 )));
             }
             let msg = format!("option data of {} bytes is too large", h.len);
-            wire::put_option_reply(&mut out, h.option, wire::REP_ERR_TOO_BIG, msg.as_bytes());
+            wire::put_option_error(&mut out, h.option, wire::REP_ERR_TOO_BIG, &msg);
             send(w, &out)?;
             continue;
         }
@@ -114,8 +114,8 @@ pub fn negotiate(
             if h.option == wire::OPT_EXPORT_NAME {
                 return Ok(None);
             }
-            let msg = b"the server is shutting down";
-            wire::put_option_reply(&mut out, h.option, wire::REP_ERR_SHUTDOWN, msg);
+            let msg = "the server is shutting down";
+            wire::put_option_error(&mut out, h.option, wire::REP_ERR_SHUTDOWN, msg);
             send(w, &out)?;
             continue;
         }
@@ -147,7 +147,7 @@ pub fn negotiate(
             }
             wire::OPT_LIST | wire::OPT_STRUCTURED_REPLY => {
                 let msg = format!("{} takes no data", OptionName(h.option));
-                wire::put_option_reply(&mut out, h.option, wire::REP_ERR_INVALID, msg.as_bytes());
+                wire::put_option_error(&mut out, h.option, wire::REP_ERR_INVALID, &msg);
             }
             wire::OPT_INFO | wire::OPT_GO => {
                 if let Some(n) = info(&mut out, h.option, &data, export, size, structured) {
@@ -157,7 +157,7 @@ pub fn negotiate(
             }
             other => {
                 let msg = format!("{} is not supported by this server", OptionName(other));
-                wire::put_option_reply(&mut out, other, wire::REP_ERR_UNSUP, msg.as_bytes());
+                wire::put_option_error(&mut out, other, wire::REP_ERR_UNSUP, &msg);
             }
         }
         send(w, &out)?;
@@ -177,7 +177,7 @@ fn info(
         Ok(r) => r,
         Err(e) => {
             let msg = e.to_string();
-            wire::put_option_reply(out, option, wire::REP_ERR_INVALID, msg.as_bytes());
+            wire::put_option_error(out, option, wire::REP_ERR_INVALID, &msg);
             return None;
         }
     };
@@ -186,7 +186,7 @@ fn info(
             "no export named {:?}; this server serves {:?}",
             req.name, export.name
         );
-        wire::put_option_reply(out, option, wire::REP_ERR_UNKNOWN, msg.as_bytes());
+        wire::put_option_error(out, option, wire::REP_ERR_UNKNOWN, &msg);
         return None;
     }
     let flags = transmission_flags(structured);
@@ -383,6 +383,28 @@ mod tests {
         }
         .put(&mut huge);
         assert!(matches!(run(&huge).0, Err(NbdError::OptionTooLarge { .. })));
+    }
+
+    #[test]
+    fn error_messages_quoting_the_client_stay_protocol_strings() {
+        // Found while writing the fuzz oracle: the refusal of an unknown export quotes the
+        // name asked for, so a name near the 4096-byte limit made a message past it.
+        let mut inp = Vec::new();
+        let mut data = Vec::new();
+        InfoRequest {
+            name: "é".repeat(MAX_STRING / 2),
+            infos: vec![],
+        }
+        .put(&mut data);
+        option(&mut inp, OPT_INFO, &data);
+        let (r, out) = run(&inp);
+        assert_eq!(r.unwrap(), None);
+        let rs = replies(&out);
+        assert_eq!(rs[0].1, REP_ERR_UNKNOWN);
+        assert!(rs[0].2.len() <= MAX_STRING, "{} bytes", rs[0].2.len());
+        assert!(std::str::from_utf8(&rs[0].2)
+            .unwrap()
+            .starts_with("no export named"));
     }
 
     #[test]
