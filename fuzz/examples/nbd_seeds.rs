@@ -125,6 +125,18 @@ fn main() {
     option(&mut b, OPT_ABORT, &[]);
     write(&hs, "refusals-then-abort", &b);
 
+    // The longest export name a client may send, and not ours: the refusal quotes it, and must
+    // still be a protocol string (at most 4096 bytes).
+    let mut b = vec![0];
+    b.extend_from_slice(&flags);
+    option(
+        &mut b,
+        OPT_INFO,
+        &info(&"é".repeat(MAX_STRING / 2), &[INFO_NAME]),
+    );
+    option(&mut b, OPT_ABORT, &[]);
+    write(&hs, "longest-unknown-name", &b);
+
     let mut b = vec![2]; // shutdown after one option
     b.extend_from_slice(&flags);
     option(&mut b, OPT_LIST, &[]);
