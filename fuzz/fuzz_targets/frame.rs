@@ -3,13 +3,8 @@
 //! must re-encode to a header that parses to the same value.
 #![no_main]
 
-// The very module the node and client use, compiled into the fuzz target.
-#[path = "../../crates/hydramem/src/wire.rs"]
-#[allow(dead_code)]
-mod wire;
-
+use hydramem::wire::{self, Header, HEADER_LEN};
 use libfuzzer_sys::fuzz_target;
-use wire::{Header, HEADER_LEN};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() >= HEADER_LEN {
@@ -19,10 +14,13 @@ fuzz_target!(|data: &[u8]| {
             let body = &data[HEADER_LEN..];
             if let Ok(req) = wire::parse_request(&h, body) {
                 if let wire::Request::WriteV(w) = req {
-                    let total: usize = w.iter().map(|(e, d)| {
-                        assert_eq!(e.len as usize, d.len());
-                        d.len()
-                    }).sum();
+                    let total: usize = w
+                        .iter()
+                        .map(|(e, d)| {
+                            assert_eq!(e.len as usize, d.len());
+                            d.len()
+                        })
+                        .sum();
                     assert_eq!(total, w.data_len());
                 }
                 if let wire::Request::Corrupt(list) = req {

@@ -16,11 +16,18 @@
 //!   pages (slabs belong to whole address ranges), so zeroing is how remote pages are
 //!   "released": their contents are gone, their memory stays with the range.
 //!
+//! [`MemStore`] keeps the pages in process memory instead: an export with no cluster behind it,
+//! for the tests and fuzz targets of the NBD server.
+//!
 //! Invariants: nothing is written outside `[0, size)` (callers check with [`Export::check`]);
 //! when a write returns `Ok`, every page it touched is acknowledged remotely, so FLUSH and FUA
 //! have nothing left to do and every connection sees the data at once (multi-conn safe).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
 
 use super::page_locks::PageLocks;
 use crate::client::{IoError, Page, RemoteMemory};
@@ -193,52 +200,62 @@ impl Export {
     }
 }
 
+/// Pages in process memory: an export that needs no cluster, for tests, fuzzing and trying
+/// the NBD server out. Every page reads as zeros until written; `pause` sleeps inside every
+/// read (zero for none) to widen the window in which an unlocked read-modify-write would lose
+/// a concurrent write. Addresses are those [`Export`] passes: multiples of 4096 below the
+/// size given to [`MemStore::new`] rounded up to pages.
+pub struct MemStore {
+    bytes: Mutex<Vec<u8>>,
+    written: Mutex<Vec<bool>>,
+    writes: AtomicU64,
+    pause: Duration,
+}
+
+impl MemStore {
+    /// A store of `size` bytes rounded up to whole pages, all zero.
+    ///
+    /// # Panics
+    /// If `size` does not fit the address space (the store is allocated whole).
+    pub fn new(size: u64, pause: Duration) -> Arc<MemStore> {
+        let pages = usize::try_from(size.div_ceil(PAGE)).expect("MemStore size fits in memory");
+        Arc::new(MemStore {
+            bytes: Mutex::new(vec![0; pages * PAGE_SIZE]),
+            written: Mutex::new(vec![false; pages]),
+            writes: AtomicU64::new(0),
+            pause,
+        })
+    }
+
+    /// Pages written so far.
+    pub fn writes(&self) -> u64 {
+        self.writes.load(Ordering::Relaxed)
+    }
+}
+
+impl PageStore for MemStore {
+    fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+        page.copy_from_slice(&self.bytes.lock()[addr as usize..][..PAGE_SIZE]);
+        if !self.pause.is_zero() {
+            std::thread::sleep(self.pause);
+        }
+        Ok(())
+    }
+    fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+        self.bytes.lock()[addr as usize..][..PAGE_SIZE].copy_from_slice(page);
+        self.written.lock()[(addr / PAGE) as usize] = true;
+        self.writes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+    fn known_zero(&self, addr: u64) -> bool {
+        !self.written.lock()[(addr / PAGE) as usize]
+    }
+}
+
 #[cfg(test)]
-pub(crate) mod tests {
+mod tests {
     use super::*;
-    use parking_lot::Mutex;
     use proptest::prelude::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
-
-    /// Pages in process memory, with an optional pause inside every read to widen the window
-    /// in which an unlocked read-modify-write would lose a concurrent write.
-    pub(crate) struct MemStore {
-        bytes: Mutex<Vec<u8>>,
-        written: Mutex<Vec<bool>>,
-        pub(crate) writes: AtomicU64,
-        pause: std::time::Duration,
-    }
-
-    impl MemStore {
-        pub(crate) fn new(size: u64, pause: std::time::Duration) -> Arc<MemStore> {
-            let pages = size.div_ceil(PAGE) as usize;
-            Arc::new(MemStore {
-                bytes: Mutex::new(vec![0; pages * PAGE_SIZE]),
-                written: Mutex::new(vec![false; pages]),
-                writes: AtomicU64::new(0),
-                pause,
-            })
-        }
-    }
-
-    impl PageStore for MemStore {
-        fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
-            page.copy_from_slice(&self.bytes.lock()[addr as usize..][..PAGE_SIZE]);
-            if !self.pause.is_zero() {
-                std::thread::sleep(self.pause);
-            }
-            Ok(())
-        }
-        fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
-            self.bytes.lock()[addr as usize..][..PAGE_SIZE].copy_from_slice(page);
-            self.written.lock()[(addr / PAGE) as usize] = true;
-            self.writes.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        }
-        fn known_zero(&self, addr: u64) -> bool {
-            !self.written.lock()[(addr / PAGE) as usize]
-        }
-    }
 
     #[test]
     fn out_of_range_is_refused_without_writing() {
@@ -252,7 +269,7 @@ pub(crate) mod tests {
         assert!(e.read(u64::MAX, &mut [0]).is_err());
         assert!(e.zero(10_000, 1).is_err());
         assert!(e.zero(10_000, 0).is_ok());
-        assert_eq!(store.writes.load(Ordering::Relaxed), 1);
+        assert_eq!(store.writes(), 1);
     }
 
     #[test]
@@ -260,10 +277,10 @@ pub(crate) mod tests {
         let store = MemStore::new(1 << 20, Default::default());
         let e = Export::new(store.clone(), 1 << 20);
         e.zero(0, 1 << 20).unwrap();
-        assert_eq!(store.writes.load(Ordering::Relaxed), 0);
+        assert_eq!(store.writes(), 0);
         e.write(5000, &[9; 10]).unwrap();
         e.zero(0, 1 << 20).unwrap();
-        assert_eq!(store.writes.load(Ordering::Relaxed), 2);
+        assert_eq!(store.writes(), 2);
         let mut b = [1u8; 20];
         e.read(4995, &mut b).unwrap();
         assert_eq!(b, [0; 20]);
@@ -273,7 +290,7 @@ pub(crate) mod tests {
     fn concurrent_writes_to_two_halves_of_a_page_both_survive() {
         // Without the page lock both writers read the old page during the pause and the
         // second write-back erases the first half.
-        let store = MemStore::new(4 * PAGE, std::time::Duration::from_millis(2));
+        let store = MemStore::new(4 * PAGE, Duration::from_millis(2));
         let e = Arc::new(Export::new(store, 4 * PAGE));
         for round in 0..20u8 {
             let hs: Vec<_> = [0usize, 2048]

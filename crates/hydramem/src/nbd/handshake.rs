@@ -22,9 +22,9 @@ use crate::PAGE_SIZE;
 
 /// Largest option data read and parsed; longer data is skipped and refused with
 /// NBD_REP_ERR_TOO_BIG (an INFO/GO with a 4096-byte name and every info type is far below).
-const MAX_OPTION_DATA: u32 = 16 << 10;
+pub const MAX_OPTION_DATA: u32 = 16 << 10;
 /// Longest option data skipped before the server gives up on the client and closes.
-const MAX_OPTION_SKIP: u32 = 16 << 20;
+pub const MAX_OPTION_SKIP: u32 = 16 << 20;
 
 /// What the handshake agreed on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -89,9 +89,21 @@ pub fn negotiate(
                     len: h.len,
                 });
             }
-            io::copy(&mut r.by_ref().take(h.len as u64), &mut io::sink())?;
+            let skipped = io::copy(&mut r.by_ref().take(u64::from(h.len)), &mut io::sink())?;
+            if skipped < u64::from(h.len) {
+                // Refuse only an option that arrived whole; a cut one ends the connection like
+                // any option cut short.
+                return Err(NbdError::Io(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "the connection ended inside the {}-byte data of {}",
+                        h.len,
+                        OptionName(h.option)
+                    ),
+                )));
+            }
             let msg = format!("option data of {} bytes is too large", h.len);
-            wire::put_option_reply(&mut out, h.option, wire::REP_ERR_TOO_BIG, msg.as_bytes());
+            wire::put_option_error(&mut out, h.option, wire::REP_ERR_TOO_BIG, &msg);
             send(w, &out)?;
             continue;
         }
@@ -102,8 +114,8 @@ pub fn negotiate(
             if h.option == wire::OPT_EXPORT_NAME {
                 return Ok(None);
             }
-            let msg = b"the server is shutting down";
-            wire::put_option_reply(&mut out, h.option, wire::REP_ERR_SHUTDOWN, msg);
+            let msg = "the server is shutting down";
+            wire::put_option_error(&mut out, h.option, wire::REP_ERR_SHUTDOWN, msg);
             send(w, &out)?;
             continue;
         }
@@ -135,7 +147,7 @@ pub fn negotiate(
             }
             wire::OPT_LIST | wire::OPT_STRUCTURED_REPLY => {
                 let msg = format!("{} takes no data", OptionName(h.option));
-                wire::put_option_reply(&mut out, h.option, wire::REP_ERR_INVALID, msg.as_bytes());
+                wire::put_option_error(&mut out, h.option, wire::REP_ERR_INVALID, &msg);
             }
             wire::OPT_INFO | wire::OPT_GO => {
                 if let Some(n) = info(&mut out, h.option, &data, export, size, structured) {
@@ -145,7 +157,7 @@ pub fn negotiate(
             }
             other => {
                 let msg = format!("{} is not supported by this server", OptionName(other));
-                wire::put_option_reply(&mut out, other, wire::REP_ERR_UNSUP, msg.as_bytes());
+                wire::put_option_error(&mut out, other, wire::REP_ERR_UNSUP, &msg);
             }
         }
         send(w, &out)?;
@@ -165,7 +177,7 @@ fn info(
         Ok(r) => r,
         Err(e) => {
             let msg = e.to_string();
-            wire::put_option_reply(out, option, wire::REP_ERR_INVALID, msg.as_bytes());
+            wire::put_option_error(out, option, wire::REP_ERR_INVALID, &msg);
             return None;
         }
     };
@@ -174,7 +186,7 @@ fn info(
             "no export named {:?}; this server serves {:?}",
             req.name, export.name
         );
-        wire::put_option_reply(out, option, wire::REP_ERR_UNKNOWN, msg.as_bytes());
+        wire::put_option_error(out, option, wire::REP_ERR_UNKNOWN, &msg);
         return None;
     }
     let flags = transmission_flags(structured);
@@ -371,6 +383,50 @@ mod tests {
         }
         .put(&mut huge);
         assert!(matches!(run(&huge).0, Err(NbdError::OptionTooLarge { .. })));
+    }
+
+    #[test]
+    fn error_messages_quoting_the_client_stay_protocol_strings() {
+        // Found while writing the fuzz oracle: the refusal of an unknown export quotes the
+        // name asked for, so a name near the 4096-byte limit made a message past it.
+        let mut inp = Vec::new();
+        let mut data = Vec::new();
+        InfoRequest {
+            name: "é".repeat(MAX_STRING / 2),
+            infos: vec![],
+        }
+        .put(&mut data);
+        option(&mut inp, OPT_INFO, &data);
+        let (r, out) = run(&inp);
+        assert_eq!(r.unwrap(), None);
+        let rs = replies(&out);
+        assert_eq!(rs[0].1, REP_ERR_UNKNOWN);
+        assert!(rs[0].2.len() <= MAX_STRING, "{} bytes", rs[0].2.len());
+        assert!(std::str::from_utf8(&rs[0].2)
+            .unwrap()
+            .starts_with("no export named"));
+    }
+
+    #[test]
+    fn an_oversized_option_cut_short_ends_the_connection_unanswered() {
+        // Found by fuzzing: the data of an option too large to parse was skipped without
+        // checking that it all arrived, so a cut one was refused with TOO_BIG as if whole and
+        // the handshake then "ended cleanly" instead of failing like any cut option.
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_LIST, &[]);
+        OptionHeader {
+            option: 77,
+            len: MAX_OPTION_DATA + 1,
+        }
+        .put(&mut inp);
+        inp.extend_from_slice(&[0; 100]);
+        let (r, out) = run(&inp);
+        match r {
+            Err(NbdError::Io(e)) => assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof),
+            other => panic!("expected a cut connection, got {other:?}"),
+        }
+        let types: Vec<u32> = replies(&out).iter().map(|r| r.1).collect();
+        assert_eq!(types, [REP_SERVER, REP_ACK]);
     }
 
     #[test]

@@ -43,7 +43,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use export::{Export, ExportError, PageStore};
+pub use export::{Export, ExportError, MemStore, PageStore};
 
 use crate::shutdown::Waker;
 

@@ -119,7 +119,8 @@ impl<W: Write> Replies<W> {
 
 /// Serves requests read from `r` on `export`, replying on `w`, until the client disconnects,
 /// the input ends, `stopping()` is true between two requests, or a request breaks framing
-/// (`Err`). Returns after every request read has been replied to.
+/// (`Err`). Returns after every request read has been replied to and every worker thread of
+/// the connection has exited (thread-local destructors included).
 pub fn serve<R: Read, W: Write + Send>(
     r: &mut BufReader<R>,
     w: W,
@@ -138,10 +139,10 @@ pub fn serve<R: Read, W: Write + Send>(
     let busy = &AtomicUsize::new(0);
     std::thread::scope(|s| {
         let mut pool = None;
+        let mut started = Vec::new();
         if workers > 1 {
             let (tx, rx) = mpsc::sync_channel::<Job>(workers * 2);
             let rx = std::sync::Arc::new(Mutex::new(rx));
-            let mut started = 0;
             for i in 0..workers {
                 let rx = rx.clone();
                 let worker = move || loop {
@@ -158,11 +159,11 @@ pub fn serve<R: Read, W: Write + Send>(
                     .name(format!("nbd-worker-{i}"))
                     .spawn_scoped(s, worker)
                 {
-                    Ok(_) => started += 1,
+                    Ok(handle) => started.push(handle),
                     Err(e) => tracing::warn!(error = %e, "cannot start an NBD worker thread"),
                 }
             }
-            if started > 0 {
+            if !started.is_empty() {
                 pool = Some(tx);
             }
         }
@@ -180,7 +181,15 @@ pub fn serve<R: Read, W: Write + Send>(
             }
             _ => execute(job, export, replies),
         });
-        drop(pool); // workers finish the queue, then the scope joins them
+        drop(pool); // workers finish the queue and return
+                    // Joined one by one: the scope's own join returns as soon as each worker's closure
+                    // has, before its thread-local destructors have run, so its thread could outlive the
+                    // connection. A worker's panic goes on to this thread, as the scope would pass it.
+        for worker in started {
+            if let Err(panic) = worker.join() {
+                std::panic::resume_unwind(panic);
+            }
+        }
         r
     })
 }
@@ -206,20 +215,25 @@ fn read_requests<R: Read>(
         if req.kind == wire::CMD_DISC {
             return Ok(End::Disconnect);
         }
+        let truncated = || NbdError::TruncatedPayload {
+            len: req.len,
+            offset: req.offset,
+        };
         let payload = match req.payload_len() as usize {
             0 if req.kind != wire::CMD_WRITE => Payload::None,
             n if n > MAX_PAYLOAD => {
-                // The client broke the advertised limit; keep the stream framed and refuse.
-                io::copy(&mut r.by_ref().take(n as u64), &mut io::sink())?;
+                // The client broke the advertised limit; keep the stream framed and refuse,
+                // but only a payload that really arrived whole (else it is cut, as below).
+                let skipped = io::copy(&mut r.by_ref().take(n as u64), &mut io::sink())?;
+                if skipped < n as u64 {
+                    return Err(truncated());
+                }
                 Payload::Discarded
             }
             n => {
                 let mut d = vec![0u8; n];
                 r.read_exact(&mut d).map_err(|e| match e.kind() {
-                    io::ErrorKind::UnexpectedEof => NbdError::TruncatedPayload {
-                        len: req.len,
-                        offset: req.offset,
-                    },
+                    io::ErrorKind::UnexpectedEof => truncated(),
                     _ => NbdError::Io(e),
                 })?;
                 Payload::Data(d)
@@ -304,7 +318,8 @@ fn fail<W: Write>(replies: &Replies<W>, cookie: u64, cmd: &'static str, error: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::nbd::export::tests::MemStore;
+    use crate::client::IoError;
+    use crate::nbd::export::{MemStore, PageStore};
     use crate::nbd::handshake::transmission_flags;
     use crate::nbd::wire::*;
     use std::sync::Arc;
@@ -461,6 +476,22 @@ mod tests {
         ));
     }
 
+    #[test]
+    fn an_oversized_write_cut_short_ends_the_connection_unanswered() {
+        // Found by fuzzing: the payload of a write over the maximum was skipped without
+        // checking that it all arrived, so a cut one was answered EINVAL as if whole and the
+        // connection "closed" cleanly instead of failing like any cut payload.
+        let mut inp = req(CMD_FLUSH, 0, 1, 0, 0);
+        inp.extend(req(CMD_WRITE, 0, 2, 0, MAX_PAYLOAD as u32 + 1));
+        inp.extend_from_slice(&[0; 16]);
+        let (r, out) = run(&inp, false, 1);
+        assert!(matches!(
+            r,
+            Err(NbdError::TruncatedPayload { len, .. }) if len == MAX_PAYLOAD as u32 + 1
+        ));
+        assert_eq!(simple(&out, |_| 0), [(0, 1, vec![])]);
+    }
+
     proptest::proptest! {
         /// Any bytes after the handshake: the server replies, ends or refuses, never panics.
         #[test]
@@ -479,6 +510,58 @@ mod tests {
             inp.extend(tail);
             let _ = run(&inp, structured, 2);
         }
+    }
+
+    #[test]
+    fn workers_have_exited_when_serve_returns() {
+        // Found by fuzzing (LeakSanitizer saw a worker's thread-local destructor list alive
+        // after serve returned): the scope's implicit join does not wait for thread-local
+        // destructors, so workers could outlive their connection. Here every worker that ran
+        // a write holds a thread-local whose destructor takes 50 ms; all must have run.
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        static ENDED: AtomicUsize = AtomicUsize::new(0);
+        struct Mark;
+        impl Drop for Mark {
+            fn drop(&mut self) {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                ENDED.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+        thread_local! {
+            static MARK: Mark = {
+                STARTED.fetch_add(1, Ordering::SeqCst);
+                Mark
+            };
+        }
+        struct Marking(Arc<MemStore>);
+        impl PageStore for Marking {
+            fn read_page(&self, addr: u64, page: &mut crate::client::Page) -> Result<(), IoError> {
+                self.0.read_page(addr, page)
+            }
+            fn write_page(&self, addr: u64, page: &crate::client::Page) -> Result<(), IoError> {
+                let name = std::thread::current().name().map(str::to_owned);
+                if name.is_some_and(|n| n.starts_with("nbd-worker")) {
+                    MARK.with(|_| ());
+                }
+                self.0.write_page(addr, page)
+            }
+        }
+        let store = Arc::new(Marking(MemStore::new(65536, Default::default())));
+        let export = Export::new(store, 65536);
+        let neg = Negotiated {
+            structured: true,
+            flags: transmission_flags(true),
+        };
+        let mut inp = Vec::new();
+        for i in 0..16u64 {
+            inp.extend(req(CMD_WRITE, 0, i, i * 4096, 4096));
+            inp.extend(vec![1; 4096]);
+        }
+        let mut r = BufReader::new(&inp[..]);
+        serve(&mut r, Vec::new(), &export, neg, 4, || false).unwrap();
+        let started = STARTED.load(Ordering::SeqCst);
+        assert!(started > 0, "no worker ran a write");
+        assert_eq!(ENDED.load(Ordering::SeqCst), started);
     }
 
     #[test]

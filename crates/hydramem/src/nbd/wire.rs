@@ -311,6 +311,18 @@ impl OptionHeader {
     }
 }
 
+/// Appends an option error reply (`reply` is a `REP_ERR_*`) whose data is `message`, cut to
+/// [`MAX_STRING`] bytes on a character boundary: the protocol's limit for every string, which a
+/// message quoting what the client sent could otherwise pass.
+pub fn put_option_error(out: &mut Vec<u8>, option: u32, reply: u32, message: &str) {
+    put_option_reply(
+        out,
+        option,
+        reply,
+        truncate_str(message, MAX_STRING).as_bytes(),
+    );
+}
+
 /// Appends an option reply with its data.
 pub fn put_option_reply(out: &mut Vec<u8>, option: u32, reply: u32, data: &[u8]) {
     out.extend_from_slice(&OPTION_REPLY_MAGIC.to_be_bytes());
@@ -707,6 +719,13 @@ mod tests {
         let msg_len = u16::from_be_bytes([c[24], c[25]]) as usize;
         assert!(msg_len <= MAX_STRING);
         assert!(std::str::from_utf8(&c[26..]).is_ok());
+
+        let mut out = Vec::new();
+        put_option_error(&mut out, OPT_GO, REP_ERR_UNKNOWN, &long);
+        let len = u32::from_be_bytes(out[16..20].try_into().unwrap()) as usize;
+        assert_eq!(len, out.len() - 20);
+        assert!(len <= MAX_STRING && len > MAX_STRING - 4);
+        assert!(std::str::from_utf8(&out[20..]).is_ok());
     }
 
     fn arb_request() -> impl Strategy<Value = Request> {
