@@ -259,7 +259,8 @@ fn behind_proxy(c: &Cluster, proxy: SocketAddr) -> Cluster {
 fn read_replies_carrying_write_cookies_are_dropped_counted_and_never_land() {
     // The reproduction: a READV reply with a write's cookie made read completion copy to
     // null + offset (`hydramem nbd` died with a segfault).
-    let c = common::cluster(12, SLAB, 8);
+    // Exactly k + r nodes, so that every coding group has node 0 (behind the proxy) in it.
+    let c = common::cluster(10, SLAB, 8);
     let forged = Arc::new(AtomicU64::new(0));
     let proxy = hostile_proxy(
         c.cluster().nodes[0].addr,
