@@ -1319,14 +1319,8 @@ impl Regen {
         let slab = r.u32()?;
         let pages = r.u64()?;
         let range = r.u64()?;
-        let width = k as usize + rr as usize;
-        if k == 0 || width > MAX_GROUP || target as usize >= width {
-            return Err(WireError::Invalid(
-                "REGEN needs k >= 1, k + r <= 32 and a target split inside the group",
-            ));
-        }
         let n = r.u32()? as usize;
-        if n > width {
+        if n > MAX_GROUP {
             return Err(WireError::Invalid("REGEN names more sources than k + r"));
         }
         let mut sources = Vec::with_capacity(n);
@@ -1334,11 +1328,6 @@ impl Regen {
             let b = r.bytes(4)?;
             if b[1] > 1 || b[2] != 0 || b[3] != 0 {
                 return Err(WireError::Invalid("REGEN source has unknown flags"));
-            }
-            if b[0] as usize >= width {
-                return Err(WireError::Invalid(
-                    "REGEN source names a split outside the group",
-                ));
             }
             sources.push(RegenSource {
                 split: b[0],
@@ -1348,7 +1337,7 @@ impl Regen {
             });
         }
         r.end()?;
-        Ok(Regen {
+        let req = Regen {
             client,
             k,
             r: rr,
@@ -1359,7 +1348,29 @@ impl Regen {
             range,
             checksums,
             sources,
-        })
+        };
+        req.check_shape()?;
+        Ok(req)
+    }
+
+    /// The shape every REGEN must have, whoever built it: k >= 1, k + r <= [`MAX_GROUP`], the
+    /// target and every source's split inside the group, at most k + r sources.
+    pub fn check_shape(&self) -> Result<(), WireError> {
+        let width = self.k as usize + self.r as usize;
+        if self.k == 0 || width > MAX_GROUP || self.target as usize >= width {
+            return Err(WireError::Invalid(
+                "REGEN needs k >= 1, k + r <= 32 and a target split inside the group",
+            ));
+        }
+        if self.sources.len() > width {
+            return Err(WireError::Invalid("REGEN names more sources than k + r"));
+        }
+        if self.sources.iter().any(|s| s.split as usize >= width) {
+            return Err(WireError::Invalid(
+                "REGEN source names a split outside the group",
+            ));
+        }
+        Ok(())
     }
 }
 

@@ -262,19 +262,16 @@ pub fn serve(node: &Node, client: &ClientId, req: &Regen) -> Result<u64, Status>
 
 /// Checks a request before anything is allocated or connected (see the module doc).
 fn check<'a>(node: &Node, req: &'a Regen) -> Result<Checked<'a>, RegenError> {
-    let (k, r, target) = (req.k as usize, req.r as usize, req.target as usize);
     let bad = |m: String| RegenError::Invalid(m);
-    if k == 0 || target >= k + r || req.sources.is_empty() || req.sources.len() > k + r {
-        return Err(bad(
-            "need k >= 1, target < k + r and 1 to k + r sources".into()
-        ));
+    req.check_shape().map_err(|e| bad(e.to_string()))?;
+    if req.sources.is_empty() {
+        return Err(bad("no source named".into()));
     }
+    let target = req.target as usize;
     let mut seen = 0u64;
     for s in &req.sources {
+        // `split < k + r <= 32` (the shape check above).
         let bit = 1u64 << s.split;
-        if s.split as usize >= k + r {
-            return Err(bad("a source names a split outside the group".into()));
-        }
         if s.copy {
             continue;
         }
