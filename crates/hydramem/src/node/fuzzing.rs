@@ -32,6 +32,18 @@ impl Bytes<'_> {
     fn u64(&mut self) -> u64 {
         (0..8).fold(0, |v, i| v | u64::from(self.u8()) << (8 * i))
     }
+    /// Mostly `unit` times a small number (an aligned slot, a small version), sometimes any.
+    fn small_or_any(&mut self, unit: u64) -> u64 {
+        if self.u8() < 200 {
+            u64::from(self.u8()) * unit
+        } else {
+            self.u64()
+        }
+    }
+    /// A split offset: mostly a slot near the start of a slab of `len`-byte splits.
+    fn aimed(&mut self, len: u64) -> u64 {
+        self.small_or_any(len)
+    }
     fn take(&mut self, n: usize) -> &[u8] {
         let n = n.min(self.0.len());
         let (a, b) = self.0.split_at(n);
@@ -139,16 +151,8 @@ fn request(
             body.extend_from_slice(&u32::from(n).to_le_bytes());
             for _ in 0..n {
                 let (_, slab, len) = slab_of(b);
-                let offset = if b.u8() < 200 {
-                    u64::from(b.u8()) * len
-                } else {
-                    b.u64()
-                };
-                let version = if b.u8() < 200 {
-                    u64::from(b.u8())
-                } else {
-                    b.u64()
-                };
+                let offset = b.aimed(len);
+                let version = b.small_or_any(1);
                 let fill = b.u8();
                 entry(
                     &mut body,
@@ -167,11 +171,7 @@ fn request(
             body.extend_from_slice(&u32::from(n).to_le_bytes());
             for _ in 0..n {
                 let (_, slab, len) = slab_of(b);
-                let offset = if b.u8() < 200 {
-                    u64::from(b.u8()) * len
-                } else {
-                    b.u64()
-                };
+                let offset = b.aimed(len);
                 entry(&mut body, slab, len as u32, offset, 0, 0);
             }
             Op::ReadV
