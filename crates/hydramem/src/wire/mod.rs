@@ -1,0 +1,138 @@
+//! The memory-node wire protocol: every byte that crosses a connection between a client and a
+//! memory node is defined here and nowhere else.
+//!
+//! A connection carries a stream of frames in both directions. Each frame is a fixed 20-byte
+//! header followed by a body of `body_len` bytes. All integers are little-endian. Requests are
+//! pipelined: a client sends many requests without waiting, and the node answers each with a
+//! reply that carries the request's id and the request's op with the reply bit set. Replies to
+//! the requests of one connection come back in request order (the node serves a connection
+//! sequentially), but clients must not rely on it: they match replies by id and, inside vectored
+//! replies, by the per-entry cookie.
+//!
+//! ## Frame header (20 bytes)
+//!
+//! | offset | size | field      | meaning                                                   |
+//! |--------|------|------------|-----------------------------------------------------------|
+//! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
+//! | 4      | 1    | version    | protocol version, currently 3; a mismatch closes the link |
+//! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
+//! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
+//! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
+//! | 16     | 4    | body_len   | bytes that follow; at most [`MAX_BODY`]                   |
+//!
+//! ## Operations and bodies
+//!
+//! | op   | name    | request body                                   | reply body (status OK)                         |
+//! |------|---------|------------------------------------------------|------------------------------------------------|
+//! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64 |
+//! | 0x02 | PING    | empty                                          | empty, or a notice (8 bytes, see [`Notice`])   |
+//! | 0x03 | ALLOC   | tag u64, split_len u32 (1..=64 KiB)            | slab u32                                       |
+//! | 0x04 | FREE    | slab u32                                       | empty                                          |
+//! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64,         |
+//! |      |         |                                                | newest version u64) (see [`Listed`])           |
+//! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
+//! | 0x10 | WRITEV  | count u32, count × (entry (36), then len bytes | count u32, count × (cookie u64, status u32,    |
+//! |      |         | of data)                                       | version u64: the version stored now)           |
+//! | 0x11 | READV   | count u32, count × entry (36)                  | count u32, count × (cookie u64, status u32,    |
+//! |      |         |                                                | len u32, version u64, crc u32, then len bytes  |
+//! |      |         |                                                | of data)                                       |
+//! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
+//! | 0x08 | RECLAIMS| empty                                          | count u32, count × (slab u32, ms_left u32)     |
+//! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
+//! | 0x0A | CORRUPT | count u32, count × (slab u32, splits u32,      | accepted u32 (records that named a slab of the |
+//! |      |         | cause u8) (see [`CorruptReport`])              | caller; the rest count as unknown slab)        |
+//! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
+//!
+//! A vectored entry is 36 bytes:
+//!
+//! | offset | size | field   | meaning                                                        |
+//! |--------|------|---------|----------------------------------------------------------------|
+//! | 0      | 4    | slab    | slab id on the node                                            |
+//! | 4      | 4    | len     | bytes of the split                                             |
+//! | 8      | 8    | offset  | byte offset in the slab (a multiple of the slab's split length) |
+//! | 16     | 8    | cookie  | opaque to the node, echoed in the reply entry                  |
+//! | 24     | 8    | version | WRITEV: the page version of the split; READV: 0                |
+//! | 32     | 4    | crc     | WRITEV: the split's checksum, stored beside the version; READV: 0 |
+//!
+//! The cookie lets the client land each split where it belongs without a lookup table (the
+//! role a work-request id plays in RDMA). In a READV reply an entry that failed carries len 0
+//! (and version and crc 0).
+//!
+//! **Checksums.** The node stores the 32-bit `crc` of every written split next to its version
+//! and returns both with the split; it never computes or checks it on the data path. The client
+//! that keeps checksums puts the CRC32C of the split bound to its page and version there (see
+//! [`crate::integrity`]) and verifies it on every read; a client that does not sends 0. A slot
+//! never written has version 0 and crc 0.
+//!
+//! **Versions.** A slab holds splits of one length, fixed at ALLOC (`split_len`); every access
+//! is one whole split at a multiple of it. Next to each split the node keeps the version of the
+//! page it belongs to (0 = never written). A WRITEV entry is applied only if its version is
+//! newer than the stored one; an equal version is acknowledged without rewriting (a repeated
+//! write), an older one is refused with [`Status::Stale`] and changes nothing. Every WRITEV
+//! reply entry carries the version stored for the split after the request (the newer one that
+//! refused it, for `Stale`), so that a client whose clock is behind what the node holds can
+//! move past it and write again: a `Stale` entry is never an acknowledgement. Valid versions
+//! are `1..=`[`MAX_VERSION`]; an entry with another version is refused with
+//! [`Status::BadRequest`] (so no peer can pin a split at a version no later write can pass,
+//! and versions never collide with the markers a regenerating node uses). LIST returns the
+//! newest version held in each slab, from which a client that reattaches to its identity
+//! seeds its version clock. A READV reply
+//! returns each split with its stored version, so that a client never combines splits of
+//! different writes of a page (docs/architecture.md, "Versions").
+//! Entries and their data are interleaved in both directions so that a sender can append one
+//! more entry to a frame it has already started: a client merges the splits that many threads
+//! send to one node while a previous frame is still being written into one vectored frame.
+//!
+//! **Reclaims.** A node that needs memory back (its machine runs short of free memory, or an
+//! operator drains it) marks slabs as *reclaimed* and tells their owners in the reply to their
+//! next heartbeat (PING): the [`Notice`] counts the asking client's reclaimed slabs and says
+//! whether the node takes new slabs at all. The owner asks RECLAIMS which slabs they are and how
+//! long it has before the node drops them, regenerates each elsewhere and FREEs it. Until then a
+//! reclaimed slab serves reads and writes as before.
+//!
+//! **Corruption reports.** Only a client can tell that a split is corrupt: the checksum binds
+//! the client's page address and version, which the node never sees. A client that found
+//! corrupted splits among a node's replies tells that node with CORRUPT, so that the node's
+//! STATS, `hydramem status` and metrics show where corruption happens (see [`CorruptReport`]).
+//!
+//! Every request except HELLO, PING, STATS, FAULT and DRAIN requires a prior HELLO on the connection: the client id
+//! given there is the identity that owns slabs. Slabs are visible only to the identity that
+//! allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does not exist and for
+//! one that belongs to someone else alike, so ownership cannot be probed.
+//!
+//! A frame whose magic, version, op or length is wrong, or whose body does not parse, is a
+//! protocol violation: the node logs the reason and closes that one connection.
+
+mod control;
+mod corrupt;
+mod fault;
+mod frame;
+mod regen;
+mod request;
+mod vectored;
+
+pub use control::*;
+pub use corrupt::*;
+pub use fault::*;
+pub use frame::*;
+pub use regen::*;
+pub use request::*;
+pub use vectored::*;
+
+/// A request frame of `op` whose body `body` writes (for tests).
+#[cfg(test)]
+fn test_frame(op: Op, id: u64, body: impl FnOnce(&mut Vec<u8>)) -> Vec<u8> {
+    let mut out = Vec::new();
+    let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, id);
+    body(&mut out);
+    fb.finish(&mut out).unwrap();
+    out
+}
+
+/// The header and body of a frame built by [`test_frame`].
+#[cfg(test)]
+fn test_split(buf: &[u8]) -> (Header, &[u8]) {
+    let h = Header::parse(buf[..HEADER_LEN].try_into().unwrap()).unwrap();
+    assert_eq!(h.body_len as usize, buf.len() - HEADER_LEN);
+    (h, &buf[HEADER_LEN..])
+}
