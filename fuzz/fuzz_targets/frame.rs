@@ -14,14 +14,24 @@ fuzz_target!(|data: &[u8]| {
             let body = &data[HEADER_LEN..];
             if let Ok(req) = wire::parse_request(&h, body) {
                 if let wire::Request::WriteV(w) = req {
+                    // Every run carries exactly n splits of its length, within the bounds.
+                    let mut splits = 0;
                     let total: usize = w
                         .iter()
-                        .map(|(e, d)| {
-                            assert_eq!(e.len as usize, d.len());
-                            d.len()
+                        .map(|r| {
+                            assert!(r.run.check().is_ok());
+                            assert_eq!(r.data().len(), r.run.data_len());
+                            splits += r.run.n as usize;
+                            r.data().len()
                         })
                         .sum();
-                    assert_eq!(total, w.data_len());
+                    assert_eq!((total, splits), (w.data_len(), w.splits()));
+                    assert!(splits <= wire::MAX_ENTRIES);
+                }
+                if let wire::Request::ReadV(runs) = req {
+                    let splits: usize = runs.iter().map(|r| r.cookies().count()).sum();
+                    assert_eq!(splits, runs.splits());
+                    assert!(splits <= wire::MAX_ENTRIES);
                 }
                 if let wire::Request::Corrupt(list) = req {
                     // The layout checks out; the values may still be refused, never panic.

@@ -6,7 +6,23 @@ mod common;
 use std::io::Write;
 
 use common::Raw;
-use hydramem::wire::{self, ClientId, Entry, Op, Status};
+use hydramem::wire::{self, ClientId, Op, Status};
+
+/// A frame of `op` with one run (slab 0) of `n` splits of `split_len` bytes at `offset`,
+/// followed by `rest` zero bytes: written byte by byte, to send what a well-behaved sender
+/// cannot build.
+fn run_frame(op: Op, split_len: u32, offset: u64, n: u32, rest: usize) -> Vec<u8> {
+    let mut f = Vec::new();
+    let fb = wire::FrameBuilder::begin(&mut f, op, false, Status::Ok, 1);
+    for v in [1u32, 0, split_len] {
+        f.extend_from_slice(&v.to_le_bytes()); // count, slab, split_len
+    }
+    f.extend_from_slice(&offset.to_le_bytes());
+    f.extend_from_slice(&n.to_le_bytes());
+    f.resize(f.len() + rest, 0);
+    fb.finish(&mut f).unwrap();
+    f
+}
 
 fn readv(raw: &mut Raw, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>) {
     readv_versioned(raw, slab, offset, len).0
@@ -54,7 +70,7 @@ fn slabs_are_private_zeroed_and_range_checked() {
     // Out of range and misaligned accesses are error replies; the connection stays usable.
     assert_eq!(readv(&mut ra, slab, 1 << 20, 512).0, Status::OutOfRange);
     assert_eq!(
-        writev(&mut ra, slab, u64::MAX - 511, &[1; 512]),
+        writev(&mut ra, slab, u64::MAX - 1023, &[1; 512]),
         Status::OutOfRange
     );
     assert_eq!(readv(&mut ra, slab, 100, 512).0, Status::BadRequest);
@@ -122,24 +138,12 @@ fn malformed_frames_close_only_their_connection() {
             &u32::MAX.to_le_bytes(),
         ]
         .concat(),
-        // A WRITEV whose entry claims more data than the frame holds.
-        {
-            let mut b = 1u32.to_le_bytes().to_vec();
-            Entry {
-                slab: 0,
-                len: 4000,
-                offset: 0,
-                cookie: 1,
-                version: 1,
-                crc: 0,
-            }
-            .put(&mut b);
-            let mut f = Vec::new();
-            let fb = wire::FrameBuilder::begin(&mut f, Op::WriteV, false, Status::Ok, 1);
-            f.extend_from_slice(&b);
-            fb.finish(&mut f).unwrap();
-            f
-        },
+        // A WRITEV whose run claims more data than the frame holds.
+        run_frame(Op::WriteV, 4000, 0, 1, 20),
+        // Runs of no splits, of 0-byte splits, and one that reaches past 2^64.
+        run_frame(Op::ReadV, 512, 0, 0, 0),
+        run_frame(Op::ReadV, 0, 0, 1, 8),
+        run_frame(Op::ReadV, 512, u64::MAX - 511, 1, 8),
     ] {
         let mut bad = Raw::connect(addr);
         bad.s.write_all(&garbage).unwrap();
@@ -206,4 +210,100 @@ fn corrupt_reports_count_on_the_callers_slabs_and_bad_ones_are_refused_with_a_st
         anon.call(Op::Corrupt, &body(&[report(sa, 1)])).0.status,
         Status::NotIdentified
     );
+}
+
+#[test]
+fn a_run_lands_and_is_served_whole_and_its_splits_are_judged_one_by_one() {
+    let c = common::cluster(1, 1 << 20, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let mut raw = Raw::connect(addr);
+    raw.hello(ClientId::random());
+    let slab = raw.alloc(512);
+    let split = |b: u8| vec![b; 512];
+    let (a, b, x, y) = (split(1), split(2), split(3), split(4));
+
+    // Four consecutive slots written as one run, read back as one run and one by one.
+    let four: Vec<(u64, u32, &[u8])> = vec![
+        (10, 0xC0, &a),
+        (10, 0xC1, &b),
+        (10, 0xC2, &a),
+        (10, 0xC3, &b),
+    ];
+    assert_eq!(
+        raw.write_run(slab, 1024, 512, &four),
+        vec![(Status::Ok, 10); 4]
+    );
+    let (st, stamps, data) = raw.read_run(slab, 1024, 512, 4);
+    assert_eq!(st, Status::Ok);
+    assert_eq!(stamps, vec![(10, 0xC0), (10, 0xC1), (10, 0xC2), (10, 0xC3)]);
+    assert_eq!(data, [&a[..], &b, &a, &b].concat());
+    assert_eq!(
+        raw.read_split(slab, 1024 + 512, 512),
+        (Status::Ok, b.clone(), 10)
+    );
+
+    // Versions that differ inside a run: each split gets its own outcome, and only the newer
+    // ones change; a repeated version is acknowledged without rewriting.
+    let mixed: Vec<(u64, u32, &[u8])> = vec![(11, 1, &x), (9, 2, &y), (0, 3, &y), (10, 4, &y)];
+    assert_eq!(
+        raw.write_run(slab, 1024, 512, &mixed),
+        vec![
+            (Status::Ok, 11),
+            (Status::Stale, 10),
+            (Status::BadRequest, 0),
+            (Status::Ok, 10)
+        ]
+    );
+    let (_, stamps, data) = raw.read_run(slab, 1024, 512, 4);
+    assert_eq!(stamps, vec![(11, 1), (10, 0xC1), (10, 0xC2), (10, 0xC3)]);
+    assert_eq!(data, [&x[..], &b, &a, &b].concat());
+
+    // A run that reaches past the slab, or of another split length, fails as a whole; the
+    // connection stays.
+    let two: Vec<(u64, u32, &[u8])> = vec![(12, 0, &x), (12, 0, &x)];
+    let end = (1 << 20) - 512;
+    assert_eq!(
+        raw.write_run(slab, end, 512, &two),
+        vec![(Status::OutOfRange, 0); 2]
+    );
+    assert_eq!(raw.read_run(slab, end, 512, 2).0, Status::OutOfRange);
+    assert_eq!(raw.read_run(slab, 0, 256, 2).0, Status::BadRequest);
+    assert_eq!(
+        raw.read_split(slab, end, 512).1,
+        vec![0; 512],
+        "nothing stored"
+    );
+}
+
+#[test]
+fn runs_whose_reply_would_not_fit_one_frame_are_refused_and_the_others_served() {
+    let c = common::cluster(1, 1 << 20, 4);
+    let addr = c.cluster().nodes[0].addr;
+    let mut raw = Raw::connect(addr);
+    raw.hello(ClientId::random());
+    let slab = raw.alloc(4096);
+    // Five runs of the whole slab (1 MiB each): three fit a 4 MiB reply, two do not.
+    let mut body = 5u32.to_le_bytes().to_vec();
+    for _ in 0..5 {
+        for v in [slab, 4096] {
+            body.extend_from_slice(&v.to_le_bytes());
+        }
+        body.extend_from_slice(&0u64.to_le_bytes());
+        body.extend_from_slice(&256u32.to_le_bytes());
+        body.extend((0..256u64).flat_map(|c| c.to_le_bytes()));
+    }
+    let (h, reply) = raw.call(Op::ReadV, &body);
+    assert_eq!(h.status, Status::Ok);
+    let mut statuses = Vec::new();
+    let mut runs = wire::ReplyRuns::new(&reply).unwrap();
+    while let Some(run) = runs.next_run().unwrap() {
+        assert_eq!((run.n, run.data().len() / 256), (256, run.split_len()));
+        statuses.push(run.status);
+    }
+    assert_eq!(
+        statuses,
+        [[Status::Ok; 3].as_slice(), &[Status::BadRequest; 2]].concat()
+    );
+    assert!(reply.len() <= wire::MAX_BODY);
+    assert_eq!(raw.call(Op::Ping, &[]).0.status, Status::Ok);
 }

@@ -100,7 +100,7 @@ pub fn replies(input: &[u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::{FrameBuilder, Op, ReplyEntry, Status};
+    use crate::wire::{Header, Op, ReadReply, SplitFields, Status};
 
     #[test]
     fn forged_replies_do_not_land_and_real_ones_do() {
@@ -110,13 +110,21 @@ mod tests {
         for conn in 0..4u8 {
             let mut input = vec![1u8, conn];
             let mut f = Vec::new();
-            let fb = FrameBuilder::begin(&mut f, Op::ReadV, true, Status::Ok, 1);
-            f.extend_from_slice(&2u32.to_le_bytes());
-            for cookie in [(1u64 << 8) | 3, (2 << 8) | 4] {
-                ReplyEntry::put_read(&mut f, cookie, Status::Ok, 512, 9, 0);
-                f.extend_from_slice(&[0x77; 512]);
-            }
-            fb.finish(&mut f).unwrap();
+            let h = Header {
+                op: Op::ReadV,
+                reply: false,
+                status: Status::Ok,
+                id: 1,
+                body_len: 0,
+            };
+            let mut reply = ReadReply::begin(&mut f, &h);
+            let splits = [(1u64 << 8) | 3, (2 << 8) | 4].map(|cookie| SplitFields {
+                cookie,
+                version: 9,
+                crc: 0,
+            });
+            reply.put_run(&mut f, Status::Ok, &splits, &[0x77; 1024]);
+            reply.finish(&mut f).unwrap();
             input.extend_from_slice(&f);
             replies(&input);
         }

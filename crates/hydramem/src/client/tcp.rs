@@ -36,9 +36,9 @@ use arc_swap::ArcSwapOption;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
-use super::transport::{Completions, Transport, TransportError};
+use super::transport::{Completions, RunSplit, Transport, TransportError};
 use crate::wire::{
-    self, Entry, FrameBuilder, Header, Hello, HelloReply, Op, Status, WireError, ENTRY_LEN,
+    self, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, Run, Status, WireError,
     HEADER_LEN, MAX_BODY,
 };
 
@@ -89,8 +89,8 @@ impl std::fmt::Display for TcpOptions {
 struct SendState {
     buf: Vec<u8>,
     spare: Vec<u8>,
-    /// Start offset and op of the vectored frame still open for more entries.
-    open: Option<(usize, Op)>,
+    /// The vectored frame at the end of `buf` still open for more runs.
+    open: Option<OpenRuns>,
     flushing: bool,
 }
 
@@ -330,48 +330,48 @@ impl Shared {
         Ok(c)
     }
 
-    /// Appends one vectored entry, merging into the open frame of the same op when it fits.
-    fn append(&self, st: &mut SendState, op: Op, e: &Entry, data: &[u8]) {
-        let extra = ENTRY_LEN + data.len();
+    /// Makes `st.open` a frame of `op` that `run` fits (within [`MERGE_LIMIT`] when it joins
+    /// a frame with other runs): the open one, or a new one after it.
+    fn open_for(&self, st: &mut SendState, op: Op, run: &Run) -> Result<(), WireError> {
         match st.open {
-            Some((start, o))
-                if o == op && st.buf.len() - start - HEADER_LEN + extra <= MERGE_LIMIT =>
-            {
-                let count_at = start + HEADER_LEN;
-                let count =
-                    u32::from_le_bytes(st.buf[count_at..count_at + 4].try_into().expect("4"));
-                st.buf[count_at..count_at + 4].copy_from_slice(&(count + 1).to_le_bytes());
-                e.put(&mut st.buf);
-                st.buf.extend_from_slice(data);
-                let body = (st.buf.len() - start - HEADER_LEN) as u32;
-                st.buf[start + 16..start + 20].copy_from_slice(&body.to_le_bytes());
-            }
+            Some(f) if f.op() == op && f.fits(&st.buf, run, MERGE_LIMIT) => Ok(()),
             _ => {
-                let start = st.buf.len();
                 let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-                let fb = FrameBuilder::begin(&mut st.buf, op, false, Status::Ok, id);
-                st.buf.extend_from_slice(&1u32.to_le_bytes());
-                e.put(&mut st.buf);
-                st.buf.extend_from_slice(data);
-                fb.finish(&mut st.buf).expect("entry fits MAX_BODY");
-                st.open = Some((start, op));
+                st.open = Some(OpenRuns::begin(&mut st.buf, op, id)?);
+                Ok(())
             }
         }
     }
 
-    fn post(
+    /// Appends a run to the open frame of its op (`append` writes it), or to a new frame;
+    /// on failure the send buffer is left as it was. Then flushes if asked.
+    fn post_run(
         &self,
         node: u16,
         op: Op,
-        e: &Entry,
-        data: &[u8],
+        run: &Run,
         flush: bool,
+        append: impl FnOnce(&mut OpenRuns, &mut Vec<u8>) -> Result<(), WireError>,
     ) -> Result<(), TransportError> {
         let c = self.conn(node)?;
-        let mut st = c.send.lock();
-        self.append(&mut st, op, e, data);
+        let mut guard = c.send.lock();
+        let st = &mut *guard;
+        let before = (st.buf.len(), st.open);
+        let appended = self.open_for(st, op, run).and_then(|()| {
+            let frame = st.open.as_mut().expect("opened above");
+            append(frame, &mut st.buf)
+        });
+        if let Err(reason) = appended {
+            st.buf.truncate(before.0);
+            st.open = before.1;
+            return Err(TransportError::BadRun {
+                node,
+                addr: c.addr.to_string(),
+                reason,
+            });
+        }
         if flush {
-            self.flush_locked(node, c, st)
+            self.flush_locked(node, c, guard)
         } else {
             Ok(())
         }
@@ -607,18 +607,34 @@ impl Transport for TcpTransport {
             .unwrap_or_default()
     }
 
-    fn post_write(
+    fn post_write_run<'a>(
         &self,
         node: u16,
-        e: Entry,
-        data: &[u8],
+        run: Run,
+        splits: &mut dyn Iterator<Item = RunSplit<'a>>,
         flush: bool,
     ) -> Result<(), TransportError> {
-        self.shared.post(node, Op::WriteV, &e, data, flush)
+        self.shared
+            .post_run(node, Op::WriteV, &run, flush, |frame, buf| {
+                let mut w = frame.write_run(buf, run)?;
+                for s in splits.take(run.n as usize) {
+                    w.split(s.cookie, s.version, s.crc, s.data)?;
+                }
+                w.finish()
+            })
     }
 
-    fn post_read(&self, node: u16, e: Entry, flush: bool) -> Result<(), TransportError> {
-        self.shared.post(node, Op::ReadV, &e, &[], flush)
+    fn post_read_run(
+        &self,
+        node: u16,
+        run: Run,
+        cookies: &mut dyn Iterator<Item = u64>,
+        flush: bool,
+    ) -> Result<(), TransportError> {
+        self.shared
+            .post_run(node, Op::ReadV, &run, flush, |frame, buf| {
+                frame.read_run(buf, run, cookies)
+            })
     }
 
     fn flush(&self, node: u16) -> Result<(), TransportError> {

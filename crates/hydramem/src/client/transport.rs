@@ -1,20 +1,36 @@
 //! The transport interface between the client's data path and memory nodes.
 //!
-//! The data path speaks in split requests (one [`Entry`] per split, tagged with a cookie) and
-//! receives completions through [`Completions`]; it never sees sockets. This is the shape of a
+//! The data path speaks in *runs* of split requests (consecutive split slots of one slab,
+//! each split tagged with a cookie; a single split is a run of one, [`Entry`]) and receives
+//! completions split by split through [`Completions`]; it never sees sockets. This is the shape of a
 //! one-sided RDMA queue pair (post work requests, poll completions keyed by work-request id), so
 //! an RDMA transport can implement the same trait later; TCP ([`super::tcp::TcpTransport`]) is
 //! the implementation today.
 //!
-//! Contract: every posted entry is completed exactly once through [`Completions`] (with its
+//! Contract: every posted split is completed exactly once through [`Completions`] (with its
 //! node's status, or failed through [`Completions::node_down`] when the connection is lost), or
-//! its post returns an error and no completion will follow.
+//! the post of its run returns an error and no completion will follow for any split of it.
+//! Posting a run allocates nothing: the caller hands its splits over one by one (an iterator
+//! over its own data) and the transport writes them straight into its send buffer.
 
 use std::time::Duration;
 
 use crate::wire::{
-    self, CorruptReport, Entry, Header, Notice, Op, Status, WireError, MAX_CORRUPT_REPORTS,
+    self, CorruptReport, Entry, Header, Notice, Op, Run, Status, WireError, MAX_CORRUPT_REPORTS,
 };
+
+/// One split of a write run, as a caller hands it to [`Transport::post_write_run`].
+#[derive(Debug, Clone, Copy)]
+pub struct RunSplit<'a> {
+    /// Echoed in the split's completion.
+    pub cookie: u64,
+    /// The version of the page the split belongs to.
+    pub version: u64,
+    /// The split's checksum (0 from a client that keeps none).
+    pub crc: u32,
+    /// The split's bytes: exactly the run's split length.
+    pub data: &'a [u8],
+}
 
 /// Receives split completions; implemented by the client's slot table. `node` is the node
 /// whose connection the reply arrived on (the receiver checks it against the node the split
@@ -38,10 +54,11 @@ pub trait Completions: Send + Sync {
     fn node_down(&self, node: u16);
 }
 
-/// Hands every entry of a WRITEV or READV reply frame that arrived from `node` to
-/// `completions`; returns `Ok(false)` for a frame of another op (the caller's business).
-/// An error means the frame is malformed (entries before the bad one were delivered): the
-/// connection that carried it cannot be trusted and must be closed.
+/// Hands every split of a WRITEV or READV reply frame that arrived from `node` to
+/// `completions` (a read split with its slice of its run's data); returns `Ok(false)` for a
+/// frame of another op (the caller's business). An error means the frame is malformed (splits
+/// before the bad one were delivered): the connection that carried it cannot be trusted and
+/// must be closed.
 pub fn deliver(
     completions: &dyn Completions,
     node: u16,
@@ -95,6 +112,17 @@ pub enum TransportError {
         /// How long we waited.
         waited: Duration,
     },
+    /// A run that cannot be posted: the caller's mistake (no splits, more than a frame holds,
+    /// data of another length than the run's splits, fewer splits than it declared).
+    #[error("cannot post a run to memory node {node} ({addr}): {reason}")]
+    BadRun {
+        /// Node index.
+        node: u16,
+        /// Its address.
+        addr: String,
+        /// What is wrong with the run.
+        reason: WireError,
+    },
     /// A reply could not be parsed.
     #[error("memory node {node} ({addr}) sent a malformed reply: {reason}")]
     Protocol {
@@ -123,17 +151,46 @@ pub trait Transport: Send + Sync {
     fn take_restarted(&self, _node: u16) -> bool {
         false
     }
-    /// Posts a split write. With `flush == false` the request may wait for a later post or
-    /// [`Transport::flush`] to the same node, so that many splits share one vectored frame.
+    /// Posts a write run: `splits` yields its `run.n` splits in slot order, each written
+    /// straight into the outgoing frame. With `flush == false` the request may wait for a
+    /// later post or [`Transport::flush`] to the same node, so that many runs share one
+    /// vectored frame.
+    fn post_write_run<'a>(
+        &self,
+        node: u16,
+        run: Run,
+        splits: &mut dyn Iterator<Item = RunSplit<'a>>,
+        flush: bool,
+    ) -> Result<(), TransportError>;
+    /// Posts a read run: `cookies` yields the cookies of its `run.n` splits in slot order
+    /// (same batching rule as [`Transport::post_write_run`]).
+    fn post_read_run(
+        &self,
+        node: u16,
+        run: Run,
+        cookies: &mut dyn Iterator<Item = u64>,
+        flush: bool,
+    ) -> Result<(), TransportError>;
+    /// Posts a split write: a run of one.
     fn post_write(
         &self,
         node: u16,
         e: Entry,
         data: &[u8],
         flush: bool,
-    ) -> Result<(), TransportError>;
-    /// Posts a split read (same batching rule as [`Transport::post_write`]).
-    fn post_read(&self, node: u16, e: Entry, flush: bool) -> Result<(), TransportError>;
+    ) -> Result<(), TransportError> {
+        let split = RunSplit {
+            cookie: e.cookie,
+            version: e.version,
+            crc: e.crc,
+            data,
+        };
+        self.post_write_run(node, e.run(), &mut std::iter::once(split), flush)
+    }
+    /// Posts a split read: a run of one.
+    fn post_read(&self, node: u16, e: Entry, flush: bool) -> Result<(), TransportError> {
+        self.post_read_run(node, e.run(), &mut std::iter::once(e.cookie), flush)
+    }
     /// Sends whatever is queued for `node`.
     fn flush(&self, node: u16) -> Result<(), TransportError>;
     /// A blocking control request (HELLO, ALLOC, FREE, LIST, STATS, PING); returns the reply body.

@@ -3,18 +3,19 @@
 //! [`requests`] turns arbitrary bytes into a sequence of requests — HELLO, ALLOC, WRITEV,
 //! READV, FREE, LIST, REGEN, PING, STATS, DRAIN, CORRUPT, RECLAIMS and raw frames — from two
 //! identities, on sessions of one in-memory node, exactly as the server would hand them to
-//! [`Session::handle`]. Invariants it asserts against a model of what was acknowledged:
-//! every request that parses gets exactly one well-formed reply with its op and id; a split
-//! reads back exactly as the newest acknowledged write of it left it, with that version; a
-//! stale write reports the stored version; one identity never reaches another's slabs; and
-//! nothing panics (the fuzzer sees a panic as a crash).
+//! [`Session::handle`]. WRITEV and READV carry one to four runs of one to four splits each.
+//! Invariants it asserts against a model of what was acknowledged: every request that parses
+//! gets exactly one well-formed reply with its op and id; a split reads back exactly as the
+//! newest acknowledged write of it left it, with that version, whatever run it was written or
+//! read in; a stale write reports the stored version; one identity never reaches another's
+//! slabs; and nothing panics (the fuzzer sees a panic as a crash).
 
 use std::collections::HashMap;
 
 use super::session::Session;
 use super::{Node, NodeConfig};
 use crate::wire::{
-    self, ClientId, Entry, FrameBuilder, Header, Hello, Op, Reader, ReplyEntry, Status, HEADER_LEN,
+    self, ClientId, FrameBuilder, Header, Hello, Op, OpenRuns, ReplyRuns, Run, Status, HEADER_LEN,
 };
 
 /// The model: (identity, slab, offset) → (version, bytes) of the newest acknowledged write.
@@ -147,33 +148,35 @@ fn request(
             Op::Alloc
         }
         2 | 3 => {
-            let n = 1 + b.u8() % 4;
-            body.extend_from_slice(&u32::from(n).to_le_bytes());
-            for _ in 0..n {
-                let (_, slab, len) = slab_of(b);
-                let offset = b.aimed(len);
-                let version = b.small_or_any(1);
-                let fill = b.u8();
-                entry(
-                    &mut body,
-                    slab,
-                    len as u32,
-                    offset,
-                    version,
-                    u32::from(fill),
-                );
-                body.extend(std::iter::repeat_n(fill, len as usize));
+            let mut f = OpenRuns::begin(&mut body, Op::WriteV, 0).expect("WRITEV");
+            for _ in 0..1 + b.u8() % 4 {
+                let slab = slab_of(b);
+                let run = run_of(b, &slab);
+                let Ok(mut w) = f.write_run(&mut body, run) else {
+                    continue;
+                };
+                for i in 0..run.n {
+                    let version = b.small_or_any(1);
+                    let fill = b.u8();
+                    let data = vec![fill; run.split_len as usize];
+                    let cookie = run.split_offset(i as usize) ^ u64::from(run.slab);
+                    let _ = w.split(cookie, version, u32::from(fill), &data);
+                }
+                let _ = w.finish();
             }
+            body.drain(..HEADER_LEN);
             Op::WriteV
         }
         4 | 5 => {
-            let n = 1 + b.u8() % 4;
-            body.extend_from_slice(&u32::from(n).to_le_bytes());
-            for _ in 0..n {
-                let (_, slab, len) = slab_of(b);
-                let offset = b.aimed(len);
-                entry(&mut body, slab, len as u32, offset, 0, 0);
+            let mut f = OpenRuns::begin(&mut body, Op::ReadV, 0).expect("READV");
+            for _ in 0..1 + b.u8() % 4 {
+                let slab = slab_of(b);
+                let run = run_of(b, &slab);
+                let cookies =
+                    (0..run.n as usize).map(|i| run.split_offset(i) ^ u64::from(run.slab));
+                let _ = f.read_run(&mut body, run, &mut cookies.into_iter());
             }
+            body.drain(..HEADER_LEN);
             Op::ReadV
         }
         6 => {
@@ -201,16 +204,14 @@ fn request(
     (op, body)
 }
 
-fn entry(out: &mut Vec<u8>, slab: u32, len: u32, offset: u64, version: u64, crc: u32) {
-    Entry {
+/// A run of one to four splits of a slab, mostly aimed near its start.
+fn run_of(b: &mut Bytes<'_>, &(_, slab, len): &(u8, u32, u64)) -> Run {
+    Run {
         slab,
-        len,
-        offset,
-        cookie: offset ^ u64::from(slab),
-        version,
-        crc,
+        split_len: len as u32,
+        offset: b.aimed(len),
+        n: u32::from(1 + b.u8() % 4),
     }
-    .put(out);
 }
 
 /// Checks a reply against the model and updates it.
@@ -234,51 +235,63 @@ fn check(
             model.retain(|k, _| !(k.0 == who && k.1 == slab));
         }
         Op::WriteV if h.status == Status::Ok => {
-            let Ok(wire::Request::WriteV(list)) = wire::parse_request(h, req) else {
+            let Ok(wire::Request::WriteV(runs)) = wire::parse_request(h, req) else {
                 return;
             };
-            let mut r = Reader::new(reply);
-            assert_eq!(r.count().expect("count"), list.len());
-            for (e, data) in list.iter() {
-                let got = ReplyEntry::get_write(&mut r).expect("entry");
-                assert_eq!(got.cookie, e.cookie);
-                let key = (who, e.slab, e.offset);
-                match got.status {
+            let mut got = Vec::new();
+            wire::parse_vectored_reply(h, reply, |cookie, status, version, _, _| {
+                got.push((cookie, status, version))
+            })
+            .expect("a well-formed WRITEV reply");
+            assert_eq!(got.len(), runs.splits(), "one reply entry per split");
+            let splits = runs
+                .iter()
+                .flat_map(|r| (0..r.run.n as usize).map(move |i| (r, i)));
+            for ((r, i), (cookie, status, version)) in splits.zip(got) {
+                let e = r.split(i);
+                assert_eq!(cookie, e.cookie);
+                let key = (who, r.run.slab, r.run.split_offset(i));
+                match status {
                     Status::Ok => {
                         let stored = model.entry(key).or_insert((0, Vec::new()));
                         assert!(e.version >= stored.0, "older version acknowledged");
                         if e.version > stored.0 {
-                            *stored = (e.version, data.to_vec());
+                            *stored = (e.version, r.split_data(i).to_vec());
                         }
-                        assert_eq!(got.version, e.version);
+                        assert_eq!(version, e.version);
                     }
                     Status::Stale => {
                         let stored = model.get(&key).map_or(0, |s| s.0);
-                        assert!(got.version > e.version && got.version == stored);
+                        assert!(version > e.version && version == stored);
                     }
                     _ => {}
                 }
             }
         }
         Op::ReadV if h.status == Status::Ok => {
-            let Ok(wire::Request::ReadV(list)) = wire::parse_request(h, req) else {
+            let Ok(wire::Request::ReadV(runs)) = wire::parse_request(h, req) else {
                 return;
             };
-            let mut r = Reader::new(reply);
-            assert_eq!(r.count().expect("count"), list.len());
-            for e in list.iter() {
-                let got = ReplyEntry::get_read(&mut r).expect("entry");
-                let data = r.bytes(got.len as usize).expect("data");
-                if got.status != Status::Ok {
-                    continue;
-                }
-                match model.get(&(who, e.slab, e.offset)) {
-                    Some((v, bytes)) => {
-                        assert_eq!((got.version, data), (*v, &bytes[..]), "read back wrong")
+            let mut replies = ReplyRuns::new(reply).expect("a READV reply");
+            assert_eq!(replies.remaining(), runs.len(), "one reply run per run");
+            for r in runs.iter() {
+                let got = replies.next_run().expect("well formed").expect("a run");
+                assert_eq!(got.n, r.run.n as usize);
+                for i in 0..got.n {
+                    assert_eq!(got.split(i).cookie, r.cookie(i));
+                    if got.status != Status::Ok {
+                        continue;
                     }
-                    None => assert!(got.version == 0 && data.iter().all(|b| *b == 0)),
+                    let (version, data) = (got.split(i).version, got.split_data(i));
+                    match model.get(&(who, r.run.slab, r.run.split_offset(i))) {
+                        Some((v, bytes)) => {
+                            assert_eq!((version, data), (*v, &bytes[..]), "read back wrong")
+                        }
+                        None => assert!(version == 0 && data.iter().all(|b| *b == 0)),
+                    }
                 }
             }
+            assert!(replies.next_run().expect("nothing trailing").is_none());
         }
         _ => {}
     }

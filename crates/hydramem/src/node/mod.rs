@@ -36,8 +36,8 @@ use crate::wire::{
 };
 use control::{ControlConfig, MemorySample};
 use memory::SlabMemory;
-pub use slab::Slab;
 use slab::NO_DEADLINE;
+pub use slab::{Landing, RunView, Slab};
 
 /// Static configuration of one memory node.
 #[derive(Debug, Clone)]

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use super::session::{After, Session};
 use super::Node;
-use crate::wire::{self, Header, Op, WireError, HEADER_LEN, MAX_BODY};
+use crate::wire::{Header, Op, WireError, HEADER_LEN, MAX_BODY};
 
 /// Stops a running [`run`]: the accept loop ends and every open connection is shut down
 /// (both directions: a node's clients re-send what was in flight to a node that stops).
@@ -152,17 +152,21 @@ impl Connection {
                 Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
                 Err(e) => return Err(e.into()),
             }
-            if hb[..4] != wire::MAGIC {
-                return Err(WireError::BadMagic([hb[0], hb[1], hb[2], hb[3]]).into());
-            }
+            Header::check_magic(hb[..4].try_into().expect("4 bytes"))?;
             reader.read_exact(&mut hb[4..])?;
             let h = Header::parse(&hb)?;
-            self.body.resize(h.body_len as usize, 0);
-            reader.read_exact(&mut self.body)?;
+            // The buffer only grows (to at most MAX_BODY), so a body is read without zeroing
+            // its bytes first.
+            let len = h.body_len as usize;
+            if self.body.len() < len {
+                self.body.resize(len, 0);
+            }
+            reader.read_exact(&mut self.body[..len])?;
             if h.op != Op::Fault {
                 self.hold_while_stopped();
             }
-            if self.session.handle(&h, &self.body, &mut self.out)? == After::DropOtherConnections {
+            let body = &self.body[..len];
+            if self.session.handle(&h, body, &mut self.out)? == After::DropOtherConnections {
                 self.shutdown.drop_others(self.key);
             }
             if reader.buffer().is_empty() || self.out.len() > MAX_BODY {

@@ -15,10 +15,10 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use super::{Faults, Node};
+use super::{Faults, Landing, Node, RunView};
 use crate::wire::{
-    self, ClientId, Fault, FrameBuilder, Header, HelloReply, ReplyEntry, Request, Status,
-    WireError, HEADER_LEN, HELLO_OBSERVER, MAX_BODY,
+    self, ClientId, Fault, FrameBuilder, Header, HelloReply, ReadReply, Request, Status, WireError,
+    WriteReply, HELLO_OBSERVER, MAX_BODY,
 };
 
 /// What the connection must do after a request, besides sending the reply.
@@ -159,8 +159,8 @@ impl Session {
                 wire::put_list(out, &node.list(&client));
                 fb.finish(out)?;
             }
-            Request::WriteV(entries) => write_v(&node, &client, h, &entries, out)?,
-            Request::ReadV(entries) => read_v(&node, &client, h, &entries, out)?,
+            Request::WriteV(runs) => write_v(&node, &client, h, &runs, out)?,
+            Request::ReadV(runs) => read_v(&node, &client, h, &runs, out)?,
         }
         Ok(After::Reply)
     }
@@ -247,88 +247,130 @@ fn reply_status(out: &mut Vec<u8>, h: &Header, st: Status) -> Result<(), WireErr
     FrameBuilder::begin(out, h.op, true, st, h.id).finish(out)
 }
 
-/// WRITEV: stores every entry through the slab's version check; each reply entry carries the
-/// version stored afterwards (the newer one that refused a `Stale` entry).
+/// WRITEV: stores every run through the slab's version check (one lock, and one copy when
+/// every split of the run is newer than what is stored); each split's reply entry carries the
+/// version stored afterwards (the newer one that refused a `Stale` split).
 fn write_v(
     node: &Node,
     client: &ClientId,
     h: &Header,
-    entries: &wire::WriteList<'_>,
+    runs: &wire::WriteRuns<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
-    let fb = ok(out, h);
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
-    for (e, d) in entries.iter() {
-        let slab = node.slab(client, e.slab);
-        let r = slab.as_ref().map_err(|st| *st).and_then(|s| {
-            if e.len == 0 {
-                return Err(Status::BadRequest);
-            }
-            s.store(e.offset, d, e.version, e.crc)?;
-            if Faults::hits(&node.faults.corrupt_writes, e.slab) {
-                s.corrupt(e.offset)?;
-            }
-            Ok(())
-        });
-        let (st, stored) = match (r, &slab) {
-            (Ok(()), _) => (Status::Ok, e.version),
-            (Err(Status::Stale), Ok(s)) => (Status::Stale, s.stored_version(e.offset).unwrap_or(0)),
-            (Err(st), _) => (st, 0),
+    let mut reply = WriteReply::begin(out, h);
+    for run in runs.iter() {
+        let r = run.run;
+        let mut landing = WriteLanding {
+            run: &run,
+            reply: &mut reply,
+            out,
+            faults: &node.faults,
         };
-        ReplyEntry::put_write(out, e.cookie, st, stored);
+        let stored = node
+            .slab(client, r.slab)
+            .and_then(|s| s.store_run(r.offset, r.split_len.into(), r.n as usize, &mut landing));
+        if let Err(st) = stored {
+            for i in 0..r.n as usize {
+                reply.put(out, run.split(i).cookie, st, 0);
+            }
+        }
     }
-    metrics::counter!("hydramem_node_write_entries_total").increment(entries.len() as u64);
-    metrics::counter!("hydramem_node_bytes_written_total").increment(entries.data_len() as u64);
-    fb.finish(out)
+    metrics::counter!("hydramem_node_write_entries_total").increment(runs.splits() as u64);
+    metrics::counter!("hydramem_node_bytes_written_total").increment(runs.data_len() as u64);
+    reply.finish(out)
 }
 
-/// READV: every entry's split with its version and checksum, in one reply frame (an entry
-/// that would not fit it is refused).
+/// A WRITEV run landing in its slab: data copied from the request, outcomes appended to the
+/// reply in slot order.
+struct WriteLanding<'r, 'a> {
+    run: &'r wire::WriteRun<'a>,
+    reply: &'r mut WriteReply,
+    out: &'r mut Vec<u8>,
+    faults: &'r Faults,
+}
+
+impl Landing for WriteLanding<'_, '_> {
+    fn version(&self, i: usize) -> u64 {
+        self.run.split(i).version
+    }
+    fn fill(&mut self, span: std::ops::Range<usize>, dst: &mut [u8]) -> Result<(), Status> {
+        let len = self.run.run.split_len as usize;
+        dst.copy_from_slice(&self.run.data()[span.start * len..span.end * len]);
+        Ok(())
+    }
+    fn crc(&mut self, i: usize, _: &[u8]) -> u32 {
+        self.run.split(i).crc
+    }
+    fn landed(&mut self, _: usize, bytes: &mut [u8]) {
+        // Injected corruption of the stored copy (one relaxed load while off).
+        if Faults::hits(&self.faults.corrupt_writes, self.run.run.slab) {
+            super::flip_random_bit(bytes);
+        }
+    }
+    fn outcome(&mut self, i: usize, status: Status, stored: u64) {
+        self.reply
+            .put(self.out, self.run.split(i).cookie, status, stored);
+    }
+}
+
+/// READV: every run's splits with their versions and checksums, each run copied once from
+/// its slab into the reply frame (a run that would not fit the frame is refused).
 fn read_v(
     node: &Node,
     client: &ClientId,
     h: &Header,
-    entries: &wire::EntryList<'_>,
+    runs: &wire::ReadRuns<'_>,
     out: &mut Vec<u8>,
 ) -> Result<(), WireError> {
-    let frame_start = out.len();
-    let fb = ok(out, h);
-    out.extend_from_slice(&(entries.len() as u32).to_le_bytes());
+    let mut reply = ReadReply::begin(out, h);
     let mut bytes = 0u64;
-    for e in entries.iter() {
-        let len = e.len as usize;
-        let head = out.len();
-        // The reply must fit one frame: refuse entries that would overflow it.
-        let fits = head + wire::READ_REPLY_LEN + len - frame_start - HEADER_LEN <= MAX_BODY;
-        let r = if e.len == 0 || !fits {
-            Err(Status::BadRequest)
-        } else {
-            node.slab(client, e.slab).and_then(|s| {
-                let data = ReplyEntry::begin_read(out, e.cookie, e.len);
-                let f = &node.faults;
-                let stamp = if Faults::hits(&f.misdirect_reads, e.slab) {
-                    s.read_misdirected(e.offset, data)?
-                } else {
-                    s.load(e.offset, data)?
-                };
-                if Faults::hits(&f.corrupt_replies, e.slab) {
-                    super::flip_random_bit(data);
-                }
-                Ok(stamp)
+    for run in runs.iter() {
+        let r = run.run;
+        if !reply.fits(out, &r) {
+            reply.refuse(out, &run, Status::BadRequest);
+            continue;
+        }
+        let served = node.slab(client, r.slab).and_then(|s| {
+            s.read_run(r.offset, r.split_len.into(), r.n as usize, |v| {
+                let served = reply.serve(out, &run, |i| v.stamp(i), v.data());
+                inject_read_faults(node, r.slab, &v, &served, r.n as usize, out);
             })
-        };
-        match r {
-            Ok((version, crc)) => {
-                ReplyEntry::stamp_read(&mut out[head..], version, crc);
-                bytes += len as u64;
-            }
-            Err(st) => {
-                out.truncate(head);
-                ReplyEntry::put_read(out, e.cookie, st, 0, 0, 0);
-            }
+        });
+        match served {
+            Ok(()) => bytes += r.data_len() as u64,
+            Err(st) => reply.refuse(out, &run, st),
         }
     }
-    metrics::counter!("hydramem_node_read_entries_total").increment(entries.len() as u64);
+    metrics::counter!("hydramem_node_read_entries_total").increment(runs.splits() as u64);
     metrics::counter!("hydramem_node_bytes_read_total").increment(bytes);
-    fb.finish(out)
+    reply.finish(out)
+}
+
+/// Injected read faults, split by split: the neighbouring slot's bytes and checksum under the
+/// split's own version (a misdirected read), or one bit flipped on the wire. One relaxed load
+/// each while off.
+fn inject_read_faults(
+    node: &Node,
+    slab: u32,
+    v: &RunView<'_>,
+    served: &wire::ServedRun,
+    n: usize,
+    out: &mut [u8],
+) {
+    let f = &node.faults;
+    let misdirect = f.misdirect_reads.load(Ordering::Relaxed) != 0;
+    let corrupt = f.corrupt_replies.load(Ordering::Relaxed) != 0;
+    if !misdirect && !corrupt {
+        return;
+    }
+    for i in 0..n {
+        if misdirect && Faults::hits(&f.misdirect_reads, slab) {
+            let (data, crc) = v.neighbour(i);
+            served.data_mut(out, i).copy_from_slice(data);
+            served.set_crc(out, i, crc);
+        }
+        if corrupt && Faults::hits(&f.corrupt_replies, slab) {
+            super::flip_random_bit(served.data_mut(out, i));
+        }
+    }
 }

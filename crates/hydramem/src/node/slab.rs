@@ -2,12 +2,13 @@
 //! splits of one length, each with the version and checksum of the write that stored it.
 //!
 //! Invariants:
-//! - a slab holds `slots = slab_size / split_len` split slots; every access is one whole split
-//!   at `slot × split_len` with `slot < slots`, checked with arithmetic that cannot overflow, so
-//!   no offset a peer sends can reach outside the slab or panic the node;
+//! - a slab holds `slots = slab_size / split_len` split slots; every access is a *run* of whole
+//!   splits, slots `first..first + n` with `first + n <= slots`, checked with arithmetic that
+//!   cannot overflow, so no offset a peer sends can reach outside the slab or panic the node;
 //! - the bytes, versions and checksums live together behind one lock: readers share it,
 //!   a writer holds it exclusively (`&mut`), so a read never sees a torn split or a split with
-//!   another split's version;
+//!   another split's version; a run takes the lock once, and its bytes, being consecutive
+//!   slots, are one contiguous region: one copy serves it;
 //! - a split is replaced only by a newer version (`1..=MAX_VERSION`); an equal version is a
 //!   repeated write and changes nothing; an older one is refused as `Stale` and the caller
 //!   learns the version stored;
@@ -45,6 +46,100 @@ impl SlabData {
         let mut c = [0u8; 4];
         self.crcs.read(slot * 4, &mut c).ok_or(Status::Internal)?;
         Ok(u32::from_le_bytes(c))
+    }
+
+    fn set_stamp(&mut self, slot: u64, version: u64, crc: u32) -> Result<(), Status> {
+        self.versions
+            .write(slot * 8, &version.to_le_bytes())
+            .ok_or(Status::Internal)?;
+        self.crcs
+            .write(slot * 4, &crc.to_le_bytes())
+            .ok_or(Status::Internal)
+    }
+}
+
+/// A run of splits being read under the slab's read lock (see [`Slab::read_run`]).
+pub struct RunView<'a> {
+    data: &'a [u8],
+    versions: &'a [u8],
+    crcs: &'a [u8],
+    slab: &'a SlabData,
+    first: u64,
+    slots: u64,
+    split_len: usize,
+}
+
+impl<'a> RunView<'a> {
+    /// The run's bytes, split i at `i × split_len`.
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// The version and checksum stored with split `i`.
+    pub fn stamp(&self, i: usize) -> (u64, u32) {
+        let v = u64::from_le_bytes(self.versions[8 * i..8 * i + 8].try_into().expect("8"));
+        let c = u32::from_le_bytes(self.crcs[4 * i..4 * i + 4].try_into().expect("4"));
+        (v, c)
+    }
+
+    /// The bytes and checksum of the slot next to split `i` (the previous one for the slab's
+    /// last slot, the slot itself in a slab of one slot): an injected misdirected read.
+    pub fn neighbour(&self, i: usize) -> (&'a [u8], u32) {
+        let slot = self.first + i as u64;
+        let other = if slot + 1 < self.slots {
+            slot + 1
+        } else {
+            slot.saturating_sub(1)
+        };
+        let bytes = self
+            .slab
+            .memory
+            .bytes(other * self.split_len as u64, self.split_len)
+            .expect("a slot of the slab");
+        (bytes, self.slab.crc(other).unwrap_or(0))
+    }
+}
+
+/// Where the splits of a run being stored come from, and where their outcomes go (see
+/// [`Slab::store_run`]).
+pub trait Landing {
+    /// The version of split `i`; one outside `1..=MAX_VERSION` is refused and not stored.
+    fn version(&self, i: usize) -> u64;
+    /// Writes the data of splits `span` into `dst`, the slab's bytes for them
+    /// (`span.len() × split_len`). On error `dst` must be left untouched.
+    fn fill(&mut self, span: std::ops::Range<usize>, dst: &mut [u8]) -> Result<(), Status>;
+    /// The checksum to store with split `i`, whose bytes are now `data`.
+    fn crc(&mut self, i: usize, data: &[u8]) -> u32;
+    /// Split `i` was stored (after [`Landing::crc`]); `bytes` is its copy in the slab, still
+    /// under the lock (injected corruption of stored copies).
+    fn landed(&mut self, _i: usize, _bytes: &mut [u8]) {}
+    /// The outcome of split `i` and the version stored for it afterwards: `Ok` (stored now,
+    /// or that very version already was), `Stale` (a newer one is, and stays) or `BadRequest`
+    /// (an invalid version; 0).
+    fn outcome(&mut self, _i: usize, _status: Status, _stored: u64) {}
+}
+
+/// One split given with its checksum ([`Slab::store`]).
+struct OneSplit<'a> {
+    data: &'a [u8],
+    version: u64,
+    crc: u32,
+    status: Status,
+}
+
+impl Landing for OneSplit<'_> {
+    fn version(&self, _: usize) -> u64 {
+        self.version
+    }
+    fn fill(&mut self, _: std::ops::Range<usize>, dst: &mut [u8]) -> Result<(), Status> {
+        dst.copy_from_slice(self.data);
+        Ok(())
+    }
+    fn crc(&mut self, _: usize, _: &[u8]) -> u32 {
+        self.crc
+    }
+    fn outcome(&mut self, _: usize, status: Status, _: u64) {
+        self.status = status;
     }
 }
 
@@ -127,18 +222,109 @@ impl Slab {
         self.newest.load(Ordering::Relaxed)
     }
 
-    /// The slot index of a whole split at `offset`, or the error for a misaligned or
-    /// out-of-range access. Cannot overflow: `slot < slots`, so `slot × split_len` and the
-    /// split's end lie within the slab.
-    fn slot(&self, offset: u64, len: usize) -> Result<u64, Status> {
-        if len as u64 != self.split_len || !offset.is_multiple_of(self.split_len) {
+    /// The first slot of a run of `n` whole splits of `split_len` bytes from `offset`, or the
+    /// error for a run this slab cannot serve: another split length or a misaligned offset
+    /// ([`Status::BadRequest`]), slots past the end ([`Status::OutOfRange`]). Cannot overflow:
+    /// on success `first + n <= slots`, so every split of the run lies within the slab.
+    fn run_slots(&self, offset: u64, split_len: u64, n: usize) -> Result<u64, Status> {
+        if split_len != self.split_len || !offset.is_multiple_of(self.split_len) || n == 0 {
             return Err(Status::BadRequest);
         }
-        let slot = offset / self.split_len;
-        if slot >= self.slots {
-            return Err(Status::OutOfRange);
+        let first = offset / self.split_len;
+        match first.checked_add(n as u64) {
+            Some(end) if end <= self.slots => Ok(first),
+            _ => Err(Status::OutOfRange),
         }
-        Ok(slot)
+    }
+
+    /// Reads the run of `n` splits of `split_len` bytes from `offset` under one read lock:
+    /// `f` sees their bytes (contiguous), versions and checksums. Counts the accesses.
+    pub fn read_run<R>(
+        &self,
+        offset: u64,
+        split_len: u64,
+        n: usize,
+        f: impl FnOnce(RunView<'_>) -> R,
+    ) -> Result<R, Status> {
+        let first = self.run_slots(offset, split_len, n)?;
+        let d = self.data.read();
+        let len = self.split_len as usize;
+        let view = RunView {
+            data: d.memory.bytes(offset, n * len).ok_or(Status::Internal)?,
+            versions: d.versions.bytes(first * 8, n * 8).ok_or(Status::Internal)?,
+            crcs: d.crcs.bytes(first * 4, n * 4).ok_or(Status::Internal)?,
+            slab: &d,
+            first,
+            slots: self.slots,
+            split_len: len,
+        };
+        let r = f(view);
+        drop(d);
+        self.reads.fetch_add(n as u64, Ordering::Relaxed);
+        self.bytes_read
+            .fetch_add((n * len) as u64, Ordering::Relaxed);
+        Ok(r)
+    }
+
+    /// Stores the run of `n` splits of `split_len` bytes from `offset` under one write lock,
+    /// each through the version check: a split is stored only if its version is newer than
+    /// the stored one. Consecutive splits that are all stored are filled in one call of
+    /// [`Landing::fill`] (one copy for a run that is newer throughout); every split's outcome
+    /// goes to [`Landing::outcome`]. Fails as a whole, storing nothing, for a run the slab
+    /// cannot serve, and stops at a fill that fails (the splits before it are stored).
+    pub fn store_run(
+        &self,
+        offset: u64,
+        split_len: u64,
+        n: usize,
+        l: &mut impl Landing,
+    ) -> Result<(), Status> {
+        let first = self.run_slots(offset, split_len, n)?;
+        let len = self.split_len as usize;
+        let valid = |v: u64| (1..=MAX_VERSION).contains(&v);
+        let mut d = self.data.write();
+        let (mut applied, mut newest, mut end) = (0u64, 0u64, 0u64);
+        let mut i = 0;
+        while i < n {
+            let start = i;
+            while i < n && valid(l.version(i)) && l.version(i) > d.version(first + i as u64)? {
+                i += 1;
+            }
+            if i > start {
+                let at = (first + start as u64) * self.split_len;
+                let dst = d.memory.bytes_mut(at, (i - start) * len);
+                l.fill(start..i, dst.ok_or(Status::Internal)?)?;
+                for j in start..i {
+                    let (slot, v) = (first + j as u64, l.version(j));
+                    let bytes = d.memory.bytes_mut(slot * self.split_len, len);
+                    let bytes = bytes.ok_or(Status::Internal)?;
+                    let crc = l.crc(j, bytes);
+                    l.landed(j, bytes);
+                    d.set_stamp(slot, v, crc)?;
+                    l.outcome(j, Status::Ok, v);
+                    newest = newest.max(v);
+                }
+                applied += (i - start) as u64;
+                end = (first + i as u64) * self.split_len;
+                continue;
+            }
+            let (v, stored) = (l.version(i), d.version(first + i as u64)?);
+            match v {
+                _ if !valid(v) => l.outcome(i, Status::BadRequest, 0),
+                _ if v < stored => l.outcome(i, Status::Stale, stored),
+                _ => l.outcome(i, Status::Ok, v),
+            }
+            i += 1;
+        }
+        drop(d);
+        if applied > 0 {
+            self.newest.fetch_max(newest, Ordering::Relaxed);
+            self.writes.fetch_add(applied, Ordering::Relaxed);
+            self.bytes_written
+                .fetch_add(applied * self.split_len, Ordering::Relaxed);
+            self.touched.fetch_max(end, Ordering::Relaxed);
+        }
+        Ok(())
     }
 
     /// Copies one split out of the slab and returns its version, counting the access.
@@ -149,19 +335,16 @@ impl Slab {
     /// Copies one split out of the slab and returns its version and checksum, counting the
     /// access.
     pub fn load(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
-        let slot = self.slot(offset, out.len())?;
-        let d = self.data.read();
-        d.memory.read(offset, out).ok_or(Status::OutOfRange)?;
-        self.reads.fetch_add(1, Ordering::Relaxed);
-        self.bytes_read
-            .fetch_add(out.len() as u64, Ordering::Relaxed);
-        Ok((d.version(slot)?, d.crc(slot)?))
+        self.read_run(offset, out.len() as u64, 1, |v| {
+            out.copy_from_slice(v.data());
+            v.stamp(0)
+        })
     }
 
     /// The version stored at `offset` now (0: never written), or the error for an access
     /// [`Slab::load`] would refuse.
     pub fn stored_version(&self, offset: u64) -> Result<u64, Status> {
-        let slot = self.slot(offset, self.split_len as usize)?;
+        let slot = self.run_slots(offset, self.split_len, 1)?;
         self.data.read().version(slot)
     }
 
@@ -175,47 +358,27 @@ impl Slab {
     /// acknowledged without rewriting. A version outside `1..=MAX_VERSION` is refused with
     /// [`Status::BadRequest`].
     pub fn store(&self, offset: u64, data: &[u8], version: u64, crc: u32) -> Result<(), Status> {
-        let slot = self.slot(offset, data.len())?;
-        if version == 0 || version > MAX_VERSION {
-            return Err(Status::BadRequest);
+        let mut one = OneSplit {
+            data,
+            version,
+            crc,
+            status: Status::Ok,
+        };
+        self.store_run(offset, data.len() as u64, 1, &mut one)?;
+        match one.status {
+            Status::Ok => Ok(()),
+            st => Err(st),
         }
-        let mut d = self.data.write();
-        let stored = d.version(slot)?;
-        if version < stored {
-            return Err(Status::Stale);
-        }
-        if version == stored {
-            return Ok(());
-        }
-        d.memory.write(offset, data).ok_or(Status::OutOfRange)?;
-        d.versions
-            .write(slot * 8, &version.to_le_bytes())
-            .ok_or(Status::Internal)?;
-        d.crcs
-            .write(slot * 4, &crc.to_le_bytes())
-            .ok_or(Status::Internal)?;
-        drop(d);
-        self.newest.fetch_max(version, Ordering::Relaxed);
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.bytes_written
-            .fetch_add(data.len() as u64, Ordering::Relaxed);
-        self.touched
-            .fetch_max(offset + data.len() as u64, Ordering::Relaxed);
-        Ok(())
     }
 
     /// Injected corruption: flips one random bit of the stored split at `offset` (a whole
     /// split, as for [`Slab::write`]), leaving its version as it was.
     pub fn corrupt(&self, offset: u64) -> Result<(), Status> {
         let len = self.split_len as usize;
-        self.slot(offset, len)?;
+        self.run_slots(offset, self.split_len, 1)?;
         let mut d = self.data.write();
-        let mut buf = [0u8; 1];
-        let bit = rand::random_range(0..len * 8);
-        let at = offset + (bit / 8) as u64;
-        d.memory.read(at, &mut buf).ok_or(Status::OutOfRange)?;
-        buf[0] ^= 1 << (bit % 8);
-        d.memory.write(at, &buf).ok_or(Status::OutOfRange)?;
+        let split = d.memory.bytes_mut(offset, len).ok_or(Status::Internal)?;
+        super::flip_random_bit(split);
         Ok(())
     }
 
@@ -239,17 +402,27 @@ impl Slab {
     /// one for the last slot) with its checksum, and returns the version stored for `offset`,
     /// as a node that reads the wrong address but the right version would.
     pub fn read_misdirected(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
-        let slot = self.slot(offset, out.len())?;
-        let other = if slot + 1 < self.slots {
-            slot + 1
-        } else {
-            slot.saturating_sub(1)
-        };
-        let d = self.data.read();
-        d.memory
-            .read(other * self.split_len, out)
-            .ok_or(Status::OutOfRange)?;
-        Ok((d.version(slot)?, d.crc(other)?))
+        self.read_run(offset, out.len() as u64, 1, |v| {
+            let (data, crc) = v.neighbour(0);
+            out.copy_from_slice(data);
+            (v.stamp(0).0, crc)
+        })
+    }
+
+    /// Prepares the slab for being filled in bulk (regeneration): huge pages where the
+    /// kernel offers them (see [`SlabMemory::advise_bulk`]).
+    pub fn prepare_bulk(&self) {
+        self.data.read().memory.advise_bulk();
+    }
+
+    /// Backs the memory of the `n` split slots from `slot` now, so that filling them does
+    /// not fault page by page (best effort; no byte changes).
+    pub fn prefault(&self, slot: u64, n: u64) {
+        let len = usize::try_from(n.saturating_mul(self.split_len)).unwrap_or(usize::MAX);
+        self.data
+            .read()
+            .memory
+            .prefault(slot.saturating_mul(self.split_len), len);
     }
 
     /// The slab's counters for STATS.
@@ -336,5 +509,96 @@ mod tests {
         assert_eq!(s.newest(), 90);
         s.store(0, &[4; 512], MAX_VERSION, 0).unwrap();
         assert_eq!(s.newest(), MAX_VERSION);
+    }
+
+    /// Records what [`Slab::store_run`] asks of a landing.
+    struct Recorder {
+        versions: Vec<u64>,
+        fills: Vec<std::ops::Range<usize>>,
+        outcomes: Vec<(Status, u64)>,
+    }
+
+    impl Landing for Recorder {
+        fn version(&self, i: usize) -> u64 {
+            self.versions[i]
+        }
+        fn fill(&mut self, span: std::ops::Range<usize>, dst: &mut [u8]) -> Result<(), Status> {
+            for (i, split) in span.clone().zip(dst.chunks_mut(512)) {
+                split.fill(self.versions[i] as u8);
+            }
+            self.fills.push(span);
+            Ok(())
+        }
+        fn crc(&mut self, i: usize, _: &[u8]) -> u32 {
+            i as u32
+        }
+        fn outcome(&mut self, _: usize, status: Status, stored: u64) {
+            self.outcomes.push((status, stored));
+        }
+    }
+
+    fn recorder(versions: &[u64]) -> Recorder {
+        Recorder {
+            versions: versions.to_vec(),
+            fills: Vec::new(),
+            outcomes: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_run_newer_throughout_lands_in_one_fill_and_a_mixed_one_split_by_split() {
+        let s = slab(512);
+        let mut all = recorder(&[5, 5, 5, 5]);
+        s.store_run(1024, 512, 4, &mut all).unwrap();
+        assert_eq!(all.fills, vec![0..4]);
+        assert_eq!(all.outcomes, vec![(Status::Ok, 5); 4]);
+        // Stale, equal and invalid versions split the run; only newer splits are filled.
+        let mut mixed = recorder(&[6, 4, 5, 0, 7]);
+        s.store_run(1024, 512, 5, &mut mixed).unwrap();
+        assert_eq!(mixed.fills, vec![0..1, 4..5]);
+        assert_eq!(
+            mixed.outcomes,
+            vec![
+                (Status::Ok, 6),
+                (Status::Stale, 5),
+                (Status::Ok, 5),
+                (Status::BadRequest, 0),
+                (Status::Ok, 7)
+            ]
+        );
+        let (data, stamps) = s
+            .read_run(1024, 512, 5, |v| {
+                (
+                    v.data().to_vec(),
+                    (0..5).map(|i| v.stamp(i)).collect::<Vec<_>>(),
+                )
+            })
+            .unwrap();
+        assert_eq!(stamps, vec![(6, 0), (5, 1), (5, 2), (5, 3), (7, 4)]);
+        let firsts: Vec<u8> = data.chunks(512).map(|c| c[0]).collect();
+        assert_eq!(firsts, vec![6, 5, 5, 5, 7]);
+        assert_eq!((s.newest(), s.stats(0).writes, s.stats(0).reads), (7, 6, 5));
+    }
+
+    #[test]
+    fn a_run_is_checked_whole_against_the_slab() {
+        let s = slab(512); // 16 slots
+        let mut r = recorder(&[1; 3]);
+        assert_eq!(
+            s.store_run(15 * 512, 512, 2, &mut r),
+            Err(Status::OutOfRange)
+        );
+        assert_eq!(s.store_run(100, 512, 1, &mut r), Err(Status::BadRequest));
+        assert_eq!(s.store_run(0, 256, 1, &mut r), Err(Status::BadRequest));
+        assert_eq!(s.store_run(0, 512, 0, &mut r), Err(Status::BadRequest));
+        assert_eq!(
+            s.read_run(u64::MAX / 512 * 512, 512, 1, |_| ()),
+            Err(Status::OutOfRange)
+        );
+        assert!(
+            r.fills.is_empty() && r.outcomes.is_empty(),
+            "nothing stored"
+        );
+        assert_eq!(s.read_run(14 * 512, 512, 2, |v| v.data().len()), Ok(1024));
     }
 }

@@ -15,7 +15,7 @@ use super::MAX_ENTRIES;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -213,12 +213,24 @@ impl Header {
         b
     }
 
+    /// Sets the body length of the frame that `frame` starts with (a header already
+    /// encoded), for a sender that appends to a frame after beginning it.
+    pub fn patch_body_len(frame: &mut [u8], body_len: u32) {
+        frame[16..20].copy_from_slice(&body_len.to_le_bytes());
+    }
+
+    /// Checks the four bytes a frame opens with, so that a reader can turn away a peer that
+    /// speaks another protocol before it waits for a whole header.
+    pub fn check_magic(b: &[u8; 4]) -> Result<(), WireError> {
+        match *b == MAGIC {
+            true => Ok(()),
+            false => Err(WireError::BadMagic(*b)),
+        }
+    }
+
     /// Parses and validates a header; the body length is checked against [`MAX_BODY`].
     pub fn parse(b: &[u8; HEADER_LEN]) -> Result<Header, WireError> {
-        let magic: [u8; 4] = [b[0], b[1], b[2], b[3]];
-        if magic != MAGIC {
-            return Err(WireError::BadMagic(magic));
-        }
+        Header::check_magic(b[..4].try_into().expect("4 bytes"))?;
         if b[4] != VERSION {
             return Err(WireError::BadVersion(b[4]));
         }
@@ -269,7 +281,7 @@ impl FrameBuilder {
             out.truncate(self.start);
             return Err(WireError::TooLarge(body as u64));
         }
-        out[self.start + 16..self.start + 20].copy_from_slice(&(body as u32).to_le_bytes());
+        Header::patch_body_len(&mut out[self.start..], body as u32);
         Ok(())
     }
 }
@@ -324,6 +336,11 @@ impl<'a> Reader<'a> {
         self.pos
     }
 
+    /// The bytes read so far.
+    pub fn consumed(&self) -> &'a [u8] {
+        &self.buf[..self.pos]
+    }
+
     /// Bytes not yet read.
     pub fn remaining(&self) -> usize {
         self.buf.len() - self.pos
@@ -354,7 +371,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 3);
+        assert_eq!(b[4], 4);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);

@@ -7,14 +7,14 @@
 //! reply that carries the request's id and the request's op with the reply bit set. Replies to
 //! the requests of one connection come back in request order (the node serves a connection
 //! sequentially), but clients must not rely on it: they match replies by id and, inside vectored
-//! replies, by the per-entry cookie.
+//! replies, by the per-split cookie.
 //!
 //! ## Frame header (20 bytes)
 //!
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 3; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 4; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -31,11 +31,9 @@
 //! | 0x05 | LIST    | empty                                          | count u32, count × (slab u32, tag u64,         |
 //! |      |         |                                                | newest version u64) (see [`Listed`])           |
 //! | 0x06 | STATS   | empty                                          | see [`Stats`]                                  |
-//! | 0x10 | WRITEV  | count u32, count × (entry (36), then len bytes | count u32, count × (cookie u64, status u32,    |
-//! |      |         | of data)                                       | version u64: the version stored now)           |
-//! | 0x11 | READV   | count u32, count × entry (36)                  | count u32, count × (cookie u64, status u32,    |
-//! |      |         |                                                | len u32, version u64, crc u32, then len bytes  |
-//! |      |         |                                                | of data)                                       |
+//! | 0x10 | WRITEV  | count u32, count × write run (see [`runs`])     | count u32, count × (cookie u64, status u32,    |
+//! |      |         |                                                | version u64: the version stored now)           |
+//! | 0x11 | READV   | count u32, count × read run (see [`runs`])      | count u32, count × reply run (see [`runs`])     |
 //! | 0x07 | REGEN   | see [`Regen`]                                  | pages rebuilt u64 (sent when the slab is done) |
 //! | 0x08 | RECLAIMS| empty                                          | count u32, count × (slab u32, ms_left u32)     |
 //! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
@@ -43,45 +41,13 @@
 //! |      |         | cause u8) (see [`CorruptReport`])              | caller; the rest count as unknown slab)        |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
-//! A vectored entry is 36 bytes:
-//!
-//! | offset | size | field   | meaning                                                        |
-//! |--------|------|---------|----------------------------------------------------------------|
-//! | 0      | 4    | slab    | slab id on the node                                            |
-//! | 4      | 4    | len     | bytes of the split                                             |
-//! | 8      | 8    | offset  | byte offset in the slab (a multiple of the slab's split length) |
-//! | 16     | 8    | cookie  | opaque to the node, echoed in the reply entry                  |
-//! | 24     | 8    | version | WRITEV: the page version of the split; READV: 0                |
-//! | 32     | 4    | crc     | WRITEV: the split's checksum, stored beside the version; READV: 0 |
-//!
-//! The cookie lets the client land each split where it belongs without a lookup table (the
-//! role a work-request id plays in RDMA). In a READV reply an entry that failed carries len 0
-//! (and version and crc 0).
-//!
-//! **Checksums.** The node stores the 32-bit `crc` of every written split next to its version
-//! and returns both with the split; it never computes or checks it on the data path. The client
-//! that keeps checksums puts the CRC32C of the split bound to its page and version there (see
-//! [`crate::integrity`]) and verifies it on every read; a client that does not sends 0. A slot
-//! never written has version 0 and crc 0.
-//!
-//! **Versions.** A slab holds splits of one length, fixed at ALLOC (`split_len`); every access
-//! is one whole split at a multiple of it. Next to each split the node keeps the version of the
-//! page it belongs to (0 = never written). A WRITEV entry is applied only if its version is
-//! newer than the stored one; an equal version is acknowledged without rewriting (a repeated
-//! write), an older one is refused with [`Status::Stale`] and changes nothing. Every WRITEV
-//! reply entry carries the version stored for the split after the request (the newer one that
-//! refused it, for `Stale`), so that a client whose clock is behind what the node holds can
-//! move past it and write again: a `Stale` entry is never an acknowledgement. Valid versions
-//! are `1..=`[`MAX_VERSION`]; an entry with another version is refused with
-//! [`Status::BadRequest`] (so no peer can pin a split at a version no later write can pass,
-//! and versions never collide with the markers a regenerating node uses). LIST returns the
-//! newest version held in each slab, from which a client that reattaches to its identity
-//! seeds its version clock. A READV reply
-//! returns each split with its stored version, so that a client never combines splits of
-//! different writes of a page (docs/architecture.md, "Versions").
-//! Entries and their data are interleaved in both directions so that a sender can append one
-//! more entry to a frame it has already started: a client merges the splits that many threads
-//! send to one node while a previous frame is still being written into one vectored frame.
+//! **Data: runs.** WRITEV and READV carry vectors of *runs*: `n` consecutive split slots of one
+//! slab, their per-split fields (cookie, version, checksum) in one block and their data in
+//! another, so that a node serves and lands a run with one copy. The byte tables, the bounds
+//! and the version rules are in [`runs`]; a READV reply returns each split with its stored
+//! version, so that a client never combines splits of different writes of a page
+//! (docs/architecture.md, "Versions"). LIST returns the newest version held in each slab,
+//! from which a client that reattaches to its identity seeds its version clock.
 //!
 //! **Reclaims.** A node that needs memory back (its machine runs short of free memory, or an
 //! operator drains it) marks slabs as *reclaimed* and tells their owners in the reply to their
@@ -109,7 +75,7 @@ mod fault;
 mod frame;
 mod regen;
 mod request;
-mod vectored;
+pub mod runs;
 
 pub use control::*;
 pub use corrupt::*;
@@ -117,7 +83,7 @@ pub use fault::*;
 pub use frame::*;
 pub use regen::*;
 pub use request::*;
-pub use vectored::*;
+pub use runs::*;
 
 /// A request frame of `op` whose body `body` writes (for tests).
 #[cfg(test)]

@@ -6,7 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
 use hydramem::wire::{
-    ClientId, Entry, FrameBuilder, Header, Hello, Op, Reader, ReplyEntry, Status, HEADER_LEN,
+    self, ClientId, FrameBuilder, Header, Hello, Op, OpenRuns, ReplyRuns, Run, Status, HEADER_LEN,
 };
 
 /// The slab size most tests use.
@@ -141,7 +141,7 @@ impl Raw {
         self.write_reply(slab, offset, data, version, crc).0
     }
 
-    /// One WRITEV entry of `version` with checksum `crc`; returns its status and the version
+    /// One WRITEV split of `version` with checksum `crc`; returns its status and the version
     /// the node holds for the split afterwards.
     pub fn write_reply(
         &mut self,
@@ -151,54 +151,92 @@ impl Raw {
         version: u64,
         crc: u32,
     ) -> (Status, u64) {
-        let mut b = 1u32.to_le_bytes().to_vec();
-        Entry {
-            slab,
-            len: data.len() as u32,
-            offset,
-            cookie: 5,
-            version,
-            crc,
-        }
-        .put(&mut b);
-        b.extend_from_slice(data);
-        let (_, body) = self.call(Op::WriteV, &b);
-        let mut r = Reader::new(&body);
-        r.count().unwrap();
-        let e = ReplyEntry::get_write(&mut r).unwrap();
-        (e.status, e.version)
+        self.write_run(slab, offset, data.len() as u32, &[(version, crc, data)])[0]
     }
 
-    /// One READV entry; returns its status, data and the version the node stored.
+    /// One WRITEV run of splits of `split_len` bytes from `offset`, each given as (version,
+    /// crc, data); returns every split's status and the version the node holds afterwards.
+    pub fn write_run(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        split_len: u32,
+        splits: &[(u64, u32, &[u8])],
+    ) -> Vec<(Status, u64)> {
+        let run = Run {
+            slab,
+            split_len,
+            offset,
+            n: splits.len() as u32,
+        };
+        let mut out = Vec::new();
+        let mut f = OpenRuns::begin(&mut out, Op::WriteV, 0).unwrap();
+        let mut w = f.write_run(&mut out, run).unwrap();
+        for (i, (version, crc, data)) in splits.iter().enumerate() {
+            w.split(5 + i as u64, *version, *crc, data).unwrap();
+        }
+        w.finish().unwrap();
+        let (h, body) = self.call(Op::WriteV, &out[HEADER_LEN..]);
+        let mut got = Vec::new();
+        wire::parse_vectored_reply(&h, &body, |cookie, st, v, _, _| {
+            assert_eq!(cookie, 5 + got.len() as u64, "reply entries in split order");
+            got.push((st, v))
+        })
+        .unwrap();
+        assert_eq!(got.len(), splits.len());
+        got
+    }
+
+    /// One READV split; returns its status, data and the version the node stored.
     pub fn read_split(&mut self, slab: u32, offset: u64, len: u32) -> (Status, Vec<u8>, u64) {
         let (st, data, version, _) = self.read_stamped(slab, offset, len);
         (st, data, version)
     }
 
-    /// One READV entry; returns its status, data and the version and checksum the node stored.
+    /// One READV split; returns its status, data and the version and checksum the node stored.
     pub fn read_stamped(
         &mut self,
         slab: u32,
         offset: u64,
         len: u32,
     ) -> (Status, Vec<u8>, u64, u32) {
-        let mut b = 1u32.to_le_bytes().to_vec();
-        Entry {
+        let (st, stamps, data) = self.read_run(slab, offset, len, 1);
+        (st, data, stamps[0].0, stamps[0].1)
+    }
+
+    /// One READV run of `n` splits of `split_len` bytes; returns the run's status, every
+    /// split's (version, crc) and the run's data.
+    pub fn read_run(
+        &mut self,
+        slab: u32,
+        offset: u64,
+        split_len: u32,
+        n: u32,
+    ) -> (Status, Vec<(u64, u32)>, Vec<u8>) {
+        let run = Run {
             slab,
-            len,
+            split_len,
             offset,
-            cookie: 77,
-            version: 0,
-            crc: 0,
-        }
-        .put(&mut b);
-        let (h, body) = self.call(Op::ReadV, &b);
+            n,
+        };
+        let mut out = Vec::new();
+        let mut f = OpenRuns::begin(&mut out, Op::ReadV, 0).unwrap();
+        f.read_run(&mut out, run, &mut (77..77 + u64::from(n)))
+            .unwrap();
+        let (h, body) = self.call(Op::ReadV, &out[HEADER_LEN..]);
         assert_eq!(h.status, Status::Ok);
-        let mut r = Reader::new(&body);
-        assert_eq!(r.count().unwrap(), 1);
-        let e = ReplyEntry::get_read(&mut r).unwrap();
-        assert_eq!(e.cookie, 77);
-        let data = r.bytes(e.len as usize).unwrap().to_vec();
-        (e.status, data, e.version, e.crc)
+        let mut runs = ReplyRuns::new(&body).unwrap();
+        assert_eq!(runs.remaining(), 1);
+        let got = runs.next_run().unwrap().unwrap();
+        assert!(runs.next_run().unwrap().is_none());
+        assert_eq!(got.n, n as usize);
+        let stamps = (0..got.n)
+            .map(|i| {
+                let s = got.split(i);
+                assert_eq!(s.cookie, 77 + i as u64);
+                (s.version, s.crc)
+            })
+            .collect();
+        (got.status, stamps, got.data().to_vec())
     }
 }
