@@ -41,7 +41,7 @@ mod rebuild;
 mod source;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use hydramem_isal::Codec;
@@ -193,7 +193,7 @@ fn check<'a>(node: &Node, req: &'a Regen) -> Result<Checked<'a>, RegenError> {
 fn regenerate(node: &Node, req: &Checked<'_>) -> Result<u64, RegenError> {
     node.regenerating.fetch_add(1, Ordering::Relaxed);
     metrics::gauge!("hydramem_node_regenerations_in_progress").increment(1.0);
-    let r = rebuild(node, req);
+    let r = with_memory_ready(&req.slab, req.req, || rebuild(node, req));
     node.regenerating.fetch_sub(1, Ordering::Relaxed);
     metrics::gauge!("hydramem_node_regenerations_in_progress").decrement(1.0);
     if r.is_ok() {
@@ -202,11 +202,39 @@ fn regenerate(node: &Node, req: &Checked<'_>) -> Result<u64, RegenError> {
     r
 }
 
+/// Runs `f` (the regeneration of `slab`) while a thread of its own backs the slab's memory
+/// ahead of it: asking the kernel for the memory of a fresh slab (zeroing it, charging it to
+/// the node's memory cgroup) costs about as much as receiving the data, and this way it runs
+/// beside the receiving, decoding and storing instead of in the middle of it. The slab is
+/// asked for huge pages first. Best effort: without the thread, the landing backs each chunk
+/// itself just before filling it.
+fn with_memory_ready<R>(slab: &Slab, req: &Regen, f: impl FnOnce() -> R) -> R {
+    // Slots per step: 2 MiB of the slab, a huge page.
+    let step = ((2u64 << 20) / u64::from(req.split_len.max(1))).max(1);
+    let stop = AtomicBool::new(false);
+    slab.prepare_bulk();
+    std::thread::scope(|s| {
+        let ahead = std::thread::Builder::new()
+            .name("hm-regen-mem".into())
+            .spawn_scoped(s, || {
+                let mut slot = 0;
+                while slot < req.pages && !stop.load(Ordering::Relaxed) {
+                    slab.prefault(slot, step.min(req.pages - slot));
+                    slot += step;
+                }
+            });
+        if let Err(e) = &ahead {
+            tracing::debug!(error = %e, "no thread to back a regenerating slab's memory ahead");
+        }
+        let r = f();
+        stop.store(true, Ordering::Relaxed);
+        r
+    })
+}
+
 fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     let req = checked.req;
     let named = || req.sources.iter().zip(checked.addrs.iter().copied());
-    // The slab is about to be filled in bulk: huge pages where the kernel offers them.
-    checked.slab.prepare_bulk();
     for (c, addr) in named().filter(|(s, _)| s.copy) {
         match copy_from(node, checked, c, addr) {
             Ok(pages) => return Ok(pages),
