@@ -112,16 +112,35 @@ impl SlabMemory {
         Some(())
     }
 
-    /// Prepares the whole mapping for being filled in bulk (a slab being regenerated): asks
-    /// the kernel for transparent huge pages, so that filling it takes one fault per 2 MiB
-    /// instead of one per 4 KiB. Advice only: where huge pages are off or unavailable,
-    /// nothing changes. Contents are untouched.
-    pub fn advise_bulk(&self) {
-        // SAFETY: the range is exactly this live mapping; MADV_HUGEPAGE changes how future
-        // faults are served, never the contents.
-        unsafe { libc::madvise(self.ptr.as_ptr().cast(), self.len, libc::MADV_HUGEPAGE) };
+    /// Advice about this mapping that may be given without holding the lock that guards
+    /// its bytes (see [`Advisor`]).
+    pub fn advisor(&self) -> Advisor {
+        Advisor {
+            ptr: self.ptr,
+            len: self.len,
+        }
     }
+}
 
+/// Advice to the kernel about one slab mapping (prefaulting). It never changes a
+/// byte of the mapping, so it needs no exclusion from readers or writers, and a regeneration
+/// backs a slab's memory ahead of the thread filling it without taking the slab's lock. The
+/// node keeps an advisor in the same slab as its mapping, so it is never used after the unmap
+/// (and if it were, `madvise` on an unmapped range fails, and on a range mapped anew it would
+/// still change no byte).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Advisor {
+    ptr: NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: an advisor is an address range handed to `madvise`, which never reads or writes
+// the memory through it; sharing it between threads shares no data.
+unsafe impl Send for Advisor {}
+// SAFETY: as for `Send`: nothing is accessed through a shared advisor.
+unsafe impl Sync for Advisor {}
+
+impl Advisor {
     /// Backs the pages of `[offset, offset + len)` (clipped to the mapping) with memory now,
     /// so that a bulk fill of that range does not fault page by page. Contents are unchanged
     /// (a fresh page is zero, as the unbacked page read); best effort.
@@ -135,9 +154,9 @@ impl SlabMemory {
         if end <= start {
             return;
         }
-        // SAFETY: `[start, end)` lies inside this live mapping; MADV_POPULATE_WRITE only
-        // faults pages in without writing to them, so it changes no byte that a shared slice
-        // may be reading.
+        // SAFETY: `[start, end)` lies inside the slab's mapping; MADV_POPULATE_WRITE only
+        // faults pages in without writing to them, so it changes no byte that a slice may be
+        // reading or writing concurrently.
         unsafe {
             libc::madvise(
                 self.ptr.as_ptr().add(start).cast(),
@@ -188,10 +207,10 @@ mod tests {
     fn advice_and_prefaulting_change_no_byte() {
         let mut m = SlabMemory::new(64 << 10).unwrap();
         m.write(5000, &[9; 10]).unwrap();
-        m.advise_bulk();
-        m.prefault(4000, 20 << 10);
-        m.prefault(60 << 10, 1 << 30); // clipped to the mapping
-        m.prefault(u64::MAX, 1);
+        let a = m.advisor();
+        a.prefault(4000, 20 << 10);
+        a.prefault(60 << 10, 1 << 30); // clipped to the mapping
+        a.prefault(u64::MAX, 1);
         let b = m.bytes(0, 64 << 10).unwrap();
         assert_eq!(&b[5000..5010], &[9; 10]);
         assert_eq!(b.iter().filter(|x| **x != 0).count(), 10);

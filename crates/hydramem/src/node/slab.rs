@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
-use super::memory::SlabMemory;
+use super::memory::{Advisor, SlabMemory};
 use crate::wire::{ClientId, SlabStats, Status, MAX_VERSION, SLAB_RECLAIMED};
 
 /// [`Slab::reclaim`] of a slab a drain reclaimed: no deadline.
@@ -150,6 +150,8 @@ pub struct Slab {
     split_len: u64,
     slots: u64,
     data: RwLock<SlabData>,
+    /// Advice about `data.memory`'s mapping, given without the lock.
+    advisor: Advisor,
     /// At least the newest version stored in any slot.
     newest: AtomicU64,
     reads: AtomicU64,
@@ -189,6 +191,7 @@ impl Slab {
             tag,
             split_len,
             slots,
+            advisor: memory.advisor(),
             data: RwLock::new(SlabData {
                 memory,
                 versions,
@@ -409,19 +412,12 @@ impl Slab {
         })
     }
 
-    /// Prepares the slab for being filled in bulk (regeneration): huge pages where the
-    /// kernel offers them (see [`SlabMemory::advise_bulk`]).
-    pub fn prepare_bulk(&self) {
-        self.data.read().memory.advise_bulk();
-    }
-
     /// Backs the memory of the `n` split slots from `slot` now, so that filling them does
-    /// not fault page by page (best effort; no byte changes).
+    /// not fault page by page (best effort; no byte changes, and no lock: readers and
+    /// writers of the slab go on meanwhile).
     pub fn prefault(&self, slot: u64, n: u64) {
         let len = usize::try_from(n.saturating_mul(self.split_len)).unwrap_or(usize::MAX);
-        self.data
-            .read()
-            .memory
+        self.advisor
             .prefault(slot.saturating_mul(self.split_len), len);
     }
 

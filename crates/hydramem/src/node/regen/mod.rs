@@ -3,12 +3,12 @@
 //! The client that lost split `target` of a coding group allocates a replacement slab here and
 //! sends REGEN naming the surviving splits. This node then reads the surviving splits of every
 //! page straight from their nodes, with the client's identity — k of them, chosen at random
-//! among the survivors named, in *runs* of consecutive split slots (chunks of about 256 KiB
-//! per source, several in flight per source: [`pipeline`]) — decodes the missing split of a
+//! among the survivors named, in *runs* of consecutive split slots (chunks of about 1 MiB
+//! per source, two in flight per source: [`pipeline`]) — decodes the missing split of a
 //! whole stretch of pages with one ISA-L call straight into the slab and stores it with the
-//! version of the splits it came from ([`rebuild`]). The slab is asked for huge pages and each
-//! chunk's memory is backed before it is filled, so filling a fresh slab does not fault page
-//! by page.
+//! version of the splits it came from ([`rebuild`]). A thread of its own backs the slab's
+//! memory ahead of the landing, so filling a fresh slab neither faults page by page nor
+//! spends the regenerating thread's time zeroing pages.
 //!
 //! Invariants: a page is rebuilt only from k splits of one version, and stored through the
 //! slab's version check, so a page the client writes while regeneration runs (its writes go
@@ -205,14 +205,15 @@ fn regenerate(node: &Node, req: &Checked<'_>) -> Result<u64, RegenError> {
 /// Runs `f` (the regeneration of `slab`) while a thread of its own backs the slab's memory
 /// ahead of it: asking the kernel for the memory of a fresh slab (zeroing it, charging it to
 /// the node's memory cgroup) costs about as much as receiving the data, and this way it runs
-/// beside the receiving, decoding and storing instead of in the middle of it. The slab is
-/// asked for huge pages first. Best effort: without the thread, the landing backs each chunk
-/// itself just before filling it.
+/// beside the receiving, decoding and storing instead of in the middle of it, without the
+/// slab's lock. Best effort: without the thread, the landing backs each chunk itself just
+/// before filling it. (Huge pages were tried: with the kernel's default `defrag=madvise` a
+/// region advised MADV_HUGEPAGE compacts memory at first touch, and backing a fresh gigabyte
+/// took 4 to 7 times as long as in 4 KiB pages on the development machine.)
 fn with_memory_ready<R>(slab: &Slab, req: &Regen, f: impl FnOnce() -> R) -> R {
-    // Slots per step: 2 MiB of the slab, a huge page.
+    // Slots per step: 2 MiB of the slab.
     let step = ((2u64 << 20) / u64::from(req.split_len.max(1))).max(1);
     let stop = AtomicBool::new(false);
-    slab.prepare_bulk();
     std::thread::scope(|s| {
         let ahead = std::thread::Builder::new()
             .name("hm-regen-mem".into())
