@@ -34,6 +34,7 @@
 //!   [`tcp`] (its implementation) move splits to nodes;
 //! - [`config`], [`error`], [`stats`]: what a caller configures, gets back, and can count.
 
+mod batch;
 mod check;
 mod config;
 mod connect;

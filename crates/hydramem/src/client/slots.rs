@@ -223,6 +223,23 @@ impl Slots {
         self.acquire(Kind::Write, std::ptr::null_mut())
     }
 
+    /// Like [`Slots::acquire_read`], but `None` instead of waiting when every slot is in
+    /// flight: a caller that already holds slots must not wait for more (two such callers
+    /// could each wait for the other's).
+    ///
+    /// # Safety
+    /// As for [`Slots::acquire_read`].
+    pub unsafe fn try_acquire_read(&self, page: *mut u8) -> Option<Op<'_>> {
+        let idx = self.free.lock().pop()?;
+        Some(self.init(idx, Kind::Read, page))
+    }
+
+    /// Like [`Slots::acquire_write`], but `None` instead of waiting when every slot is in flight.
+    pub fn try_acquire_write(&self) -> Option<Op<'_>> {
+        let idx = self.free.lock().pop()?;
+        Some(self.init(idx, Kind::Write, std::ptr::null_mut()))
+    }
+
     fn acquire(&self, kind: Kind, page: *mut u8) -> Op<'_> {
         let idx = {
             let mut free = self.free.lock();
@@ -233,6 +250,11 @@ impl Slots {
                 self.freed.wait(&mut free);
             }
         };
+        self.init(idx, kind, page)
+    }
+
+    /// Prepares free slot `idx` for an operation of `kind` on `page` (null for writes).
+    fn init(&self, idx: u16, kind: Kind, page: *mut u8) -> Op<'_> {
         let s = &self.slots[idx as usize];
         *s.waiter.lock() = Some(std::thread::current());
         s.page.store(page, SeqCst);
@@ -532,6 +554,24 @@ impl Op<'_> {
     /// page (or the side buffer) until the slot is closed again ([`Op::close`]) or dropped.
     pub unsafe fn reopen(&mut self) {
         self.slot().closed.store(false, SeqCst);
+    }
+
+    /// A write's side buffer (its tail and parity splits once encoded), shared. Sound
+    /// because completers never touch a write's side buffer (write replies carry no data) and
+    /// the owner writes it only through [`Op::side`], whose `&mut self` cannot overlap this
+    /// borrow.
+    ///
+    /// # Panics
+    /// For a read, whose side buffer completers write.
+    pub fn write_side(&self) -> &[u8] {
+        assert_eq!(
+            self.slot().kind.load(SeqCst),
+            Kind::Write as u8,
+            "only a write's side buffer can be shared"
+        );
+        // SAFETY: see above: for a write no completer writes the side buffer, and the owner's
+        // only mutable access needs `&mut self`, which this `&self` borrow excludes.
+        unsafe { &*self.slot().side }
     }
 
     /// The side buffer. Exclusive access: callable before any split is posted or after

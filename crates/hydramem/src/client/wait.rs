@@ -2,10 +2,10 @@
 //! the owner: run-to-completion, paper 4.1.3), and describing one — which splits of which nodes
 //! are missing — for error messages.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::slots::{self, Progress};
-use super::{Group, RemoteMemory};
+use super::{ClientConfig, Group, RemoteMemory};
 
 /// Split indices of a mask, for messages: "2, 7".
 pub(super) fn describe_mask(mask: u32) -> String {
@@ -16,6 +16,49 @@ pub(super) fn describe_mask(mask: u32) -> String {
         .join(", ")
 }
 
+/// How an owner waits between two looks at its operations: it polls (spinning, yielding the
+/// core every few spins) until `poll` has passed since the start, then parks until a
+/// completion unparks it — but at most one straggler interval, because a stalled node sends no
+/// completion and the read must re-ask past it.
+pub(super) struct Pacer {
+    poll_until: Instant,
+    deadline: Instant,
+    straggler_after: Duration,
+    spins: u32,
+}
+
+impl Pacer {
+    /// A pacer for operations that started at `start` (their deadline runs from there).
+    pub(super) fn new(config: &ClientConfig, start: Instant) -> Pacer {
+        Pacer {
+            poll_until: start + config.poll,
+            deadline: start + config.op_timeout,
+            straggler_after: config.straggler_after,
+            spins: 0,
+        }
+    }
+
+    /// Waits a little; `false` once the deadline has passed.
+    pub(super) fn pause(&mut self) -> bool {
+        let now = Instant::now();
+        if now >= self.deadline {
+            return false;
+        }
+        if now < self.poll_until {
+            self.spins += 1;
+            if self.spins.is_multiple_of(16) {
+                // Two cores serve the nodes too: yield rather than monopolize one.
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        } else {
+            std::thread::park_timeout((self.deadline - now).min(self.straggler_after));
+        }
+        true
+    }
+}
+
 impl RemoteMemory {
     /// Polls, then parks, until `check` decides or the operation times out (`None`).
     pub(super) fn wait<T>(
@@ -24,29 +67,13 @@ impl RemoteMemory {
         start: Instant,
         mut check: impl FnMut(Progress) -> Option<T>,
     ) -> Option<T> {
-        let poll_until = start + self.config.poll;
-        let deadline = start + self.config.op_timeout;
-        let mut spins = 0u32;
+        let mut pacer = Pacer::new(&self.config, start);
         loop {
             if let Some(v) = check(op.progress()) {
                 return Some(v);
             }
-            let now = Instant::now();
-            if now >= deadline {
+            if !pacer.pause() {
                 return None;
-            }
-            if now < poll_until {
-                spins += 1;
-                if spins.is_multiple_of(16) {
-                    // Two cores serve the nodes too: yield rather than monopolize one.
-                    std::thread::yield_now();
-                } else {
-                    std::hint::spin_loop();
-                }
-            } else {
-                // Wake at least every straggler interval: a stalled node sends no completion
-                // that would wake us, and the read must re-issue past it.
-                std::thread::park_timeout((deadline - now).min(self.config.straggler_after));
             }
         }
     }

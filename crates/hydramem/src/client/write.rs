@@ -44,6 +44,30 @@ pub(super) fn encode_parity(
         .expect("layout and codec agree on k, r and split length");
 }
 
+/// The bytes of split `j` of a page write: in the page (whole data splits), or in the write's
+/// side buffer (padded tail splits and parity); a replica is the whole page.
+pub(super) fn split_of<'a>(l: &Layout, page: &'a Page, side: &'a [u8], j: usize) -> &'a [u8] {
+    let s = l.split_len;
+    if !l.coded() {
+        &page[..]
+    } else if j < l.full_data {
+        &page[j * s..(j + 1) * s]
+    } else {
+        &side[(j - l.full_data) * s..(j - l.full_data + 1) * s]
+    }
+}
+
+/// Which page a split write belongs to and at what version: what its checksum binds.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stamp {
+    /// The page's address range.
+    pub(super) range: usize,
+    /// The page's index in the range.
+    pub(super) pir: u64,
+    /// The version being written.
+    pub(super) version: u64,
+}
+
 /// The outcome of one write attempt.
 pub(super) enum Written {
     /// Acknowledged as the mode requires.
@@ -128,6 +152,78 @@ impl RemoteMemory {
         }
     }
 
+    /// Posts split `j` of a page write (its bytes `data`) for page `pir` of `range` to the
+    /// group's node for it; a split that cannot be posted is marked failed at once.
+    pub(super) fn post_split_write(
+        &self,
+        op: &slots::Op<'_>,
+        group: &Group,
+        j: usize,
+        data: &[u8],
+        Stamp {
+            range,
+            pir,
+            version,
+        }: Stamp,
+        flush: bool,
+    ) {
+        let l = &self.layout;
+        let node = group.nodes[j];
+        op.posting(j, node);
+        let e = Entry {
+            slab: group.slabs[j],
+            len: l.split_len as u32,
+            offset: l.split_offset(pir),
+            cookie: op.cookie(j),
+            version,
+            crc: if self.config.checksums {
+                integrity::split_crc(data, range as u64, pir, j, version)
+            } else {
+                0
+            },
+        };
+        if node == slots::NO_NODE || self.transport.post_write(node, e, data, flush).is_err() {
+            op.post_failed(j);
+        }
+    }
+
+    /// Posts every split of `page` at `version` (paper 4.1.1, asynchronously encoded write):
+    /// the data splits straight from the caller's page, then the padded tail splits (only
+    /// when k does not divide 4096) and the parity, encoded into the slot's side buffer while
+    /// the data splits are already on their way. With `flush == false` the requests wait in
+    /// the transport's per-node queues for the caller to flush them.
+    pub(super) fn post_page_write(
+        &self,
+        op: &mut slots::Op<'_>,
+        group: &Group,
+        page: &Page,
+        stamp: Stamp,
+        flush: bool,
+    ) {
+        let l = &self.layout;
+        let s = l.split_len;
+        let Some(codec) = &self.codec else {
+            for j in 0..l.width {
+                self.post_split_write(op, group, j, &page[..], stamp, flush);
+            }
+            return;
+        };
+        for j in 0..l.full_data {
+            self.post_split_write(op, group, j, &page[j * s..(j + 1) * s], stamp, flush);
+        }
+        let side = op.side();
+        let tail = &page[l.full_data * s..];
+        let ntail = l.k - l.full_data;
+        side[..ntail * s].fill(0);
+        side[..tail.len()].copy_from_slice(tail);
+        let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
+        encode_parity(codec, l, page, tail_buf, parity_buf);
+        for j in l.full_data..l.width {
+            let data = split_of(l, page, op.write_side(), j);
+            self.post_split_write(op, group, j, data, stamp, flush);
+        }
+    }
+
     /// One attempt of [`RemoteMemory::write_page`] at `version`, on a slot of its own (so
     /// replies to an earlier attempt cannot count for this one).
     pub(super) fn write_version(
@@ -143,69 +239,17 @@ impl RemoteMemory {
             None => self.map_range(range)?,
         };
         let l = &self.layout;
-        let offset = l.split_offset(pir);
+        let stamp = Stamp {
+            range,
+            pir,
+            version,
+        };
         let mut op = self.slots.acquire_write();
-        let checksums = self.config.checksums;
-        let post = |op: &slots::Op<'_>, group: &Group, j: usize, data: &[u8]| {
-            let node = group.nodes[j];
-            op.posting(j, node);
-            let e = Entry {
-                slab: group.slabs[j],
-                len: l.split_len as u32,
-                offset,
-                cookie: op.cookie(j),
-                version,
-                crc: if checksums {
-                    integrity::split_crc(data, range as u64, pir, j, version)
-                } else {
-                    0
-                },
-            };
-            if node == slots::NO_NODE || self.transport.post_write(node, e, data, true).is_err() {
-                op.post_failed(j);
-            }
+        self.post_page_write(&mut op, &group, page, stamp, true);
+        let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
+            let data = split_of(l, page, op.write_side(), j);
+            self.post_split_write(op, group, j, data, stamp, true);
         };
-        let s = l.split_len;
-        if let Some(codec) = &self.codec {
-            // Data splits first, straight from the caller's page...
-            for j in 0..l.full_data {
-                post(&op, &group, j, &page[j * s..(j + 1) * s]);
-            }
-            // ...then the padded tail splits (only when k does not divide 4096) and the
-            // parity, computed while the data splits are already on the wire.
-            let side = op.side();
-            let tail = &page[l.full_data * s..];
-            let ntail = l.k - l.full_data;
-            side[..ntail * s].fill(0);
-            side[..tail.len()].copy_from_slice(tail);
-            let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
-            encode_parity(codec, l, page, tail_buf, parity_buf);
-        }
-        // The bytes of split j: in the page, or (tail and parity) in the side buffer.
-        let side_ptr = op.side().as_ptr();
-        let side_len = l.side_len();
-        // SAFETY: the side buffer is owned by the slot for as long as `op` lives, holds at
-        // least `side_len` bytes, and write completions never touch it; the data path does not
-        // write it again after encoding, so this shared view aliases no mutable one.
-        let side = unsafe { std::slice::from_raw_parts(side_ptr, side_len) };
-        let split = |j: usize| -> &[u8] {
-            if !l.coded() {
-                &page[..]
-            } else if j < l.full_data {
-                &page[j * s..(j + 1) * s]
-            } else {
-                &side[(j - l.full_data) * s..(j - l.full_data + 1) * s]
-            }
-        };
-        if l.coded() {
-            for j in l.full_data..l.width {
-                post(&op, &group, j, split(j));
-            }
-        } else {
-            for j in 0..l.width {
-                post(&op, &group, j, split(j));
-            }
-        }
         let mut reroutes = 0;
         let result = loop {
             let result = self.wait(&op, start, |p| {
@@ -228,7 +272,7 @@ impl RemoteMemory {
                         for j in 0..l.width {
                             if cur.nodes[j] != group.nodes[j] || cur.slabs[j] != group.slabs[j] {
                                 op.retry(j);
-                                post(&op, &cur, j, split(j));
+                                post(&op, &cur, j);
                                 moved += 1;
                             }
                         }
@@ -274,7 +318,7 @@ impl RemoteMemory {
                     }
                 };
                 op.retry(j);
-                post(&op, &group, j, split(j));
+                post(&op, &group, j);
                 moved += 1;
                 reroutes += 1;
             }
