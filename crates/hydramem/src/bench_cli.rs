@@ -27,6 +27,11 @@ pub struct BenchArgs {
     /// Threads (pages in flight) for the throughput phases.
     #[arg(long, env = "HYDRAMEM_DEPTH", default_value_t = 16)]
     depth: usize,
+    /// Bytes per request in the throughput phases (a multiple of 4KiB): each of the --depth
+    /// threads reads and writes this many consecutive pages in one batched call
+    /// (`read_pages`/`write_pages`); 4KiB uses the single-page calls.
+    #[arg(long, env = "HYDRAMEM_REQUEST_SIZE", default_value = "4KiB", value_parser = hydramem::units::parse_size)]
+    request_size: hydramem::units::Size,
     /// Seconds of the read-throughput phase.
     #[arg(long, env = "HYDRAMEM_SECONDS", default_value_t = 3.0)]
     seconds: f64,
@@ -76,9 +81,17 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    fn options(&self) -> BenchOptions {
-        BenchOptions {
+    fn options(&self) -> Result<BenchOptions> {
+        let bytes = self.request_size.bytes();
+        if bytes == 0 || !bytes.is_multiple_of(4096) || bytes > 64 << 20 {
+            anyhow::bail!(
+                "--request-size {} is not a positive multiple of 4KiB up to 64MiB: use 4KiB, 32KiB, 128KiB, ...",
+                bytes
+            );
+        }
+        Ok(BenchOptions {
             pages: self.pages,
+            request_pages: (bytes / 4096) as usize,
             latency_ops: self.latency_ops,
             depth: self.depth,
             duration: Duration::from_secs_f64(self.seconds),
@@ -86,7 +99,7 @@ impl BenchArgs {
             poll: Duration::from_micros(self.poll_us),
             seed: self.seed,
             corrupt_ppm: self.corrupt_ppm,
-        }
+        })
     }
 }
 
@@ -162,14 +175,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             cl
         }
     };
-    let o = a.options();
+    let o = a.options()?;
     println!(
-        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput, {} interleaved rounds",
+        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {} × {} KiB requests, {:.1} s read throughput, {} interleaved rounds",
         cluster.nodes.len(),
         o.pages,
         (o.pages * 4096) >> 20,
         o.latency_ops,
         o.depth,
+        o.request_pages * 4,
         a.seconds,
         o.rounds
     );
@@ -194,6 +208,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "pages": o.pages,
         "latency_ops": o.latency_ops,
         "depth": o.depth,
+        "request_pages": o.request_pages,
         "seconds": a.seconds,
         "rounds": a.rounds,
         "poll_us": a.poll_us,
@@ -211,7 +226,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 fn run_regeneration(a: &BenchArgs) -> Result<()> {
-    let o = a.options();
+    let o = a.options()?;
     let sizes: Vec<u64> = a.regeneration.iter().map(|s| s.bytes()).collect();
     println!(
         "hydramem bench --regeneration: 11 nodes, hydra 8+2, one range per slab size, fill depth {}",
@@ -257,7 +272,7 @@ fn run_regeneration(a: &BenchArgs) -> Result<()> {
 }
 
 fn run_failures(a: &BenchArgs) -> Result<()> {
-    let o = a.options();
+    let o = a.options()?;
     println!(
         "hydramem bench --failures: 11 nodes, {} pages per scheme, {} QD1 ops per scenario, {} interleaved rounds",
         o.pages, o.latency_ops, o.rounds
