@@ -27,6 +27,9 @@ use crate::PAGE_SIZE;
 /// layer or NBD client usually sends); longer calls go window after window.
 pub const WINDOW: usize = 256;
 
+/// Passes of [`RemoteMemory::wait_all`] between two looks at an operation that did not move.
+const REVISIT: u32 = 16;
+
 /// One page of a read window.
 struct ReadSlot<'a> {
     /// Index of the page in the call.
@@ -293,10 +296,25 @@ impl RemoteMemory {
         mut decide: impl FnMut(&mut S, Progress) -> Option<()>,
     ) {
         let mut pacer = Pacer::new(&self.config, start);
+        // What each operation looked like at its last undecided look: while the owner polls,
+        // an operation whose splits have not moved since is looked at again only every
+        // REVISIT passes (its time-based decisions — stragglers — run on milliseconds, a
+        // polling pass on microseconds); after a park, every operation is looked at.
+        let mut seen: Vec<Progress> = vec![Progress::default(); live.len()];
+        let mut pass = 0u32;
         loop {
             let mut open = 0;
-            for s in live.iter_mut().filter(|s| !s.decided()) {
+            pass = pass.wrapping_add(1);
+            for (s, last) in live.iter_mut().zip(seen.iter_mut()) {
+                if s.decided() {
+                    continue;
+                }
                 let p = s.progress();
+                if p == *last && !pass.is_multiple_of(REVISIT) && !pacer.parked() {
+                    open += 1;
+                    continue;
+                }
+                *last = p;
                 if decide(s, p).is_none() {
                     open += 1;
                 }

@@ -124,7 +124,7 @@ unsafe impl Sync for Slot {}
 unsafe impl Send for Slot {}
 
 /// Counts of a slot's splits at one instant.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Progress {
     /// Bitmask of landed / acknowledged splits.
     pub landed: u32,
@@ -306,9 +306,23 @@ impl Slots {
         Some((s, split))
     }
 
-    fn leave(s: &Slot) {
-        if let Some(t) = s.waiter.lock().as_ref() {
-            t.unpark();
+    /// Leaves the slot a completer entered, waking its owner only when the owner may be able
+    /// to decide: a split failed, or enough landed for the least any decision needs (k for a
+    /// read, the mode's acknowledgements for a write). Waking on every split cost a futex
+    /// wake per split — nine per hydra page read — for looks that could only say "not yet";
+    /// an owner that needs more than that minimum is woken by each later split, and time-based
+    /// decisions (stragglers, deadlines) never wait for a wake ([`super::wait::Pacer`]).
+    fn leave(&self, s: &Slot) {
+        let landed = s.landed.load(SeqCst).count_ones() as usize;
+        let least = if s.kind.load(SeqCst) == Kind::Write as u8 {
+            self.layout.write_need
+        } else {
+            self.layout.k
+        };
+        if landed >= least || s.failed.load(SeqCst) != 0 {
+            if let Some(t) = s.waiter.lock().as_ref() {
+                t.unpark();
+            }
         }
         s.writers.fetch_sub(1, SeqCst);
     }
@@ -378,7 +392,7 @@ impl Completions for Slots {
                 }
             }
         }
-        Self::leave(s);
+        self.leave(s);
     }
 
     /// Delivers a write reply from `node`; `stored` is the version the node holds for the
@@ -399,7 +413,7 @@ impl Completions for Slots {
             }
             _ => Self::fail(s, j, status),
         }
-        Self::leave(s);
+        self.leave(s);
     }
 
     /// Fails every outstanding split posted to `node` (its connection was lost).
@@ -420,7 +434,7 @@ impl Completions for Slots {
                         if s.landed.load(SeqCst) & (1 << j) == 0 {
                             Self::fail(s, j, Status::Internal);
                         }
-                        Self::leave(s);
+                        self.leave(s);
                     }
                 }
             }

@@ -25,6 +25,7 @@ pub(super) struct Pacer {
     deadline: Instant,
     straggler_after: Duration,
     spins: u32,
+    parked: bool,
 }
 
 impl Pacer {
@@ -35,7 +36,13 @@ impl Pacer {
             deadline: start + config.op_timeout,
             straggler_after: config.straggler_after,
             spins: 0,
+            parked: false,
         }
+    }
+
+    /// Whether the last pause parked (so time may have passed: time-based decisions are due).
+    pub(super) fn parked(&self) -> bool {
+        self.parked
     }
 
     /// Waits a little; `false` once the deadline has passed.
@@ -44,7 +51,8 @@ impl Pacer {
         if now >= self.deadline {
             return false;
         }
-        if now < self.poll_until {
+        self.parked = now >= self.poll_until;
+        if !self.parked {
             self.spins += 1;
             if self.spins.is_multiple_of(16) {
                 // Two cores serve the nodes too: yield rather than monopolize one.
