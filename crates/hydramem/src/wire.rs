@@ -1099,6 +1099,24 @@ pub fn put_list(out: &mut Vec<u8>, slabs: &[Listed]) {
     }
 }
 
+/// Appends a FREE request body: the slab.
+pub fn put_free(out: &mut Vec<u8>, slab: u32) {
+    out.extend_from_slice(&slab.to_le_bytes());
+}
+
+/// Appends a DRAIN request body: start (`true`) or cancel.
+pub fn put_drain(out: &mut Vec<u8>, start: bool) {
+    out.extend_from_slice(&u32::from(start).to_le_bytes());
+}
+
+/// Parses a REGEN reply body: the pages rebuilt.
+pub fn parse_regen_reply(body: &[u8]) -> Result<u64, WireError> {
+    let mut r = Reader::new(body);
+    let pages = r.u64()?;
+    r.end()?;
+    Ok(pages)
+}
+
 /// Length of a READV reply entry header: cookie u64, status u32, len u32, version u64, crc u32.
 pub const READ_REPLY_LEN: usize = 28;
 
@@ -1827,6 +1845,25 @@ mod tests {
         assert_eq!((out[0], out[4], out[8], out[16]), (2, 7, 0x11, 0x99));
         assert_eq!(parse_list(&out).unwrap(), vec![l, l]);
         assert!(parse_list(&out[..out.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn free_drain_and_regen_reply_bodies_match_the_byte_table() {
+        let parse = |op, put: &dyn Fn(&mut Vec<u8>)| {
+            let f = frame(op, 1, put);
+            let (h, body) = split(&f);
+            assert_eq!(body.len(), 4);
+            format!("{:?}", parse_request(&h, body).unwrap())
+        };
+        assert_eq!(parse(Op::Free, &|o| put_free(o, 7)), "Free { slab: 7 }");
+        assert_eq!(parse(Op::Drain, &|o| put_drain(o, true)), "Drain(true)");
+        assert_eq!(parse(Op::Drain, &|o| put_drain(o, false)), "Drain(false)");
+        assert_eq!(
+            parse_regen_reply(&[5, 0, 0, 0, 0, 0, 0, 1]),
+            Ok(5 | 1 << 56)
+        );
+        assert!(parse_regen_reply(&[5, 0, 0, 0]).is_err());
+        assert_eq!(parse_regen_reply(&[0; 9]), Err(WireError::Trailing(1)));
     }
 
     #[test]
