@@ -22,8 +22,8 @@ use serde::Serialize;
 
 use crate::client::{ClientConfig, IoError, Page, RemoteMemory, Resilience};
 use crate::cluster::Cluster;
-use crate::status;
 use crate::PAGE_SIZE;
+use crate::{rpc, status};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -197,13 +197,8 @@ pub enum BenchError {
         source: IoError,
     },
     /// Corruption could not be injected.
-    #[error("injecting corruption into node {addr}: {reason} (start the nodes with --allow-fault-injection)")]
-    Inject {
-        /// The node.
-        addr: String,
-        /// What it said.
-        reason: String,
-    },
+    #[error("injecting corruption: {0}")]
+    Inject(crate::rpc::RpcError),
 }
 
 /// Sets (or, with `None`, clears) injected reply corruption on every node of `cluster`.
@@ -211,10 +206,7 @@ fn corrupt_all(cluster: &Cluster, c: Option<crate::wire::Corruption>) -> Result<
     use crate::wire::Fault;
     for n in &cluster.nodes {
         let f = c.map_or(Fault::Clear, Fault::CorruptReplies);
-        status::inject(n.addr, f, Duration::from_secs(2)).map_err(|reason| BenchError::Inject {
-            addr: n.addr.to_string(),
-            reason,
-        })?;
+        rpc::inject(n.addr, f, Duration::from_secs(2)).map_err(BenchError::Inject)?;
     }
     Ok(())
 }

@@ -31,6 +31,7 @@ pub mod nbd;
 pub mod node;
 pub mod placement;
 pub mod release;
+pub mod rpc;
 pub mod shutdown;
 pub mod sim;
 pub mod status;

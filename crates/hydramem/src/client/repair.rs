@@ -73,22 +73,17 @@ pub struct RegenStats {
 pub(super) fn send_regen(
     target: std::net::SocketAddr,
     req: &crate::wire::Regen,
-) -> Result<u64, String> {
+) -> Result<u64, crate::rpc::RpcError> {
     let hello = Hello {
         client: req.client,
         flags: 0,
     };
     let connect = Duration::from_secs(5);
-    let mut s = crate::status::open(target, Some(hello), connect, Duration::from_secs(3600))?;
+    let mut s =
+        crate::rpc::Connection::open(target, Some(hello), connect, Duration::from_secs(3600))?;
     let mut body = Vec::new();
     req.put(&mut body);
-    let reply = crate::status::request(&mut s, Op::Regen, &body)?;
-    Ok(u64::from_le_bytes(
-        reply
-            .get(..8)
-            .and_then(|b| b.try_into().ok())
-            .ok_or("short REGEN reply")?,
-    ))
+    s.call(Op::Regen, &body, crate::wire::parse_regen_reply)
 }
 
 impl RemoteMemory {

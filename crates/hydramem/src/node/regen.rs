@@ -83,8 +83,8 @@ impl Source {
             flags: 0,
         }
         .put(&mut hello);
-        crate::status::request(&mut stream, Op::Hello, &hello)
-            .map_err(|e| format!("HELLO to node {} at {addr}: {e}", s.node))?;
+        crate::rpc::request(&mut stream, Op::Hello, &hello)
+            .map_err(|e| format!("node {}: {e}", s.node))?;
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
@@ -490,7 +490,7 @@ fn report_corrupt(sources: &mut [Source]) {
                 cause: wire::CorruptCause::Checksum,
             }],
         );
-        if let Err(e) = crate::status::request(&mut s.stream, Op::Corrupt, &body) {
+        if let Err(e) = crate::rpc::request(&mut s.stream, Op::Corrupt, &body) {
             tracing::warn!(split = s.split, error = %e, "could not report corrupted splits to a regeneration source");
         }
     }
