@@ -25,6 +25,9 @@ use crate::cluster::Cluster;
 use crate::PAGE_SIZE;
 use crate::{rpc, status};
 
+mod scheme;
+pub use scheme::{BenchScheme, BenchSchemeError};
+
 /// What to run.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
@@ -348,19 +351,16 @@ struct Run {
 /// measurements (see the module doc).
 pub fn run(
     cluster: &Cluster,
-    schemes: &[(Resilience, bool)],
+    schemes: &[BenchScheme],
     o: &BenchOptions,
     progress: Progress<'_>,
 ) -> Result<Vec<SchemeResult>, BenchError> {
     let mut runs = Vec::new();
-    for &(resilience, checksums) in schemes {
-        let scheme = match checksums {
-            true => format!("{} +crc", resilience.label()),
-            false => resilience.label(),
-        };
-        let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
+    for s in schemes {
+        let scheme = s.label();
+        let mut cfg = ClientConfig::new(s.resilience, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
-        cfg.checksums = checksums;
+        cfg.checksums = s.checksums;
         if o.corrupt_ppm > 0 {
             // Every node corrupts alike: moving slabs cannot escape it, so measure the reads'
             // answer to it (wide reads above the error-correction limit, judged often enough

@@ -4,8 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use hydramem::bench::{self, BenchOptions, SchemeResult};
-use hydramem::client::{Mode, Resilience};
+use hydramem::bench::{self, BenchOptions, BenchScheme, SchemeResult};
 use hydramem::cluster::Cluster;
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -57,7 +56,7 @@ pub struct BenchArgs {
         value_delimiter = ',',
         default_value = "hydra-8+2-d1,hydra-8+2-d0,rep2,rep3,single"
     )]
-    schemes: Vec<String>,
+    schemes: Vec<BenchScheme>,
     /// Where to write the JSON results.
     #[arg(
         long,
@@ -103,38 +102,6 @@ impl BenchArgs {
     }
 }
 
-/// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
-pub fn parse_scheme(s: &str) -> Result<Resilience> {
-    let bad = || {
-        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for corruption detection, -cor for correction), repN or single, each optionally followed by +crc for per-split checksums")
-    };
-    if s == "single" {
-        return Ok(Resilience::Replication { copies: 1 });
-    }
-    if let Some(n) = s.strip_prefix("rep") {
-        return Ok(Resilience::Replication {
-            copies: n.parse().map_err(|_| bad())?,
-        });
-    }
-    let rest = s.strip_prefix("hydra-").ok_or_else(bad)?;
-    let (rest, mode) = [
-        ("-ec", Mode::EcOnly),
-        ("-det", Mode::Detection),
-        ("-cor", Mode::Correction),
-    ]
-    .into_iter()
-    .find_map(|(suffix, mode)| rest.strip_suffix(suffix).map(|r| (r, mode)))
-    .unwrap_or((rest, Mode::FailureRecovery));
-    let (kr, d) = rest.split_once("-d").ok_or_else(bad)?;
-    let (k, r) = kr.split_once('+').ok_or_else(bad)?;
-    Ok(Resilience::Hydra {
-        k: k.parse().map_err(|_| bad())?,
-        r: r.parse().map_err(|_| bad())?,
-        delta: d.parse().map_err(|_| bad())?,
-        mode,
-    })
-}
-
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.failures {
         return run_failures(&a);
@@ -142,14 +109,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.regeneration.is_empty() {
         return run_regeneration(&a);
     }
-    let schemes: Vec<(Resilience, bool)> = a
-        .schemes
-        .iter()
-        .map(|s| match s.strip_suffix("+crc") {
-            Some(s) => parse_scheme(s).map(|r| (r, true)),
-            None => parse_scheme(s).map(|r| (r, false)),
-        })
-        .collect::<Result<_>>()?;
     let mut _embedded = None;
     let cluster = match &a.cluster {
         Some(p) => Cluster::load(p)?,
@@ -197,7 +156,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.set_message(phase.to_string());
         pb.set_position(done * 100 / total.max(1));
     };
-    let results: Vec<SchemeResult> = bench::run(&cluster, &schemes, &o, &progress)?;
+    let results: Vec<SchemeResult> = bench::run(&cluster, &a.schemes, &o, &progress)?;
     pb.finish_and_clear();
     print!("{}", table(&results));
     if let Some(dir) = a.json.parent() {
@@ -417,58 +376,4 @@ pub fn table(results: &[SchemeResult]) -> String {
         }
     }
     o
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scheme_names_parse() {
-        assert_eq!(
-            parse_scheme("hydra-8+2-d1").unwrap(),
-            Resilience::Hydra {
-                k: 8,
-                r: 2,
-                delta: 1,
-                mode: Mode::FailureRecovery
-            }
-        );
-        assert_eq!(
-            parse_scheme("hydra-4+2-d0-ec").unwrap(),
-            Resilience::Hydra {
-                k: 4,
-                r: 2,
-                delta: 0,
-                mode: Mode::EcOnly
-            }
-        );
-        assert_eq!(
-            parse_scheme("rep3").unwrap(),
-            Resilience::Replication { copies: 3 }
-        );
-        assert_eq!(
-            parse_scheme("single").unwrap(),
-            Resilience::Replication { copies: 1 }
-        );
-        assert_eq!(
-            parse_scheme("hydra-8+1-d1-det").unwrap(),
-            Resilience::Hydra {
-                k: 8,
-                r: 1,
-                delta: 1,
-                mode: Mode::Detection
-            }
-        );
-        assert_eq!(
-            parse_scheme("hydra-8+3-d1-cor").unwrap(),
-            Resilience::Hydra {
-                k: 8,
-                r: 3,
-                delta: 1,
-                mode: Mode::Correction
-            }
-        );
-        assert!(parse_scheme("raid5").is_err());
-    }
 }
