@@ -460,48 +460,4 @@ mod tests {
         );
         assert!(e.to_string().contains("check that it runs"), "{e}");
     }
-
-    #[test]
-    fn requests_to_a_real_node() {
-        use crate::node::{server, Node, NodeConfig};
-        let node = Node::new(NodeConfig {
-            id: 7,
-            capacity: 4 << 16,
-            slab_size: 1 << 16,
-            allow_faults: false,
-            membership: None,
-        })
-        .unwrap();
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        let shutdown = server::Shutdown::new();
-        let serving = {
-            let shutdown = shutdown.clone();
-            std::thread::spawn(move || server::run(listener, node, shutdown))
-        };
-        let observer = Hello {
-            client: wire::ClientId::default(),
-            flags: wire::HELLO_OBSERVER,
-        };
-        let stats = Connection::open(addr, Some(observer), LONG, LONG)
-            .unwrap()
-            .call(Op::Stats, &[], wire::Stats::parse)
-            .unwrap();
-        assert_eq!((stats.node_id, stats.slab_size), (7, 1 << 16));
-        let me = Hello {
-            client: wire::ClientId::random(),
-            flags: 0,
-        };
-        let mut c = Connection::open(addr, Some(me), LONG, LONG).unwrap();
-        assert_eq!(c.node(), addr);
-        assert!(c.call(Op::List, &[], wire::parse_list).unwrap().is_empty());
-        let mut body = Vec::new();
-        wire::put_free(&mut body, 12345);
-        let e = c.request(Op::Free, &body).unwrap_err();
-        assert_eq!(e.refused(), Some(Status::NoSuchSlab));
-        let e = inject(addr, wire::Fault::Clear, LONG).unwrap_err();
-        assert_eq!(e.refused(), Some(Status::Forbidden));
-        shutdown.trigger();
-        serving.join().unwrap().unwrap();
-    }
 }
