@@ -5,10 +5,7 @@
 # above zero, and nothing is left mounted or attached.
 set -euo pipefail
 . "$(dirname "$0")/lib/nbd.sh"
-need fio fio
-fio --enghelp=nbd >/dev/null 2>&1 || skip "this fio has no nbd engine"
-need nbdkit nbdkit
-[ -x "$BIN" ] || { echo "FAIL: $BIN is missing (cargo build --release -p hydramem)"; exit 1; }
+need_bench_nbd
 
 leftovers() {
   local bad=""

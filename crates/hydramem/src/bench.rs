@@ -22,8 +22,11 @@ use serde::Serialize;
 
 use crate::client::{ClientConfig, IoError, Page, RemoteMemory, Resilience};
 use crate::cluster::Cluster;
-use crate::status;
 use crate::PAGE_SIZE;
+use crate::{rpc, status};
+
+mod scheme;
+pub use scheme::{BenchScheme, BenchSchemeError};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -34,6 +37,9 @@ pub struct BenchOptions {
     pub latency_ops: u64,
     /// Threads for the throughput phases.
     pub depth: usize,
+    /// Consecutive pages per request in the throughput phases: one batched call
+    /// (`read_pages`/`write_pages`) per request; 1 uses the single-page calls.
+    pub request_pages: usize,
     /// Duration of the read-throughput phase per scheme.
     pub duration: Duration,
     /// Rounds the latency and throughput phases are cut into, schemes interleaved per round.
@@ -194,13 +200,8 @@ pub enum BenchError {
         source: IoError,
     },
     /// Corruption could not be injected.
-    #[error("injecting corruption into node {addr}: {reason} (start the nodes with --allow-fault-injection)")]
-    Inject {
-        /// The node.
-        addr: String,
-        /// What it said.
-        reason: String,
-    },
+    #[error("injecting corruption: {0}")]
+    Inject(crate::rpc::RpcError),
 }
 
 /// Sets (or, with `None`, clears) injected reply corruption on every node of `cluster`.
@@ -208,10 +209,7 @@ fn corrupt_all(cluster: &Cluster, c: Option<crate::wire::Corruption>) -> Result<
     use crate::wire::Fault;
     for n in &cluster.nodes {
         let f = c.map_or(Fault::Clear, Fault::CorruptReplies);
-        status::inject(n.addr, f, Duration::from_secs(2)).map_err(|reason| BenchError::Inject {
-            addr: n.addr.to_string(),
-            reason,
-        })?;
+        rpc::inject(n.addr, f, Duration::from_secs(2)).map_err(BenchError::Inject)?;
     }
     Ok(())
 }
@@ -231,19 +229,30 @@ fn populate(
         for t in 0..o.depth as u64 {
             let (done, first_err) = (&done, &first_err);
             s.spawn(move || {
-                let mut page = [0u8; PAGE_SIZE];
-                let mut p = t;
-                while p < o.pages {
-                    fill_page(&mut page, o.seed, p, 0);
-                    if let Err(e) = mem.write_page(p * PAGE_SIZE as u64, &page) {
+                let per = o.request_pages.max(1) as u64;
+                let mut buf = vec![[0u8; PAGE_SIZE]; per as usize];
+                // Thread t writes requests t, t + depth, ...: `per` consecutive pages each.
+                let mut first = t * per;
+                while first < o.pages {
+                    let n = per.min(o.pages - first) as usize;
+                    for (i, page) in buf[..n].iter_mut().enumerate() {
+                        fill_page(page, o.seed, first + i as u64, 0);
+                    }
+                    let addr = first * PAGE_SIZE as u64;
+                    let r = if per == 1 {
+                        mem.write_page(addr, &buf[0])
+                    } else {
+                        mem.write_pages(addr, &buf[..n])
+                    };
+                    if let Err(e) = r {
                         first_err.lock().get_or_insert(e);
                         return;
                     }
-                    let d = done.fetch_add(1, Ordering::Relaxed) + 1;
-                    if d % 1024 == 0 {
+                    let d = done.fetch_add(n as u64, Ordering::Relaxed) + n as u64;
+                    if d / 1024 != (d - n as u64) / 1024 {
                         progress(&format!("populate {label}"), d, o.pages);
                     }
-                    p += o.depth as u64;
+                    first += o.depth as u64 * per;
                 }
             });
         }
@@ -277,25 +286,35 @@ fn read_load(
         for t in 0..o.depth as u64 {
             let (done, first_err) = (&done, &first_err);
             s.spawn(move || {
-                let mut page = [0u8; PAGE_SIZE];
+                let per = (o.request_pages.max(1) as u64).min(o.pages);
+                let mut buf = vec![[0u8; PAGE_SIZE]; per as usize];
                 let mut expect = [0u8; PAGE_SIZE];
                 let mut x = o.seed ^ (salt * 64 + t + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
                 while t0.elapsed() < duration {
-                    let p = xorshift(&mut x) % o.pages;
-                    if let Err(e) = mem.read_page(p * PAGE_SIZE as u64, &mut page) {
+                    // A random request-aligned span of `per` pages.
+                    let first = xorshift(&mut x) % (o.pages / per) * per;
+                    let addr = first * PAGE_SIZE as u64;
+                    let r = if per == 1 {
+                        mem.read_page(addr, &mut buf[0])
+                    } else {
+                        mem.read_pages(addr, &mut buf)
+                    };
+                    if let Err(e) = r {
                         if o.corrupt_ppm > 0 {
                             read_errors.fetch_add(1, Ordering::Relaxed);
-                            done.fetch_add(1, Ordering::Relaxed);
+                            done.fetch_add(per, Ordering::Relaxed);
                             continue;
                         }
                         first_err.lock().get_or_insert(e);
                         return;
                     }
-                    fill_page(&mut expect, o.seed, p, 0);
-                    if page != expect {
-                        verify_errors.fetch_add(1, Ordering::Relaxed);
+                    for (i, page) in buf.iter().enumerate() {
+                        fill_page(&mut expect, o.seed, first + i as u64, 0);
+                        if *page != expect {
+                            verify_errors.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
-                    done.fetch_add(1, Ordering::Relaxed);
+                    done.fetch_add(per, Ordering::Relaxed);
                 }
             });
         }
@@ -332,19 +351,16 @@ struct Run {
 /// measurements (see the module doc).
 pub fn run(
     cluster: &Cluster,
-    schemes: &[(Resilience, bool)],
+    schemes: &[BenchScheme],
     o: &BenchOptions,
     progress: Progress<'_>,
 ) -> Result<Vec<SchemeResult>, BenchError> {
     let mut runs = Vec::new();
-    for &(resilience, checksums) in schemes {
-        let scheme = match checksums {
-            true => format!("{} +crc", resilience.label()),
-            false => resilience.label(),
-        };
-        let mut cfg = ClientConfig::new(resilience, o.pages * PAGE_SIZE as u64);
+    for s in schemes {
+        let scheme = s.label();
+        let mut cfg = ClientConfig::new(s.resilience, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
-        cfg.checksums = checksums;
+        cfg.checksums = s.checksums;
         if o.corrupt_ppm > 0 {
             // Every node corrupts alike: moving slabs cannot escape it, so measure the reads'
             // answer to it (wide reads above the error-correction limit, judged often enough

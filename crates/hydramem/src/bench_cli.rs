@@ -4,8 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, Result};
-use hydramem::bench::{self, BenchOptions, SchemeResult};
-use hydramem::client::{Mode, Resilience};
+use hydramem::bench::{self, BenchOptions, BenchScheme, SchemeResult};
 use hydramem::cluster::Cluster;
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -27,6 +26,11 @@ pub struct BenchArgs {
     /// Threads (pages in flight) for the throughput phases.
     #[arg(long, env = "HYDRAMEM_DEPTH", default_value_t = 16)]
     depth: usize,
+    /// Bytes per request in the throughput phases (a multiple of 4KiB): each of the --depth
+    /// threads reads and writes this many consecutive pages in one batched call
+    /// (`read_pages`/`write_pages`); 4KiB uses the single-page calls.
+    #[arg(long, env = "HYDRAMEM_REQUEST_SIZE", default_value = "4KiB", value_parser = hydramem::units::parse_size)]
+    request_size: hydramem::units::Size,
     /// Seconds of the read-throughput phase.
     #[arg(long, env = "HYDRAMEM_SECONDS", default_value_t = 3.0)]
     seconds: f64,
@@ -52,7 +56,7 @@ pub struct BenchArgs {
         value_delimiter = ',',
         default_value = "hydra-8+2-d1,hydra-8+2-d0,rep2,rep3,single"
     )]
-    schemes: Vec<String>,
+    schemes: Vec<BenchScheme>,
     /// Where to write the JSON results.
     #[arg(
         long,
@@ -76,9 +80,17 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    fn options(&self) -> BenchOptions {
-        BenchOptions {
+    fn options(&self) -> Result<BenchOptions> {
+        let bytes = self.request_size.bytes();
+        if bytes == 0 || !bytes.is_multiple_of(4096) || bytes > 64 << 20 {
+            anyhow::bail!(
+                "--request-size {} is not a positive multiple of 4KiB up to 64MiB: use 4KiB, 32KiB, 128KiB, ...",
+                bytes
+            );
+        }
+        Ok(BenchOptions {
             pages: self.pages,
+            request_pages: (bytes / 4096) as usize,
             latency_ops: self.latency_ops,
             depth: self.depth,
             duration: Duration::from_secs_f64(self.seconds),
@@ -86,40 +98,8 @@ impl BenchArgs {
             poll: Duration::from_micros(self.poll_us),
             seed: self.seed,
             corrupt_ppm: self.corrupt_ppm,
-        }
+        })
     }
-}
-
-/// Parses a scheme name of the form hydra-K+R-dD[-ec], repN, single.
-pub fn parse_scheme(s: &str) -> Result<Resilience> {
-    let bad = || {
-        anyhow::anyhow!("unknown scheme {s:?}: use hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for corruption detection, -cor for correction), repN or single, each optionally followed by +crc for per-split checksums")
-    };
-    if s == "single" {
-        return Ok(Resilience::Replication { copies: 1 });
-    }
-    if let Some(n) = s.strip_prefix("rep") {
-        return Ok(Resilience::Replication {
-            copies: n.parse().map_err(|_| bad())?,
-        });
-    }
-    let rest = s.strip_prefix("hydra-").ok_or_else(bad)?;
-    let (rest, mode) = [
-        ("-ec", Mode::EcOnly),
-        ("-det", Mode::Detection),
-        ("-cor", Mode::Correction),
-    ]
-    .into_iter()
-    .find_map(|(suffix, mode)| rest.strip_suffix(suffix).map(|r| (r, mode)))
-    .unwrap_or((rest, Mode::FailureRecovery));
-    let (kr, d) = rest.split_once("-d").ok_or_else(bad)?;
-    let (k, r) = kr.split_once('+').ok_or_else(bad)?;
-    Ok(Resilience::Hydra {
-        k: k.parse().map_err(|_| bad())?,
-        r: r.parse().map_err(|_| bad())?,
-        delta: d.parse().map_err(|_| bad())?,
-        mode,
-    })
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
@@ -129,14 +109,6 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !a.regeneration.is_empty() {
         return run_regeneration(&a);
     }
-    let schemes: Vec<(Resilience, bool)> = a
-        .schemes
-        .iter()
-        .map(|s| match s.strip_suffix("+crc") {
-            Some(s) => parse_scheme(s).map(|r| (r, true)),
-            None => parse_scheme(s).map(|r| (r, false)),
-        })
-        .collect::<Result<_>>()?;
     let mut _embedded = None;
     let cluster = match &a.cluster {
         Some(p) => Cluster::load(p)?,
@@ -162,14 +134,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             cl
         }
     };
-    let o = a.options();
+    let o = a.options()?;
     println!(
-        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {}, {:.1} s read throughput, {} interleaved rounds",
+        "hydramem bench: {} nodes, {} pages ({} MiB) per scheme, {} QD1 ops, depth {} × {} KiB requests, {:.1} s read throughput, {} interleaved rounds",
         cluster.nodes.len(),
         o.pages,
         (o.pages * 4096) >> 20,
         o.latency_ops,
         o.depth,
+        o.request_pages * 4,
         a.seconds,
         o.rounds
     );
@@ -183,7 +156,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         pb.set_message(phase.to_string());
         pb.set_position(done * 100 / total.max(1));
     };
-    let results: Vec<SchemeResult> = bench::run(&cluster, &schemes, &o, &progress)?;
+    let results: Vec<SchemeResult> = bench::run(&cluster, &a.schemes, &o, &progress)?;
     pb.finish_and_clear();
     print!("{}", table(&results));
     if let Some(dir) = a.json.parent() {
@@ -194,6 +167,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "pages": o.pages,
         "latency_ops": o.latency_ops,
         "depth": o.depth,
+        "request_pages": o.request_pages,
         "seconds": a.seconds,
         "rounds": a.rounds,
         "poll_us": a.poll_us,
@@ -211,7 +185,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
 }
 
 fn run_regeneration(a: &BenchArgs) -> Result<()> {
-    let o = a.options();
+    let o = a.options()?;
     let sizes: Vec<u64> = a.regeneration.iter().map(|s| s.bytes()).collect();
     println!(
         "hydramem bench --regeneration: 11 nodes, hydra 8+2, one range per slab size, fill depth {}",
@@ -257,7 +231,7 @@ fn run_regeneration(a: &BenchArgs) -> Result<()> {
 }
 
 fn run_failures(a: &BenchArgs) -> Result<()> {
-    let o = a.options();
+    let o = a.options()?;
     println!(
         "hydramem bench --failures: 11 nodes, {} pages per scheme, {} QD1 ops per scenario, {} interleaved rounds",
         o.pages, o.latency_ops, o.rounds
@@ -402,58 +376,4 @@ pub fn table(results: &[SchemeResult]) -> String {
         }
     }
     o
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn scheme_names_parse() {
-        assert_eq!(
-            parse_scheme("hydra-8+2-d1").unwrap(),
-            Resilience::Hydra {
-                k: 8,
-                r: 2,
-                delta: 1,
-                mode: Mode::FailureRecovery
-            }
-        );
-        assert_eq!(
-            parse_scheme("hydra-4+2-d0-ec").unwrap(),
-            Resilience::Hydra {
-                k: 4,
-                r: 2,
-                delta: 0,
-                mode: Mode::EcOnly
-            }
-        );
-        assert_eq!(
-            parse_scheme("rep3").unwrap(),
-            Resilience::Replication { copies: 3 }
-        );
-        assert_eq!(
-            parse_scheme("single").unwrap(),
-            Resilience::Replication { copies: 1 }
-        );
-        assert_eq!(
-            parse_scheme("hydra-8+1-d1-det").unwrap(),
-            Resilience::Hydra {
-                k: 8,
-                r: 1,
-                delta: 1,
-                mode: Mode::Detection
-            }
-        );
-        assert_eq!(
-            parse_scheme("hydra-8+3-d1-cor").unwrap(),
-            Resilience::Hydra {
-                k: 8,
-                r: 3,
-                delta: 1,
-                mode: Mode::Correction
-            }
-        );
-        assert!(parse_scheme("raid5").is_err());
-    }
 }

@@ -394,8 +394,8 @@ impl EmbeddedCluster {
     }
 
     /// Injects a fault into node `i` (its nodes must run with `--allow-fault-injection`).
-    pub fn inject(&self, i: usize, fault: crate::wire::Fault) -> Result<(), String> {
-        crate::status::inject(
+    pub fn inject(&self, i: usize, fault: crate::wire::Fault) -> Result<(), crate::rpc::RpcError> {
+        crate::rpc::inject(
             self.nodes[i].entry.addr,
             fault,
             std::time::Duration::from_secs(5),

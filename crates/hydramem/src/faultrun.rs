@@ -136,7 +136,9 @@ fn heal(cluster: &mut EmbeddedCluster, n: usize, kind: Impairment) -> Result<(),
             cluster.restart(n).map(drop).map_err(|e| e.to_string())
         }
         Impairment::Paused => cluster.resume(n).map_err(|e| e.to_string()),
-        Impairment::Slow | Impairment::Squeezed => cluster.inject(n, Fault::Clear),
+        Impairment::Slow | Impairment::Squeezed => {
+            cluster.inject(n, Fault::Clear).map_err(|e| e.to_string())
+        }
     }
 }
 

@@ -445,12 +445,13 @@ fn run_drain(d: DrainArgs) -> Result<()> {
     };
     let t = Duration::from_secs(5);
     let stats = |what: &str| {
-        hydramem::status::fetch(addr, t)
-            .map_err(|e| anyhow::anyhow!("cannot {what} node at {addr}: {e}; is it running?"))
+        hydramem::status::fetch(addr, t).map_err(|e| anyhow::anyhow!("cannot {what} the node: {e}"))
     };
     let before = stats("reach")?;
-    hydramem::status::drain(addr, !d.cancel, t)
-        .map_err(|e| anyhow::anyhow!("node at {addr} refused DRAIN: {e}"))?;
+    hydramem::status::drain(addr, !d.cancel, t).map_err(|e| {
+        let what = if d.cancel { "cancel" } else { "start" };
+        anyhow::anyhow!("cannot {what} the drain: {e}")
+    })?;
     if d.cancel {
         println!("drain of node {} at {addr} cancelled", before.node_id);
         return Ok(());

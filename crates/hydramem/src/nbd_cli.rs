@@ -13,13 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hydramem::client::{ClientConfig, RemoteMemory};
+use hydramem::client::{ClientConfig, RemoteMemory, Resilience};
 use hydramem::cluster::Cluster;
 use hydramem::nbd::{Export, ExportConfig, Listener, Shutdown};
 use hydramem::units::{human, parse_size, Size};
 use hydramem::wire::ClientId;
-
-use crate::bench_cli::parse_scheme;
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("endpoint").required(true).args(["listen", "socket"])))]
@@ -53,7 +51,7 @@ pub struct NbdArgs {
     /// corruption detection, -cor for correction), repN or single, as `bench --schemes`
     /// takes them.
     #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
-    scheme: String,
+    scheme: Resilience,
     /// Turn off the per-split CRC32C checksums (on by default: a split corrupted on a node or
     /// on the wire is then read around, never returned).
     #[arg(long, env = "HYDRAMEM_NO_CHECKSUMS")]
@@ -92,7 +90,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
         bail!("--op-timeout must be a positive number of seconds");
     }
     let cluster = Cluster::load(&a.cluster)?;
-    let scheme = parse_scheme(&a.scheme)?;
+    let scheme = a.scheme;
     let mut config = ClientConfig::new(scheme, size);
     config.poll = Duration::from_micros(a.poll_us);
     config.op_timeout = Duration::from_secs_f64(a.op_timeout);

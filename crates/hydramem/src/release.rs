@@ -16,21 +16,35 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use serde::Serialize;
-
 use crate::cluster::Cluster;
-use crate::status::{open, request};
+use crate::rpc::{Connection, RpcError};
 use crate::wire::{self, ClientId, Hello, Op};
 
 /// What releasing did on one node.
-#[derive(Debug, Serialize)]
+#[derive(Debug)]
 pub struct NodeRelease {
     /// Node id from the cluster file.
     pub id: u32,
     /// Its address.
     pub addr: SocketAddr,
     /// Slabs freed, or why the node could not be released.
-    pub result: Result<u64, String>,
+    pub result: Result<u64, ReleaseError>,
+}
+
+/// Why a node could not be released.
+#[derive(Debug, thiserror::Error)]
+pub enum ReleaseError {
+    /// The identity's slabs could not be listed (the node is unreachable, or refused).
+    #[error(transparent)]
+    List(#[from] RpcError),
+    /// A slab could not be freed; the slabs listed after it were not tried.
+    #[error("freeing slab {slab}: {source}")]
+    Free {
+        /// The slab.
+        slab: u32,
+        /// Why.
+        source: RpcError,
+    },
 }
 
 /// Frees every slab `client` holds on every node of `cluster`, each node within `timeout`.
@@ -47,12 +61,15 @@ pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<No
 }
 
 /// Frees the identity's slabs on the node at `addr`; returns how many.
-fn release_on(addr: SocketAddr, client: ClientId, timeout: Duration) -> Result<u64, String> {
-    let mut s = open(addr, Some(Hello { client, flags: 0 }), timeout, timeout)?;
-    let list = wire::parse_list(&request(&mut s, Op::List, &[])?).map_err(|e| e.to_string())?;
+fn release_on(addr: SocketAddr, client: ClientId, timeout: Duration) -> Result<u64, ReleaseError> {
+    let hello = Hello { client, flags: 0 };
+    let mut c = Connection::open(addr, Some(hello), timeout, timeout)?;
+    let list = c.call(Op::List, &[], wire::parse_list)?;
     for slab in list.iter().map(|l| l.slab) {
-        request(&mut s, Op::Free, &slab.to_le_bytes())
-            .map_err(|e| format!("freeing slab {slab}: {e}"))?;
+        let mut body = Vec::new();
+        wire::put_free(&mut body, slab);
+        c.request(Op::Free, &body)
+            .map_err(|source| ReleaseError::Free { slab, source })?;
     }
     Ok(list.len() as u64)
 }

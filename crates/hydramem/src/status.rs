@@ -2,18 +2,19 @@
 //!
 //! Observer connections say HELLO with [`wire::HELLO_OBSERVER`], so they are not counted as
 //! clients and cannot touch slabs. A node that does not answer within the timeout is reported
-//! down with the reason, and the others are still shown.
+//! down with the reason, and the others are still shown. Draining a node (DRAIN) is asked
+//! here too: the operator follows it in the node's status.
 
 use std::fmt::Write as _;
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::cluster::Cluster;
+use crate::rpc::{Connection, RpcError};
 use crate::units::human;
-use crate::wire::{self, ClientId, FrameBuilder, Header, Hello, Op, Stats, Status, HEADER_LEN};
+use crate::wire::{self, ClientId, Hello, Op, Stats};
 
 /// One node's status.
 #[derive(Debug, Serialize)]
@@ -40,65 +41,22 @@ pub enum StatusResult {
     },
 }
 
-/// One blocking request on a plain connection; the reply body, or the refusal as text.
-pub(crate) fn request(s: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, 1);
-    out.extend_from_slice(body);
-    fb.finish(&mut out).map_err(|e| e.to_string())?;
-    s.write_all(&out).map_err(|e| e.to_string())?;
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb).map_err(|e| e.to_string())?;
-    let h = Header::parse(&hb).map_err(|e| e.to_string())?;
-    let mut b = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut b).map_err(|e| e.to_string())?;
-    if h.status != Status::Ok {
-        return Err(format!("{op:?} refused: {}", h.status));
-    }
-    Ok(b)
-}
-
-/// A connection of its own to the node at `addr`, for requests made one at a time with
-/// [`request`]: connected within `connect`, each reply awaited up to `reply`, and introduced
-/// with `hello` when given (admin requests such as FAULT and DRAIN need none).
-pub(crate) fn open(
-    addr: SocketAddr,
-    hello: Option<Hello>,
-    connect: Duration,
-    reply: Duration,
-) -> Result<TcpStream, String> {
-    let mut s = TcpStream::connect_timeout(&addr, connect).map_err(|e| e.to_string())?;
-    s.set_read_timeout(Some(reply)).map_err(|e| e.to_string())?;
-    if let Some(h) = hello {
-        let mut body = Vec::new();
-        h.put(&mut body);
-        request(&mut s, Op::Hello, &body)?;
-    }
-    Ok(s)
-}
-
 /// Fetches STATS from one node.
-pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, String> {
+pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, RpcError> {
     let observer = Hello {
         client: ClientId::default(),
         flags: wire::HELLO_OBSERVER,
     };
-    let mut s = open(addr, Some(observer), timeout, timeout)?;
-    Stats::parse(&request(&mut s, Op::Stats, &[])?).map_err(|e| e.to_string())
-}
-
-/// Asks the node at `addr` to inject `fault` (refused unless it allows fault injection).
-pub fn inject(addr: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result<(), String> {
-    let mut s = open(addr, None, timeout, timeout)?;
-    let mut body = Vec::new();
-    fault.put(&mut body);
-    request(&mut s, Op::Fault, &body).map(|_| ())
+    Connection::open(addr, Some(observer), timeout, timeout)?.call(Op::Stats, &[], Stats::parse)
 }
 
 /// Starts (`start`) or cancels draining the node at `addr` (DRAIN, an admin request).
-pub fn drain(addr: SocketAddr, start: bool, timeout: Duration) -> Result<(), String> {
-    let mut s = open(addr, None, timeout, timeout)?;
-    request(&mut s, Op::Drain, &u32::from(start).to_le_bytes()).map(|_| ())
+pub fn drain(addr: SocketAddr, start: bool, timeout: Duration) -> Result<(), RpcError> {
+    let mut body = Vec::new();
+    wire::put_drain(&mut body, start);
+    Connection::open(addr, None, timeout, timeout)?
+        .request(Op::Drain, &body)
+        .map(drop)
 }
 
 /// Status of every node of the cluster, in cluster-file order.
@@ -111,7 +69,9 @@ pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
             addr: n.addr,
             result: match fetch(n.addr, Duration::from_secs(2)) {
                 Ok(s) => StatusResult::Up(s),
-                Err(error) => StatusResult::Down { error },
+                Err(e) => StatusResult::Down {
+                    error: e.to_string(),
+                },
             },
         })
         .collect()

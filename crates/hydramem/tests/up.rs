@@ -221,7 +221,9 @@ fn check_all(mem: &RemoteMemory) {
 }
 
 fn answers(addr: SocketAddr) -> Result<u32, String> {
-    hydramem::status::fetch(addr, Duration::from_secs(5)).map(|s| s.node_id)
+    hydramem::status::fetch(addr, Duration::from_secs(5))
+        .map(|s| s.node_id)
+        .map_err(|e| e.to_string())
 }
 
 #[test]

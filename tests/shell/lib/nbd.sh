@@ -40,6 +40,15 @@ install_package() {
     { $sudo apt-get update -qq >/dev/null 2>&1 && $sudo apt-get install -y -qq "$1" >/dev/null 2>&1; }
 }
 
+# need_bench_nbd: what scripts/bench-nbd needs (fio with its nbd engine, nbdkit) and the built
+# binary it measures.
+need_bench_nbd() {
+  need fio fio
+  fio --enghelp=nbd >/dev/null 2>&1 || skip "this fio has no nbd engine"
+  need nbdkit nbdkit
+  [ -x "$BIN" ] || { echo "FAIL: $BIN is missing (cargo build --release -p hydramem)"; exit 1; }
+}
+
 # Sets NBDSH to a command running nbdsh with a Python that has the libnbd bindings (the
 # first python3 on PATH may be another installation without them).
 need_nbdsh() {

@@ -12,6 +12,9 @@
 //! r parity splits. Replication n: every copy is the whole page (s = 4096) and all copies land in
 //! the same place, the page, so a read claims that region for the first copy that arrives.
 
+use std::fmt;
+use std::str::FromStr;
+
 use serde::{Deserialize, Serialize};
 
 use crate::PAGE_SIZE;
@@ -78,6 +81,82 @@ impl Resilience {
             Resilience::Replication { copies: 1 } => "single copy".into(),
             Resilience::Replication { copies } => format!("replication ×{copies}"),
         }
+    }
+}
+
+/// The forms a scheme's name takes (see [`Resilience`]'s `FromStr`), for help texts and errors.
+pub const SCHEME_FORMS: &str = "hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for \
+     corruption detection, -cor for correction), repN or single";
+
+/// A scheme name that is none of [`SCHEME_FORMS`].
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
+#[error("unknown scheme {name:?}: use {SCHEME_FORMS}")]
+pub struct SchemeError {
+    /// The name as given.
+    pub name: String,
+}
+
+/// The mode suffixes of a Hydra scheme's name; failure recovery has none.
+const MODE_SUFFIXES: [(&str, Mode); 3] = [
+    ("-ec", Mode::EcOnly),
+    ("-det", Mode::Detection),
+    ("-cor", Mode::Correction),
+];
+
+/// A scheme's name, as the command line takes it: `hydra-8+2-d1`, `hydra-4+2-d0-ec`, `rep2`,
+/// `single` (one copy). Parsing it back with `FromStr` gives the same scheme.
+impl fmt::Display for Resilience {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            Resilience::Hydra { k, r, delta, mode } => {
+                let suffix = MODE_SUFFIXES
+                    .iter()
+                    .find(|(_, m)| *m == mode)
+                    .map_or("", |(s, _)| s);
+                write!(f, "hydra-{k}+{r}-d{delta}{suffix}")
+            }
+            Resilience::Replication { copies: 1 } => f.write_str("single"),
+            Resilience::Replication { copies } => write!(f, "rep{copies}"),
+        }
+    }
+}
+
+/// Parses a scheme's name ([`SCHEME_FORMS`]; numbers in decimal digits, each at most 255).
+/// Only the form is checked here: whether the parameters can work (k ≥ 1, Δ ≤ r, ...) is
+/// [`Layout::new`]'s to say.
+impl FromStr for Resilience {
+    type Err = SchemeError;
+
+    fn from_str(s: &str) -> Result<Resilience, SchemeError> {
+        let number = |n: &str| {
+            n.bytes()
+                .all(|b| b.is_ascii_digit())
+                .then(|| n.parse::<u8>().ok())
+                .flatten()
+        };
+        let hydra = |rest: &str| {
+            let (rest, mode) = MODE_SUFFIXES
+                .into_iter()
+                .find_map(|(suffix, mode)| rest.strip_suffix(suffix).map(|r| (r, mode)))
+                .unwrap_or((rest, Mode::FailureRecovery));
+            let (kr, delta) = rest.split_once("-d")?;
+            let (k, r) = kr.split_once('+')?;
+            Some(Resilience::Hydra {
+                k: number(k)?,
+                r: number(r)?,
+                delta: number(delta)?,
+                mode,
+            })
+        };
+        let parsed = match s {
+            "single" => Some(Resilience::Replication { copies: 1 }),
+            _ => match (s.strip_prefix("rep"), s.strip_prefix("hydra-")) {
+                (Some(n), _) => number(n).map(|copies| Resilience::Replication { copies }),
+                (_, Some(rest)) => hydra(rest),
+                _ => None,
+            },
+        };
+        parsed.ok_or_else(|| SchemeError { name: s.into() })
     }
 }
 
@@ -412,6 +491,106 @@ mod tests {
         );
         assert_eq!(l.region(2), 0);
         assert_eq!(l.place(2), Place::Page(0));
+    }
+
+    #[test]
+    fn scheme_names_parse() {
+        let hydra = |k, r, delta, mode| Resilience::Hydra { k, r, delta, mode };
+        for (name, scheme) in [
+            ("hydra-8+2-d1", hydra(8, 2, 1, Mode::FailureRecovery)),
+            ("hydra-4+2-d0-ec", hydra(4, 2, 0, Mode::EcOnly)),
+            ("hydra-8+1-d1-det", hydra(8, 1, 1, Mode::Detection)),
+            ("hydra-8+3-d1-cor", hydra(8, 3, 1, Mode::Correction)),
+            ("rep3", Resilience::Replication { copies: 3 }),
+            ("single", Resilience::Replication { copies: 1 }),
+        ] {
+            assert_eq!(name.parse::<Resilience>(), Ok(scheme), "{name}");
+            assert_eq!(scheme.to_string(), name);
+        }
+        // One copy is "single" whichever way it was named.
+        assert_eq!("rep1".parse::<Resilience>().unwrap().to_string(), "single");
+    }
+
+    #[test]
+    fn other_names_are_refused_with_the_forms_that_work() {
+        for name in [
+            "raid5",
+            "",
+            "rep",
+            "rep+2",
+            "rep256",
+            "hydra",
+            "hydra-8+2",
+            "hydra-8-d1",
+            "hydra-8+2-d",
+            "hydra-+8+2-d1",
+            "hydra-8+2-d1-xx",
+            "hydra-256+2-d1",
+            "Hydra-8+2-d1",
+            "hydra-8+2-d1+crc",
+        ] {
+            let e = name.parse::<Resilience>().unwrap_err();
+            assert_eq!(e.name, name);
+            let text = e.to_string();
+            for form in ["hydra-K+R-dD", "-ec", "-det", "-cor", "repN", "single"] {
+                assert!(text.contains(form), "{form:?} missing from {text:?}");
+            }
+        }
+    }
+
+    /// Every scheme a layout accepts, by its parameters.
+    fn valid_schemes() -> impl Iterator<Item = Resilience> {
+        let modes = [
+            Mode::FailureRecovery,
+            Mode::EcOnly,
+            Mode::Detection,
+            Mode::Correction,
+        ];
+        let max = MAX_WIDTH as u8;
+        let hydra = (1..=max).flat_map(move |k| {
+            (0..=max - k).flat_map(move |r| {
+                (0..=r).flat_map(move |delta| {
+                    modes.map(|mode| Resilience::Hydra { k, r, delta, mode })
+                })
+            })
+        });
+        let copies = (1..=max).map(|copies| Resilience::Replication { copies });
+        hydra
+            .chain(copies)
+            .filter(|s| Layout::new(*s, 1 << 20).is_ok())
+    }
+
+    #[test]
+    fn every_valid_scheme_reads_back_from_its_name() {
+        let mut n = 0;
+        for s in valid_schemes() {
+            assert_eq!(s.to_string().parse::<Resilience>(), Ok(s));
+            n += 1;
+        }
+        assert!(n > 1000, "{n} valid schemes");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_scheme_reads_back_from_its_name(
+            k: u8,
+            r: u8,
+            delta: u8,
+            mode in proptest::sample::select(vec![
+                Mode::FailureRecovery,
+                Mode::EcOnly,
+                Mode::Detection,
+                Mode::Correction,
+            ]),
+            copies: u8,
+        ) {
+            for s in [
+                Resilience::Hydra { k, r, delta, mode },
+                Resilience::Replication { copies },
+            ] {
+                proptest::prop_assert_eq!(s.to_string().parse::<Resilience>(), Ok(s));
+            }
+        }
     }
 
     #[test]

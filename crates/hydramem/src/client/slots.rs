@@ -124,7 +124,7 @@ unsafe impl Sync for Slot {}
 unsafe impl Send for Slot {}
 
 /// Counts of a slot's splits at one instant.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Progress {
     /// Bitmask of landed / acknowledged splits.
     pub landed: u32,
@@ -223,6 +223,23 @@ impl Slots {
         self.acquire(Kind::Write, std::ptr::null_mut())
     }
 
+    /// Like [`Slots::acquire_read`], but `None` instead of waiting when every slot is in
+    /// flight: a caller that already holds slots must not wait for more (two such callers
+    /// could each wait for the other's).
+    ///
+    /// # Safety
+    /// As for [`Slots::acquire_read`].
+    pub unsafe fn try_acquire_read(&self, page: *mut u8) -> Option<Op<'_>> {
+        let idx = self.free.lock().pop()?;
+        Some(self.init(idx, Kind::Read, page))
+    }
+
+    /// Like [`Slots::acquire_write`], but `None` instead of waiting when every slot is in flight.
+    pub fn try_acquire_write(&self) -> Option<Op<'_>> {
+        let idx = self.free.lock().pop()?;
+        Some(self.init(idx, Kind::Write, std::ptr::null_mut()))
+    }
+
     fn acquire(&self, kind: Kind, page: *mut u8) -> Op<'_> {
         let idx = {
             let mut free = self.free.lock();
@@ -233,6 +250,11 @@ impl Slots {
                 self.freed.wait(&mut free);
             }
         };
+        self.init(idx, kind, page)
+    }
+
+    /// Prepares free slot `idx` for an operation of `kind` on `page` (null for writes).
+    fn init(&self, idx: u16, kind: Kind, page: *mut u8) -> Op<'_> {
         let s = &self.slots[idx as usize];
         *s.waiter.lock() = Some(std::thread::current());
         s.page.store(page, SeqCst);
@@ -284,9 +306,23 @@ impl Slots {
         Some((s, split))
     }
 
-    fn leave(s: &Slot) {
-        if let Some(t) = s.waiter.lock().as_ref() {
-            t.unpark();
+    /// Leaves the slot a completer entered, waking its owner only when the owner may be able
+    /// to decide: a split failed, or enough landed for the least any decision needs (k for a
+    /// read, the mode's acknowledgements for a write). Waking on every split cost a futex
+    /// wake per split — nine per hydra page read — for looks that could only say "not yet";
+    /// an owner that needs more than that minimum is woken by each later split, and time-based
+    /// decisions (stragglers, deadlines) never wait for a wake ([`super::wait::Pacer`]).
+    fn leave(&self, s: &Slot) {
+        let landed = s.landed.load(SeqCst).count_ones() as usize;
+        let least = if s.kind.load(SeqCst) == Kind::Write as u8 {
+            self.layout.write_need
+        } else {
+            self.layout.k
+        };
+        if landed >= least || s.failed.load(SeqCst) != 0 {
+            if let Some(t) = s.waiter.lock().as_ref() {
+                t.unpark();
+            }
         }
         s.writers.fetch_sub(1, SeqCst);
     }
@@ -356,7 +392,7 @@ impl Completions for Slots {
                 }
             }
         }
-        Self::leave(s);
+        self.leave(s);
     }
 
     /// Delivers a write reply from `node`; `stored` is the version the node holds for the
@@ -377,7 +413,7 @@ impl Completions for Slots {
             }
             _ => Self::fail(s, j, status),
         }
-        Self::leave(s);
+        self.leave(s);
     }
 
     /// Fails every outstanding split posted to `node` (its connection was lost).
@@ -398,7 +434,7 @@ impl Completions for Slots {
                         if s.landed.load(SeqCst) & (1 << j) == 0 {
                             Self::fail(s, j, Status::Internal);
                         }
-                        Self::leave(s);
+                        self.leave(s);
                     }
                 }
             }
@@ -532,6 +568,24 @@ impl Op<'_> {
     /// page (or the side buffer) until the slot is closed again ([`Op::close`]) or dropped.
     pub unsafe fn reopen(&mut self) {
         self.slot().closed.store(false, SeqCst);
+    }
+
+    /// A write's side buffer (its tail and parity splits once encoded), shared. Sound
+    /// because completers never touch a write's side buffer (write replies carry no data) and
+    /// the owner writes it only through [`Op::side`], whose `&mut self` cannot overlap this
+    /// borrow.
+    ///
+    /// # Panics
+    /// For a read, whose side buffer completers write.
+    pub fn write_side(&self) -> &[u8] {
+        assert_eq!(
+            self.slot().kind.load(SeqCst),
+            Kind::Write as u8,
+            "only a write's side buffer can be shared"
+        );
+        // SAFETY: see above: for a write no completer writes the side buffer, and the owner's
+        // only mutable access needs `&mut self`, which this `&self` borrow excludes.
+        unsafe { &*self.slot().side }
     }
 
     /// The side buffer. Exclusive access: callable before any split is posted or after

@@ -197,6 +197,24 @@ pub trait Transport: Send + Sync {
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError>;
     /// A printable address of the node, for messages.
     fn addr(&self, node: u16) -> String;
+    /// Asks `node` for a slab of splits of `split_len` bytes labelled `tag` (ALLOC); returns
+    /// its id.
+    fn alloc(&self, node: u16, tag: u64, split_len: u32) -> Result<u32, TransportError> {
+        let mut body = Vec::new();
+        wire::put_alloc(&mut body, tag, split_len);
+        let reply = self.call(node, Op::Alloc, &body)?;
+        wire::parse_alloc_reply(&reply).map_err(|e| TransportError::Protocol {
+            node,
+            addr: self.addr(node),
+            reason: format!("ALLOC reply: {e}"),
+        })
+    }
+    /// Gives slab `slab` on `node` back (FREE).
+    fn free(&self, node: u16, slab: u32) -> Result<(), TransportError> {
+        let mut body = Vec::new();
+        wire::put_free(&mut body, slab);
+        self.call(node, Op::Free, &body).map(drop)
+    }
     /// Tells `node` about corrupted splits we read from its slabs (CORRUPT, a control
     /// request), so that its status and metrics show them: only the client can tell a split is
     /// corrupt, the node cannot. Sends requests of at most [`MAX_CORRUPT_REPORTS`] records and

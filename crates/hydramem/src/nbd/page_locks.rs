@@ -6,8 +6,9 @@
 //! the second write back would erase the first. Every write path — partial or whole page, WRITE,
 //! TRIM, WRITE_ZEROES — therefore holds the page's stripe while it reads and writes that page.
 //!
-//! Invariants: a thread holds at most one stripe at a time (a multi-page request takes the
-//! pages one after another), so stripes can never deadlock; reads take no lock, because a
+//! Invariants: a thread holds either one stripe, or the stripes of a span of pages taken
+//! together in ascending stripe order ([`PageLocks::lock_span`]), so no two threads can each
+//! hold a stripe the other waits for: stripes never deadlock. Reads take no lock, because a
 //! remote page read always returns one whole acknowledged version (docs/architecture.md,
 //! "Versions"). Pages that share a stripe merely serialize; with [`STRIPES`] stripes and page
 //! numbers spread by a multiplicative hash, unrelated pages rarely collide.
@@ -47,11 +48,32 @@ impl PageLocks {
     pub fn lock(&self, page: u64) -> MutexGuard<'_, ()> {
         self.stripes[Self::index(page)].lock()
     }
+
+    /// Locks the stripes of pages `first..first + n` until the guards are dropped: each
+    /// stripe once, in ascending stripe order (see the module doc).
+    pub fn lock_span(&self, first: u64, n: u64) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = (first..first.saturating_add(n)).map(Self::index).collect();
+        idx.sort_unstable();
+        idx.dedup();
+        idx.into_iter().map(|i| self.stripes[i].lock()).collect()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn spans_lock_each_stripe_once_and_exclude_single_locks() {
+        let locks = PageLocks::new();
+        // 4096 pages cover every stripe (several pages per stripe): each is taken once.
+        let guards = locks.lock_span(7, 4096);
+        assert_eq!(guards.len(), STRIPES);
+        assert!(locks.stripes[PageLocks::index(9)].try_lock().is_none());
+        drop(guards);
+        assert!(locks.stripes[PageLocks::index(9)].try_lock().is_some());
+        assert!(locks.lock_span(0, 0).is_empty());
+    }
 
     #[test]
     fn consecutive_pages_spread_over_stripes() {

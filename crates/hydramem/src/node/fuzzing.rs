@@ -103,7 +103,7 @@ pub fn requests(input: &[u8]) {
             &mut model,
             &mut slabs,
             who,
-            &frame[HEADER_LEN..],
+            (&h, &frame[HEADER_LEN..]),
             &rh,
             &out[HEADER_LEN..],
         );
@@ -137,14 +137,14 @@ fn request(
             Op::Hello
         }
         1 => {
-            body.extend_from_slice(&b.u64().to_le_bytes());
+            let tag = b.u64();
             let len: u32 = match b.u8() % 4 {
                 0 => 1,
                 1 => 512,
                 2 => 4096,
                 _ => b.u64() as u32,
             };
-            body.extend_from_slice(&len.to_le_bytes());
+            wire::put_alloc(&mut body, tag, len);
             Op::Alloc
         }
         2 | 3 => {
@@ -180,7 +180,7 @@ fn request(
             Op::ReadV
         }
         6 => {
-            body.extend_from_slice(&slab_of(b).1.to_le_bytes());
+            wire::put_free(&mut body, slab_of(b).1);
             Op::Free
         }
         7 => Op::List,
@@ -219,23 +219,27 @@ fn check(
     model: &mut Model,
     slabs: &mut Vec<(u8, u32, u64)>,
     who: u8,
-    req: &[u8],
+    (req_h, req): (&Header, &[u8]),
     h: &Header,
     reply: &[u8],
 ) {
     match h.op {
         Op::Alloc if h.status == Status::Ok => {
-            let slab = u32::from_le_bytes(reply.try_into().expect("ALLOC reply is 4 bytes"));
-            let len = u32::from_le_bytes(req[8..12].try_into().expect("len"));
-            slabs.push((who, slab, u64::from(len)));
+            let slab = wire::parse_alloc_reply(reply).expect("an OK ALLOC reply names the slab");
+            let Ok(wire::Request::Alloc { split_len, .. }) = wire::parse_request(req_h, req) else {
+                panic!("the node allocated for an ALLOC it should have refused");
+            };
+            slabs.push((who, slab, u64::from(split_len)));
         }
         Op::Free if h.status == Status::Ok => {
-            let slab = u32::from_le_bytes(req.try_into().expect("4 bytes"));
+            let Ok(wire::Request::Free { slab }) = wire::parse_request(req_h, req) else {
+                panic!("the node freed for a FREE it should have refused");
+            };
             slabs.retain(|s| !(s.0 == who && s.1 == slab));
             model.retain(|k, _| !(k.0 == who && k.1 == slab));
         }
         Op::WriteV if h.status == Status::Ok => {
-            let Ok(wire::Request::WriteV(runs)) = wire::parse_request(h, req) else {
+            let Ok(wire::Request::WriteV(runs)) = wire::parse_request(req_h, req) else {
                 return;
             };
             let mut got = Vec::new();
@@ -269,7 +273,7 @@ fn check(
             }
         }
         Op::ReadV if h.status == Status::Ok => {
-            let Ok(wire::Request::ReadV(runs)) = wire::parse_request(h, req) else {
+            let Ok(wire::Request::ReadV(runs)) = wire::parse_request(req_h, req) else {
                 return;
             };
             let mut replies = ReplyRuns::new(reply).expect("a READV reply");

@@ -115,7 +115,7 @@ impl Session {
                 Ok(reports) => {
                     let accepted = node.report_corrupt(&client, &reports);
                     let fb = ok(out, h);
-                    out.extend_from_slice(&accepted.to_le_bytes());
+                    wire::put_corrupt_reply(out, accepted);
                     fb.finish(out)?;
                 }
                 Err(e) => {
@@ -127,7 +127,7 @@ impl Session {
             Request::Regen(req) => match super::regen::serve(&node, &client, &req) {
                 Ok(pages) => {
                     let fb = ok(out, h);
-                    out.extend_from_slice(&pages.to_le_bytes());
+                    wire::put_regen_reply(out, pages);
                     fb.finish(out)?;
                 }
                 Err(st) => reply_status(out, h, st)?,
@@ -145,7 +145,7 @@ impl Session {
             Request::Alloc { tag, split_len } => match node.alloc(client, tag, split_len) {
                 Ok(slab) => {
                     let fb = ok(out, h);
-                    out.extend_from_slice(&slab.to_le_bytes());
+                    wire::put_alloc_reply(out, slab);
                     fb.finish(out)?;
                 }
                 Err(st) => reply_status(out, h, st)?,

@@ -97,6 +97,11 @@ pub fn parse_corrupt(body: &[u8]) -> Result<Vec<CorruptReport>, WireError> {
     list.reports()
 }
 
+/// Appends a CORRUPT reply body: how many records the node accepted.
+pub fn put_corrupt_reply(out: &mut Vec<u8>, accepted: u32) {
+    out.extend_from_slice(&accepted.to_le_bytes());
+}
+
 /// Parses a CORRUPT reply body: the records that named a slab of the caller.
 pub fn parse_corrupt_reply(body: &[u8]) -> Result<u32, WireError> {
     let mut r = Reader::new(body);

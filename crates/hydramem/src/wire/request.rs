@@ -82,10 +82,89 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
     Ok(req)
 }
 
+/// The small fixed bodies of the control requests and their replies. Each has one row in its
+/// op's table in [`super::frame`]; these are the only writers and readers of those bytes.
+///
+/// | body | size | field |
+/// |------|------|-------|
+/// | ALLOC request | 8, 4 | tag, split_len |
+/// | ALLOC reply | 4 | slab id |
+/// | FREE request | 4 | slab id |
+/// | DRAIN request | 4 | 1 = start, 0 = cancel |
+/// | REGEN reply | 8 | pages rebuilt |
+pub fn put_alloc(out: &mut Vec<u8>, tag: u64, split_len: u32) {
+    out.extend_from_slice(&tag.to_le_bytes());
+    out.extend_from_slice(&split_len.to_le_bytes());
+}
+
+/// Appends an ALLOC reply body: the new slab's id.
+pub fn put_alloc_reply(out: &mut Vec<u8>, slab: u32) {
+    out.extend_from_slice(&slab.to_le_bytes());
+}
+
+/// Parses an ALLOC reply body: the new slab's id.
+pub fn parse_alloc_reply(body: &[u8]) -> Result<u32, WireError> {
+    let mut r = Reader::new(body);
+    let slab = r.u32()?;
+    r.end()?;
+    Ok(slab)
+}
+
+/// Appends a FREE request body: the slab.
+pub fn put_free(out: &mut Vec<u8>, slab: u32) {
+    out.extend_from_slice(&slab.to_le_bytes());
+}
+
+/// Appends a DRAIN request body: start (`true`) or cancel.
+pub fn put_drain(out: &mut Vec<u8>, start: bool) {
+    out.extend_from_slice(&u32::from(start).to_le_bytes());
+}
+
+/// Appends a REGEN reply body: the pages rebuilt.
+pub fn put_regen_reply(out: &mut Vec<u8>, pages: u64) {
+    out.extend_from_slice(&pages.to_le_bytes());
+}
+
+/// Parses a REGEN reply body: the pages rebuilt.
+pub fn parse_regen_reply(body: &[u8]) -> Result<u64, WireError> {
+    let mut r = Reader::new(body);
+    let pages = r.u64()?;
+    r.end()?;
+    Ok(pages)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn control_bodies_match_the_byte_table() {
+        use crate::wire::{test_frame as frame, test_split as split};
+        let parse = |op, put: &dyn Fn(&mut Vec<u8>)| {
+            let f = frame(op, 1, put);
+            let (h, body) = split(&f);
+            format!("{:?}", parse_request(&h, body).unwrap())
+        };
+        assert_eq!(parse(Op::Free, &|o| put_free(o, 7)), "Free { slab: 7 }");
+        assert_eq!(parse(Op::Drain, &|o| put_drain(o, true)), "Drain(true)");
+        assert_eq!(parse(Op::Drain, &|o| put_drain(o, false)), "Drain(false)");
+        assert_eq!(
+            parse(Op::Alloc, &|o| put_alloc(o, 9, 512)),
+            "Alloc { tag: 9, split_len: 512 }"
+        );
+        let mut out = Vec::new();
+        put_alloc_reply(&mut out, 0x0102_0304);
+        assert_eq!(out, [4, 3, 2, 1]);
+        assert_eq!(parse_alloc_reply(&out), Ok(0x0102_0304));
+        assert!(parse_alloc_reply(&out[..3]).is_err());
+        out.clear();
+        put_regen_reply(&mut out, 5 | 1 << 56);
+        assert_eq!(out, [5, 0, 0, 0, 0, 0, 0, 1]);
+        assert_eq!(parse_regen_reply(&out), Ok(5 | 1 << 56));
+        assert!(parse_regen_reply(&[5, 0, 0, 0]).is_err());
+        assert_eq!(parse_regen_reply(&[0; 9]), Err(WireError::Trailing(1)));
+    }
 
     proptest! {
         #[test]

@@ -52,8 +52,9 @@ impl Source {
             client: req.client,
             flags: 0,
         };
-        let stream = crate::status::open(addr, Some(hello), greet, greet)
-            .map_err(|e| format!("node {} at {addr}: {e}", s.node))?;
+        let stream = crate::rpc::Connection::open(addr, Some(hello), greet, greet)
+            .map_err(|e| format!("node {}: {e}", s.node))?
+            .into_stream();
         stream
             .set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
@@ -197,7 +198,7 @@ impl Source {
                 cause: wire::CorruptCause::Checksum,
             }],
         );
-        if let Err(e) = crate::status::request(&mut self.stream, Op::Corrupt, &body) {
+        if let Err(e) = crate::rpc::request(&mut self.stream, Op::Corrupt, &body) {
             tracing::warn!(split = self.split, error = %e, "could not report corrupted splits to a regeneration source");
         }
     }

@@ -1,0 +1,73 @@
+//! What a client is configured with besides the cluster file: the scheme, the address-space
+//! size, the identity, timeouts and the integrity limits. [`ClientConfig::new`] gives the
+//! defaults every front end starts from.
+
+use std::time::Duration;
+
+use super::tcp::TcpOptions;
+use super::Resilience;
+use crate::wire::ClientId;
+
+/// Everything a client needs besides the cluster file.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Resilience scheme and its parameters.
+    pub resilience: Resilience,
+    /// Size of the remote address space in bytes (rounded up to whole pages).
+    pub size: u64,
+    /// Identity that owns the client's slabs; reconnecting with it finds them again.
+    pub client_id: ClientId,
+    /// How long a waiting thread polls before it sleeps.
+    pub poll: Duration,
+    /// How long one page operation may take before it fails.
+    pub op_timeout: Duration,
+    /// A read still short of k splits after this long asks the splits it has not asked yet
+    /// (a straggler or a silently stalled node must not hold the page up).
+    pub straggler_after: Duration,
+    /// Page operations in flight at once (callers beyond it wait).
+    pub max_in_flight: usize,
+    /// CodingSets load-balancing factor l, used unless the cluster file's `[placement]` sets
+    /// one (the file also chooses the policy).
+    pub placement_l: usize,
+    /// Seed for placement and split choice (random when `None`).
+    pub seed: Option<u64>,
+    /// Transport timeouts.
+    pub tcp: TcpOptions,
+    /// Per-split CRC32C checksums bound to the page and version ([`crate::integrity`]): written
+    /// with every split, verified on every read; a split that fails is never used and the read
+    /// asks another instead. On by default (docs/architecture.md says why).
+    pub checksums: bool,
+    /// The paper's ErrorCorrectionLimit: a node whose share of corrupted splits (among those
+    /// read from it in the last window) is above this is suspect, and reads that involve it
+    /// start with every split they may need (k + 2Δ + 1 in correction mode, one spare with
+    /// checksums) instead of asking more only after they found corruption.
+    pub error_correction_limit: f64,
+    /// The paper's SlabRegenerationLimit: above this share, the client regenerates its slabs
+    /// on that node elsewhere and places nothing new there until the node restarts.
+    pub slab_regeneration_limit: f64,
+    /// Splits read from a node per accounting window: its error rate is judged once this many
+    /// were read, so that one flipped bit on a quiet node does not evict it.
+    pub error_window: u64,
+}
+
+impl ClientConfig {
+    /// Defaults for a scheme and an address-space size.
+    pub fn new(resilience: Resilience, size: u64) -> ClientConfig {
+        ClientConfig {
+            resilience,
+            size,
+            client_id: ClientId::random(),
+            poll: Duration::from_micros(50),
+            op_timeout: Duration::from_secs(10),
+            straggler_after: Duration::from_millis(5),
+            max_in_flight: 1024,
+            placement_l: 2,
+            seed: None,
+            tcp: TcpOptions::default(),
+            checksums: true,
+            error_correction_limit: 0.001,
+            slab_regeneration_limit: 0.01,
+            error_window: 1000,
+        }
+    }
+}

@@ -1,0 +1,268 @@
+//! Joining the cluster: connect to every node, check that they agree with the cluster file,
+//! find the slabs this identity already holds (and seed the version clock past their versions),
+//! rebuild the range map from their tags, and start the maintenance thread. Fails unless at
+//! least one coding group's width of nodes is reachable.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::Arc;
+use std::time::Instant;
+
+use arc_swap::ArcSwapOption;
+use hydramem_isal::Codec;
+use parking_lot::Mutex;
+
+use super::error::protocol;
+use super::health::NodeHealth;
+use super::layout::MAX_WIDTH;
+use super::maintain::MAINTENANCE_INTERVAL;
+use super::ranges::{node_views, Placement};
+use super::repair::RegenCounters;
+use super::slots::{self, Slots};
+use super::tcp::TcpTransport;
+use super::write::seed_clock_note;
+use super::{
+    layout, ClientConfig, ClientError, ClientMetrics, ClientStats, Group, Layout, RemoteMemory,
+    Resilience, Transport,
+};
+use crate::cluster::Cluster;
+use crate::placement::Placer;
+use crate::units::human;
+use crate::wire::{self, Hello, Op};
+
+/// Builds the decode tables of every loss pattern a read can meet (any k of the k + r splits
+/// present, the data splits among the others missing) before the first read, so that no read
+/// pays the ~2 µs matrix inversion or the allocation of a first use. Skipped for codes with
+/// more than 4096 patterns, whose tables are then built on first use.
+pub(super) fn prepare_decode_tables(codec: &Codec, l: &Layout) {
+    let (w, k) = (l.width, l.k);
+    let count = (0..k).fold(1u128, |c, i| c * (w - i) as u128 / (i as u128 + 1));
+    if count > 4096 || w > 24 {
+        return;
+    }
+    let s = l.split_len;
+    let zero = vec![0u8; s];
+    let mut out = vec![vec![0u8; s]; k];
+    for present in 0u32..(1 << w) {
+        if present.count_ones() as usize != k || present & ((1 << k) - 1) == (1 << k) - 1 {
+            continue; // not k splits, or all data present (no decode)
+        }
+        let p: Vec<(usize, &[u8])> = (0..w)
+            .filter(|j| present & (1 << j) != 0)
+            .map(|j| (j, &zero[..]))
+            .collect();
+        let mut missing: Vec<(usize, &mut [u8])> = out
+            .iter_mut()
+            .enumerate()
+            .filter(|(j, _)| present & (1 << j) == 0)
+            .map(|(j, b)| (j, &mut b[..]))
+            .collect();
+        let _ = codec.reconstruct(&p, &mut missing);
+    }
+}
+
+impl RemoteMemory {
+    /// Connects to the cluster's nodes, finds this identity's existing slabs and is ready for
+    /// I/O. Fails when fewer nodes are reachable than one coding group needs.
+    pub fn connect(
+        cluster: &Cluster,
+        config: ClientConfig,
+    ) -> Result<Arc<RemoteMemory>, ClientError> {
+        cluster.validate().map_err(ClientError::Config)?;
+        if config.max_in_flight == 0 || config.max_in_flight > slots::MAX_SLOTS {
+            return Err(ClientError::Config(format!(
+                "max_in_flight is {}; it must be 1 to {} (page operations in flight at once)",
+                config.max_in_flight,
+                slots::MAX_SLOTS
+            )));
+        }
+        let layout = Layout::new(config.resilience, cluster.slab_size)?;
+        let codec = match config.resilience {
+            Resilience::Hydra { k, r, .. } => {
+                let codec = Codec::new(k as usize, r as usize)?;
+                prepare_decode_tables(&codec, &layout);
+                Some(codec)
+            }
+            Resilience::Replication { .. } => None,
+        };
+        let slots =
+            Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
+        let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
+        let hello = Hello {
+            client: config.client_id,
+            flags: 0,
+        };
+        let members: Vec<(u32, std::net::SocketAddr)> =
+            cluster.nodes.iter().map(|n| (n.id, n.addr)).collect();
+        let (transport, outcomes) =
+            TcpTransport::connect(&members, hello, slots.clone(), config.tcp)?;
+        let mut down = Vec::new();
+        for (i, o) in outcomes.iter().enumerate() {
+            match o {
+                Ok(h) if h.slab_size != cluster.slab_size => {
+                    return Err(ClientError::SlabSize {
+                        node: i,
+                        addr: addrs[i].to_string(),
+                        node_slab: h.slab_size,
+                        file_slab: cluster.slab_size,
+                    })
+                }
+                Ok(_) => {}
+                Err(e) => down.push(format!("node {i} at {}: {e}", addrs[i])),
+            }
+        }
+        let up = outcomes.len() - down.len();
+        if up < layout.width {
+            return Err(ClientError::TooFewNodes {
+                label: config.resilience.label(),
+                needed: layout.width,
+                up,
+                total: outcomes.len(),
+                down: if down.is_empty() {
+                    "none down".into()
+                } else {
+                    down.join("; ")
+                },
+            });
+        }
+        // Slab tags name a range with 32 bits.
+        let n_ranges = config.size.div_ceil(layout.range_bytes());
+        let n_ranges = u32::try_from(n_ranges)
+            .ok()
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| {
+                ClientError::Config(format!(
+                    "a remote address space of {} is {n_ranges} address ranges of {}; at most \
+                     {} are possible: use a smaller size or larger slabs",
+                    human(config.size),
+                    human(layout.range_bytes()),
+                    u32::MAX
+                ))
+            })?;
+        let ranges: Box<[ArcSwapOption<Group>]> =
+            (0..n_ranges).map(|_| ArcSwapOption::empty()).collect();
+
+        // Domains as small integers, for placement.
+        let mut names: HashMap<&str, u32> = HashMap::new();
+        let domains: Vec<Option<u32>> = cluster
+            .nodes
+            .iter()
+            .map(|n| {
+                n.domain.as_deref().map(|d| {
+                    let next = names.len() as u32;
+                    *names.entry(d).or_insert(next)
+                })
+            })
+            .collect();
+
+        // Node loads (slab counts) and this identity's existing slabs.
+        let mut loads = vec![0u64; addrs.len()];
+        let mut found: HashMap<u32, Group> = HashMap::new();
+        let mut beyond: Option<u32> = None;
+        let mut held_version = 0u64;
+        for node in 0..addrs.len() as u16 {
+            if !transport.is_up(node) {
+                continue;
+            }
+            let stats = wire::Stats::parse(&transport.call(node, Op::Stats, &[])?)
+                .map_err(|e| protocol(&transport, node, e))?;
+            loads[node as usize] = stats.slabs.len() as u64;
+            let list = wire::parse_list(&transport.call(node, Op::List, &[])?)
+                .map_err(|e| protocol(&transport, node, e))?;
+            for wire::Listed { slab, tag, newest } in list {
+                // Versions only grow: continue past everything this identity ever stored, even
+                // if this machine's clock is behind the one that wrote it.
+                held_version = held_version.max(newest);
+                let Some((code, range, split)) = layout::untag(tag) else {
+                    continue;
+                };
+                if code != layout.code() {
+                    return Err(ClientError::LayoutMismatch {
+                        node: node as usize,
+                        found: code,
+                        expected: layout.code(),
+                        label: config.resilience.label(),
+                    });
+                }
+                if range as usize >= ranges.len() {
+                    beyond = beyond.max(Some(range));
+                } else if (split as usize) < layout.width {
+                    let g = found.entry(range).or_insert(Group {
+                        nodes: [slots::NO_NODE; MAX_WIDTH],
+                        slabs: [0; MAX_WIDTH],
+                        fresh: 0,
+                    });
+                    g.nodes[split as usize] = node;
+                    g.slabs[split as usize] = slab;
+                }
+            }
+        }
+        if let Some(range) = beyond {
+            return Err(ClientError::SmallerThanHeld {
+                size: config.size,
+                start: range as u64 * layout.range_bytes(),
+                range,
+            });
+        }
+        let recovered = found.len();
+        for (range, g) in found {
+            ranges[range as usize].store(Some(Arc::new(g)));
+        }
+        seed_clock_note(held_version);
+        if recovered > 0 {
+            tracing::info!(
+                ranges = recovered,
+                "found this identity's existing address ranges"
+            );
+        }
+        let health: Arc<[NodeHealth]> = (0..cluster.nodes.len())
+            .map(|_| NodeHealth::default())
+            .collect();
+        let views = node_views(&transport, &loads, &domains, &health);
+        let seed = config.seed.unwrap_or_else(rand::random);
+        let placer = Placer::new(
+            cluster.placement_policy(config.placement_l),
+            layout.width,
+            &views,
+            seed,
+        )
+        .map_err(|source| ClientError::Placement { range: 0, source })?;
+        let mem = Arc::new(RemoteMemory {
+            layout,
+            config,
+            codec,
+            slots,
+            transport: Box::new(transport),
+            ranges: Arc::from(ranges),
+            placement: Mutex::new(Placement { placer, loads }),
+            domains,
+            node_ids: cluster.nodes.iter().map(|n| n.id).collect(),
+            stats: ClientStats::default(),
+            metrics: ClientMetrics::register(),
+            clock: AtomicU64::new(held_version),
+            health,
+            any_suspect: AtomicBool::new(false),
+            corrupt_reports: Mutex::new(Vec::new()),
+            orphans: Mutex::new(Vec::new()),
+            regen: Arc::new(RegenCounters::default()),
+            moving: Mutex::new(Vec::new()),
+            stuck: Mutex::new(Vec::new()),
+            ended: Arc::new(Mutex::new(Vec::new())),
+            retry: Mutex::new((Instant::now(), Vec::new())),
+            repair_after: Mutex::new(Instant::now()),
+        });
+        // Maintenance: repair ranges that lost a member, release stale slabs of nodes that came
+        // back. It holds only a weak reference and ends when the client is dropped.
+        let weak = Arc::downgrade(&mem);
+        std::thread::Builder::new()
+            .name("hm-maintain".into())
+            .spawn(move || loop {
+                std::thread::sleep(MAINTENANCE_INTERVAL);
+                match weak.upgrade() {
+                    Some(mem) => mem.maintain(),
+                    None => return,
+                }
+            })?;
+        Ok(mem)
+    }
+}

@@ -1,0 +1,291 @@
+//! The maintenance thread's work, every [`MAINTENANCE_INTERVAL`]: notice failed, restarted and
+//! reclaiming nodes, start repairs for the splits they held, act on regenerations that ended,
+//! retry the failed ones, and free slabs left behind once their nodes are back.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::error::protocol;
+use super::repair::{MoveReason, REPAIR_RETRY};
+use super::slots::{self};
+use super::transport::TransportError;
+use super::RemoteMemory;
+use crate::wire::{self, Op};
+
+/// How often the maintenance thread repairs ranges and releases stale slabs.
+pub(super) const MAINTENANCE_INTERVAL: Duration = Duration::from_millis(100);
+impl RemoteMemory {
+    /// One round of maintenance (the background thread runs it every 100 ms): every split of
+    /// a mapped range whose node is down is moved to a replacement slab and regenerated there
+    /// in the background, and stale slabs of nodes that came back are released.
+    pub fn maintain(&self) {
+        let now = Instant::now();
+        let due = *self.repair_after.lock() <= now;
+        if due && (0..self.transport.nodes() as u16).any(|n| !self.transport.is_up(n)) {
+            let mut stuck = false;
+            for range in 0..self.ranges.len() {
+                let Some(g) = self.ranges[range].load_full() else {
+                    continue;
+                };
+                for j in 0..self.layout.width {
+                    let node = g.nodes[j];
+                    if node != slots::NO_NODE && self.transport.is_up(node) {
+                        continue;
+                    }
+                    if let Err(e) = self.remap(range, j, node, MoveReason::Lost) {
+                        // No spare node now; the range stays degraded and is retried later.
+                        tracing::debug!(range, split = j, error = %e, "cannot repair yet");
+                        stuck = true;
+                        break;
+                    }
+                }
+            }
+            if stuck {
+                *self.repair_after.lock() = now + REPAIR_RETRY;
+            }
+        }
+        for node in 0..self.transport.nodes() as u16 {
+            if self.transport.take_restarted(node) {
+                self.node_restarted(node);
+            }
+            if self.transport.notice(node).reclaimed > 0 && self.transport.is_up(node) {
+                self.move_reclaimed(node);
+            }
+        }
+        self.unstick();
+        self.check_health();
+        self.refresh_loads();
+        self.regenerations_ended();
+        self.release_orphans();
+        self.report_corruption();
+    }
+
+    /// Moves every slab of ours that `node` reclaimed (it runs short of memory, or drains) to a
+    /// replacement node, copying it while the old slab still serves, then frees the old one.
+    pub(super) fn move_reclaimed(&self, node: u16) {
+        let list = match self.transport.call(node, Op::Reclaims, &[]) {
+            Ok(b) => match wire::parse_reclaims(&b) {
+                Ok(l) => l,
+                Err(e) => {
+                    tracing::warn!(error = %protocol(&*self.transport, node, e), "bad RECLAIMS reply");
+                    return;
+                }
+            },
+            Err(e) => {
+                tracing::debug!(node, error = %e, "cannot list reclaimed slabs yet");
+                return;
+            }
+        };
+        for c in list {
+            if self.moving.lock().contains(&(node, c.slab)) {
+                continue;
+            }
+            let at = self.locate_slab(node, c.slab);
+            match at {
+                Some((range, j)) => {
+                    tracing::info!(
+                        node,
+                        slab = c.slab,
+                        range,
+                        split = j,
+                        ms_left = c.ms_left,
+                        "node reclaimed a slab: moving it"
+                    );
+                    metrics::counter!("hydramem_client_reclaims_total").increment(1);
+                    match self.remap(range, j, node, MoveReason::Reclaimed { slab: c.slab }) {
+                        Ok(_) => self.stuck.lock().retain(|x| *x != (node, c.slab)),
+                        Err(e) => {
+                            let mut stuck = self.stuck.lock();
+                            if !stuck.contains(&(node, c.slab)) {
+                                tracing::warn!(node, slab = c.slab, range, ms_left = c.ms_left, error = %e, "cannot move a reclaimed slab yet; retrying");
+                                stuck.push((node, c.slab));
+                            }
+                        }
+                    }
+                }
+                None => {
+                    // Not part of any range (left over from an earlier move or a lost mapping).
+                    let _ = self.transport.free(node, c.slab);
+                }
+            }
+        }
+    }
+
+    /// A node came back as a new process: every split of ours it held is lost. They are
+    /// repaired like a dropped reclaimed slab (`unstick`): regenerated on a replacement node,
+    /// or on the restarted node itself when no other can take them.
+    pub(super) fn node_restarted(&self, node: u16) {
+        // A new process with fresh memory: judge it afresh.
+        if let Some(h) = self.health.get(node as usize) {
+            if h.avoided.swap(false, Ordering::Relaxed) {
+                tracing::info!(
+                    node,
+                    "a node avoided for corruption restarted: placing on it again"
+                );
+            }
+            h.suspect.store(false, Ordering::Relaxed);
+            h.reads.store(0, Ordering::Relaxed);
+            h.errors.store(0, Ordering::Relaxed);
+        }
+        // Slabs the new process already holds for us were allocated after the restart (a
+        // repair may place a split on it before this round sees the restart): only the others
+        // are lost. If the node cannot be asked, all of them are treated as lost.
+        let held: Vec<u32> = match self.transport.call(node, Op::List, &[]) {
+            Ok(b) => wire::parse_list(&b)
+                .map(|l| l.into_iter().map(|l| l.slab).collect())
+                .unwrap_or_default(),
+            Err(_) => Vec::new(),
+        };
+        let lost: Vec<(u16, u32)> = self
+            .splits_on(node)
+            .into_iter()
+            .filter(|(_, _, slab)| !held.contains(slab))
+            .map(|(_, _, slab)| (node, slab))
+            .collect();
+        tracing::warn!(
+            node,
+            splits = lost.len(),
+            "memory node restarted empty: repairing the splits it held"
+        );
+        let mut stuck = self.stuck.lock();
+        for l in lost {
+            if !stuck.contains(&l) {
+                stuck.push(l);
+            }
+        }
+    }
+
+    /// The (range, split) whose slab is `slab` on `node`, if any range uses it.
+    pub(super) fn locate_slab(&self, node: u16, slab: u32) -> Option<(usize, usize)> {
+        let w = self.layout.width;
+        (0..self.ranges.len()).find_map(|range| {
+            let g = self.ranges[range].load();
+            let g = g.as_ref()?;
+            (0..w)
+                .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
+                .map(|j| (range, j))
+        })
+    }
+
+    /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer
+    /// reports any reclaimed slab of ours, or is down): their splits are lost, so repair them
+    /// like a failed node's.
+    pub(super) fn unstick(&self) {
+        let stuck = {
+            let s = self.stuck.lock();
+            if s.is_empty() {
+                return;
+            }
+            s.clone()
+        };
+        for (node, slab) in stuck {
+            let at = self.locate_slab(node, slab);
+            let Some((range, j)) = at else {
+                self.stuck.lock().retain(|x| *x != (node, slab));
+                continue;
+            };
+            if self.transport.notice(node).reclaimed > 0 && self.transport.is_up(node) {
+                continue; // still reclaimed: `move_reclaimed` keeps trying
+            }
+            if self.remap(range, j, node, MoveReason::Lost).is_ok() {
+                tracing::warn!(node, slab, range, split = j, "a reclaimed slab was dropped before it could be moved; regenerated it elsewhere");
+                self.stuck.lock().retain(|x| *x != (node, slab));
+            }
+        }
+    }
+
+    /// Acts on regenerations that ended: a finished move frees the slab it replaced; a failed
+    /// regeneration is retried while its slab is still the range's.
+    pub(super) fn regenerations_ended(&self) {
+        let ended = {
+            let mut e = self.ended.lock();
+            if e.is_empty() {
+                return;
+            }
+            std::mem::take(&mut *e)
+        };
+        for (job, ok) in ended {
+            if ok {
+                if let Some((node, slab)) = job.from {
+                    match self.transport.free(node, slab) {
+                        Ok(_) | Err(TransportError::Refused { .. }) => {
+                            tracing::info!(node, slab, range = job.range, "moved slab released")
+                        }
+                        // Its node went away meanwhile: free it when it is back.
+                        Err(_) => self.orphans.lock().push((node, slab)),
+                    }
+                    self.moving.lock().retain(|m| *m != (node, slab));
+                }
+            } else {
+                self.retry.lock().1.push(job);
+            }
+        }
+        let due = {
+            let mut r = self.retry.lock();
+            if r.1.is_empty() || r.0 > Instant::now() {
+                return;
+            }
+            r.0 = Instant::now() + REPAIR_RETRY;
+            std::mem::take(&mut r.1)
+        };
+        for job in due {
+            let current = self.ranges[job.range].load_full();
+            match current {
+                Some(g) if g.nodes[job.split] == job.node && g.slabs[job.split] == job.slab => {
+                    tracing::info!(
+                        range = job.range,
+                        split = job.split,
+                        "retrying a regeneration that failed"
+                    );
+                    self.regenerate(job, &g);
+                }
+                _ => {
+                    // The split moved again: the old slab of a move is no longer needed.
+                    if let Some(m) = job.from {
+                        self.moving.lock().retain(|x| *x != m);
+                        self.orphans.lock().push(m);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees the slabs left behind on nodes that failed, once those nodes answer again (a
+    /// revived node's stale slabs are released, never read). Called after every remap; call it
+    /// periodically to release them sooner.
+    pub fn release_orphans(&self) {
+        let mut orphans = {
+            let mut o = self.orphans.lock();
+            // Nothing to do until one of their nodes is back (and no allocation meanwhile).
+            if !o.iter().any(|(n, _)| self.transport.is_up(*n)) {
+                return;
+            }
+            std::mem::take(&mut *o)
+        };
+        let width = self.layout.width;
+        // A restarted node numbers its slabs anew: never free an id a current group uses.
+        let in_use = |node: u16, slab: u32| {
+            self.ranges.iter().any(|r| {
+                r.load()
+                    .as_ref()
+                    .is_some_and(|g| (0..width).any(|j| g.nodes[j] == node && g.slabs[j] == slab))
+            })
+        };
+        orphans.retain(|(node, slab)| {
+            if !self.transport.is_up(*node) {
+                return true;
+            }
+            if in_use(*node, *slab) {
+                return false;
+            }
+            match self.transport.free(*node, *slab) {
+                Ok(_) | Err(TransportError::Refused { .. }) => {
+                    tracing::info!(node, slab, "released a stale slab on a node that came back");
+                    false
+                }
+                Err(_) => true,
+            }
+        });
+        self.orphans.lock().extend(orphans);
+    }
+}

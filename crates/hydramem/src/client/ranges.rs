@@ -1,0 +1,207 @@
+//! The range map: address range → coding group (which slab on which node holds each split).
+//! A range is mapped on its first write ([`RemoteMemory::map_range`]): placement picks
+//! `width` nodes, each allocates a slab tagged with the range and the layout, and the group is
+//! published atomically; until then the range reads as zeros. Also the placement state (the
+//! placer and the nodes' loads).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::health::NodeHealth;
+use super::layout::MAX_WIDTH;
+use super::slots::{self};
+use super::transport::{Transport, TransportError};
+use super::{layout, ClientError, IoError, RemoteMemory};
+use crate::placement::{NodeView, Placer};
+use crate::wire::Status;
+use crate::PAGE_SIZE;
+
+/// The coding group of one address range: which slab on which node holds each split.
+#[derive(Debug, Clone)]
+pub struct Group {
+    /// Node index per split.
+    pub nodes: [u16; MAX_WIDTH],
+    /// Slab id per split.
+    pub slabs: [u32; MAX_WIDTH],
+    /// Splits whose slab is a replacement still being regenerated. Reads ask them last (coded
+    /// schemes) or never (replication: one copy is a whole page, and a not yet copied one would
+    /// answer with an old or empty page that no other copy outvotes); writes go to them.
+    pub fresh: u32,
+}
+
+pub(super) struct Placement {
+    pub(super) placer: Placer,
+    pub(super) loads: Vec<u64>,
+}
+
+/// The placer's view: a node takes new slabs if it is up and has not said it refuses them
+/// (draining, or out of memory budget), and this client does not avoid it for corruption.
+pub(super) fn node_views(
+    t: &dyn Transport,
+    loads: &[u64],
+    domains: &[Option<u32>],
+    health: &[NodeHealth],
+) -> Vec<NodeView> {
+    (0..t.nodes())
+        .map(|i| NodeView {
+            available: t.is_up(i as u16)
+                && !t.notice(i as u16).refusing
+                && !health[i].avoided.load(Ordering::Relaxed),
+            load: loads[i],
+            domain: domains[i],
+        })
+        .collect()
+}
+
+impl RemoteMemory {
+    /// Takes every node's slab count from its last heartbeat as its load, so that this client
+    /// places new ranges knowing what other clients allocated since it connected (without it,
+    /// clients that connected together keep choosing the same "emptiest" group). Allocates
+    /// only when a load changed.
+    pub(super) fn refresh_loads(&self) {
+        let mut pl = self.placement.lock();
+        let mut changed = false;
+        for i in 0..self.transport.nodes() {
+            if let Some(slabs) = self.transport.notice(i as u16).slabs {
+                if pl.loads[i] != u64::from(slabs) {
+                    pl.loads[i] = u64::from(slabs);
+                    changed = true;
+                }
+            }
+        }
+        if changed {
+            let views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
+            let _ = pl.placer.refresh(&views);
+        }
+    }
+
+    /// The load (slabs) this client's placement assumes for every node, in cluster-file order.
+    pub fn placement_loads(&self) -> Vec<u64> {
+        self.placement.lock().loads.clone()
+    }
+
+    pub(super) fn locate(&self, addr: u64) -> Result<(usize, u64), IoError> {
+        if !addr.is_multiple_of(PAGE_SIZE as u64) {
+            return Err(IoError::Unaligned { addr });
+        }
+        if addr >= self.config.size {
+            return Err(IoError::OutOfRange {
+                addr,
+                size: self.config.size,
+            });
+        }
+        let rb = self.layout.range_bytes();
+        Ok(((addr / rb) as usize, (addr % rb) / PAGE_SIZE as u64))
+    }
+
+    /// The coding group of the range holding `addr`, if mapped.
+    pub fn group_of(&self, addr: u64) -> Option<Arc<Group>> {
+        let range = (addr / self.layout.range_bytes()) as usize;
+        self.ranges.get(range)?.load_full()
+    }
+
+    /// Maps range `range` to a new coding group (first write).
+    pub(super) fn map_range(&self, range: usize) -> Result<Arc<Group>, ClientError> {
+        let mut pl = self.placement.lock();
+        if let Some(g) = self.ranges[range].load_full() {
+            return Ok(g);
+        }
+        let l = &self.layout;
+        let mut excluded: Vec<u16> = Vec::new();
+        let mut full: Vec<u16> = Vec::new();
+        loop {
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
+            for n in &excluded {
+                views[*n as usize].available = false;
+            }
+            let chosen = match pl.placer.place(&views) {
+                Ok(c) => c,
+                Err(_) if !full.is_empty() => {
+                    return Err(ClientError::OutOfCapacity {
+                        range: range as u64,
+                        full: full
+                            .iter()
+                            .map(|n| self.node_label(*n))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    })
+                }
+                Err(source) => {
+                    return Err(ClientError::Placement {
+                        range: range as u64,
+                        source,
+                    })
+                }
+            };
+            let mut g = Group {
+                nodes: [slots::NO_NODE; MAX_WIDTH],
+                slabs: [0; MAX_WIDTH],
+                fresh: 0,
+            };
+            let mut failed = None;
+            for (j, &node) in chosen.iter().enumerate() {
+                let node = node as u16;
+                let tag = layout::tag(l.code(), range as u32, j as u8);
+                match self.transport.alloc(node, tag, l.split_len as u32) {
+                    Ok(slab) => {
+                        g.nodes[j] = node;
+                        g.slabs[j] = slab;
+                        pl.loads[node as usize] += 1;
+                    }
+                    Err(e) => {
+                        failed = Some((node, e));
+                        break;
+                    }
+                }
+            }
+            match failed {
+                None => {
+                    let g = Arc::new(g);
+                    self.ranges[range].store(Some(g.clone()));
+                    tracing::debug!(range, nodes = ?&g.nodes[..l.width], "address range mapped");
+                    metrics::counter!("hydramem_client_ranges_mapped_total").increment(1);
+                    return Ok(g);
+                }
+                Some((node, err)) => {
+                    // Give back what this attempt took, avoid the refusing node, try again.
+                    for j in 0..l.width {
+                        if g.nodes[j] != slots::NO_NODE {
+                            let _ = self.transport.free(g.nodes[j], g.slabs[j]);
+                            pl.loads[g.nodes[j] as usize] -= 1;
+                        }
+                    }
+                    tracing::warn!(node, error = ?err, "slab allocation failed; trying other nodes");
+                    excluded.push(node);
+                    match err {
+                        TransportError::Refused {
+                            status: Status::NoCapacity,
+                            ..
+                        } => full.push(node),
+                        // A node that is gone, stalled or answers nonsense: another one will do.
+                        TransportError::Down { .. }
+                        | TransportError::Timeout { .. }
+                        | TransportError::Protocol { .. } => {}
+                        e => return Err(e.into()),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Frees every slab this client holds (its data is gone afterwards).
+    pub fn free_all(&self) -> Result<(), ClientError> {
+        let mut pl = self.placement.lock();
+        for r in self.ranges.iter() {
+            if let Some(g) = r.swap(None) {
+                for j in 0..self.layout.width {
+                    let node = g.nodes[j];
+                    if node != slots::NO_NODE && self.transport.is_up(node) {
+                        self.transport.free(node, g.slabs[j])?;
+                        pl.loads[node as usize] = pl.loads[node as usize].saturating_sub(1);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

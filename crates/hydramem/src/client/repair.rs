@@ -1,0 +1,347 @@
+//! Repair: move a split of a range to a new slab (its node failed, reclaimed the slab, or
+//! returns too many corrupted splits) and regenerate it there in the background — the new node
+//! rebuilds the slab from the group's other slabs (REGEN), or copies it from the old slab when
+//! that is still readable. Writes go to the new slab at once; reads ask it last until it is
+//! regenerated.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::ranges::node_views;
+use super::slots::{self};
+use super::{layout, ClientError, Group, RemoteMemory, Resilience};
+use crate::wire::{Hello, Op};
+
+/// How long a repair that found no replacement node waits before trying again.
+pub(super) const REPAIR_RETRY: Duration = Duration::from_secs(1);
+/// One background regeneration: split `split` of `range`, into `slab` on `node`, optionally
+/// copying from the slab it replaces (`from`, when that slab is still readable: a move).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct RegenJob {
+    pub(super) range: usize,
+    pub(super) split: usize,
+    pub(super) node: u16,
+    pub(super) slab: u32,
+    pub(super) from: Option<(u16, u32)>,
+}
+
+/// Why a split moves to a replacement slab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum MoveReason {
+    /// Its node failed or lost the slab: the old slab is unreadable, regenerate by decoding.
+    Lost,
+    /// Its node reclaimed the slab (memory pressure, drain) and still serves it: copy it, then
+    /// free it.
+    Reclaimed {
+        /// The slab being moved away.
+        slab: u32,
+    },
+    /// Its node returns too many corrupted splits (above the SlabRegenerationLimit): regenerate
+    /// by decoding from the other splits, never from it, and free the old slab.
+    Corrupt,
+}
+
+/// Counts of background slab regenerations.
+#[derive(Debug, Default)]
+pub(super) struct RegenCounters {
+    pub(super) started: AtomicU64,
+    pub(super) done: AtomicU64,
+    pub(super) failed: AtomicU64,
+    pub(super) pages: AtomicU64,
+    /// Sum of the wall time of finished regenerations, nanoseconds.
+    pub(super) nanos: AtomicU64,
+}
+
+/// What background regeneration has done so far.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct RegenStats {
+    /// Regenerations started.
+    pub started: u64,
+    /// Finished.
+    pub done: u64,
+    /// Failed.
+    pub failed: u64,
+    /// Pages rebuilt by the finished ones.
+    pub pages: u64,
+    /// Sum of their wall times.
+    pub busy: Duration,
+}
+
+/// Sends REGEN to the node holding the replacement slab on a connection of its own (the node
+/// answers when the slab is rebuilt) and returns the pages it rebuilt.
+pub(super) fn send_regen(
+    target: std::net::SocketAddr,
+    req: &crate::wire::Regen,
+) -> Result<u64, crate::rpc::RpcError> {
+    let hello = Hello {
+        client: req.client,
+        flags: 0,
+    };
+    let connect = Duration::from_secs(5);
+    let mut s =
+        crate::rpc::Connection::open(target, Some(hello), connect, Duration::from_secs(3600))?;
+    let mut body = Vec::new();
+    req.put(&mut body);
+    s.call(Op::Regen, &body, crate::wire::parse_regen_reply)
+}
+
+impl RemoteMemory {
+    /// Moves split `j` of `range` off `lost` (a failed node, or one that lost the slab) to a
+    /// replacement slab chosen by placement, never on a node that already holds a split of the
+    /// range. The old slab is remembered and freed once its node answers again. Returns the
+    /// range's new coding group (or the current one if another thread already moved it).
+    pub(super) fn remap(
+        &self,
+        range: usize,
+        j: usize,
+        lost: u16,
+        why: MoveReason,
+    ) -> Result<Arc<Group>, ClientError> {
+        let mut pl = self.placement.lock();
+        let g = self.ranges[range]
+            .load_full()
+            .expect("only mapped ranges are remapped");
+        if g.nodes[j] != lost {
+            return Ok(g);
+        }
+        if let MoveReason::Reclaimed { slab } = why {
+            if g.slabs[j] != slab {
+                return Ok(g);
+            }
+        }
+        let reclaimed = matches!(why, MoveReason::Reclaimed { .. });
+        let l = &self.layout;
+        // A node that reclaims a slab, or corrupts it, is never its replacement.
+        let mut excluded: Vec<u16> = if why != MoveReason::Lost {
+            vec![lost]
+        } else {
+            Vec::new()
+        };
+        loop {
+            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
+            for n in &excluded {
+                views[*n as usize].available = false;
+            }
+            let members: Vec<usize> = g.nodes[..l.width]
+                .iter()
+                .filter(|n| **n != slots::NO_NODE)
+                .map(|n| *n as usize)
+                .collect();
+            let chosen = if lost == slots::NO_NODE {
+                // The lost node is unknown (its slab was missing at connect): any available
+                // node outside the group, least loaded first.
+                (0..views.len())
+                    .filter(|n| views[*n].available && !members.contains(n))
+                    .min_by_key(|n| views[*n].load)
+                    .ok_or(crate::placement::PlacementError::NoReplacement { lost: j })
+            } else {
+                pl.placer
+                    .replace(&views, &members, lost as usize)
+                    .or_else(|e| {
+                        // No spare node: the lost node itself will do if it is back (it
+                        // restarted and lost the slab, or returned after being declared failed).
+                        if views[lost as usize].available && why == MoveReason::Lost {
+                            Ok(lost as usize)
+                        } else {
+                            Err(e)
+                        }
+                    })
+            }
+            .map_err(|source| ClientError::Placement {
+                range: range as u64,
+                source,
+            })? as u16;
+            let tag = layout::tag(l.code(), range as u32, j as u8);
+            match self.transport.alloc(chosen, tag, l.split_len as u32) {
+                Ok(slab) => {
+                    let mut ng = (*g).clone();
+                    ng.nodes[j] = chosen;
+                    ng.slabs[j] = slab;
+                    ng.fresh |= 1 << j;
+                    let ng = Arc::new(ng);
+                    if reclaimed {
+                        // Before the switch, so that maintenance never takes the old slab,
+                        // no longer in any group, for a leftover.
+                        self.moving.lock().push((lost, g.slabs[j]));
+                    }
+                    self.ranges[range].store(Some(ng.clone()));
+                    pl.loads[chosen as usize] += 1;
+                    if lost != slots::NO_NODE {
+                        pl.loads[lost as usize] = pl.loads[lost as usize].saturating_sub(1);
+                        if !reclaimed {
+                            self.orphans.lock().push((lost, g.slabs[j]));
+                        }
+                    }
+                    metrics::counter!("hydramem_client_splits_remapped_total").increment(1);
+                    tracing::warn!(
+                        range,
+                        split = j,
+                        from = lost,
+                        to = chosen,
+                        "split moved to a replacement slab (its older pages stay readable from the other splits)"
+                    );
+                    drop(pl);
+                    let job = RegenJob {
+                        range,
+                        split: j,
+                        node: chosen,
+                        slab,
+                        from: reclaimed.then_some((lost, g.slabs[j])),
+                    };
+                    self.regenerate(job, &ng);
+                    self.release_orphans();
+                    return Ok(ng);
+                }
+                Err(e) => {
+                    tracing::warn!(node = chosen, error = %e, "replacement slab refused; trying another node");
+                    excluded.push(chosen);
+                }
+            }
+        }
+    }
+
+    /// Starts background regeneration of split `job.split` of `job.range` on the node that now
+    /// holds it (paper 4.2): that node reads the surviving splits from their nodes, decodes and
+    /// fills the slab, while this client keeps reading and writing the range. Writes go to the
+    /// new slab already; the node's version check keeps them from being overwritten by older
+    /// regenerated splits. A move (`job.from`) lets the node copy the old slab instead, and
+    /// replicas are always copied from a surviving replica.
+    pub(super) fn regenerate(&self, job: RegenJob, g: &Group) {
+        let width = self.layout.width;
+        let (k, r, copies) = match self.layout.resilience {
+            Resilience::Hydra { k, r, .. } => (k, r, false),
+            Resilience::Replication { .. } => (1, (width - 1) as u8, true),
+        };
+        let addr = |n: u16| self.transport.addr(n).parse::<std::net::SocketAddr>().ok();
+        // Sources are named by their id in the cluster file; the regenerating node looks
+        // their addresses up in its own copy of it.
+        let id = |n: u16| self.node_ids.get(n as usize).copied();
+        let j = job.split;
+        let mut sources: Vec<crate::wire::RegenSource> = Vec::new();
+        if let Some((node, slab)) = job.from {
+            if let Some(id) = id(node) {
+                sources.push(crate::wire::RegenSource {
+                    split: j as u8,
+                    copy: true,
+                    slab,
+                    node: id,
+                });
+            }
+        }
+        sources.extend(
+            (0..width)
+                .filter(|&i| {
+                    i != j && g.nodes[i] != slots::NO_NODE && self.transport.is_up(g.nodes[i])
+                })
+                .filter_map(|i| {
+                    Some(crate::wire::RegenSource {
+                        split: i as u8,
+                        copy: copies,
+                        slab: g.slabs[i],
+                        node: id(g.nodes[i])?,
+                    })
+                })
+                // A move's copy source is one of the k + r as well.
+                .take(width - sources.len()),
+        );
+        let Some(target) = addr(job.node) else {
+            return;
+        };
+        let req = crate::wire::Regen {
+            client: self.config.client_id,
+            k,
+            r,
+            target: j as u8,
+            split_len: self.layout.split_len as u32,
+            slab: job.slab,
+            pages: self.layout.pages_per_range,
+            range: job.range as u64,
+            checksums: self.config.checksums,
+            sources,
+        };
+        let regen = self.regen.clone();
+        let ended = self.ended.clone();
+        let ranges = self.ranges.clone();
+        let range = job.range;
+        regen.started.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!("hydramem_client_regenerations_in_progress").increment(1.0);
+        let spawned = std::thread::Builder::new()
+            .name("hm-regen".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                let result = send_regen(target, &req);
+                metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
+                let ok = result.is_ok();
+                match result {
+                    Ok(pages) => {
+                        // Complete: reads may use it again (unless the split moved meanwhile).
+                        ranges[range].rcu(|g| {
+                            g.as_ref().map(|g| {
+                                let mut ng = (**g).clone();
+                                if ng.nodes[j] == job.node && ng.slabs[j] == job.slab {
+                                    ng.fresh &= !(1 << j);
+                                }
+                                Arc::new(ng)
+                            })
+                        });
+                        regen.pages.fetch_add(pages, Ordering::SeqCst);
+                        regen
+                            .nanos
+                            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                        regen.done.fetch_add(1, Ordering::SeqCst);
+                        metrics::counter!("hydramem_client_regenerations_total").increment(1);
+                        tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), moved = job.from.is_some(), "slab regenerated");
+                    }
+                    Err(e) => {
+                        regen.failed.fetch_add(1, Ordering::SeqCst);
+                        tracing::warn!(range, split = j, %target, error = %e, "slab regeneration failed; the range stays degraded until a retry succeeds");
+                    }
+                }
+                ended.lock().push((job, ok));
+            });
+        if spawned.is_err() {
+            self.regen.failed.fetch_add(1, Ordering::SeqCst);
+            self.ended.lock().push((job, false));
+        }
+    }
+
+    /// Mapped ranges with a member on a node that is down (not yet repaired) or a split still
+    /// being regenerated.
+    pub fn degraded_ranges(&self) -> usize {
+        let w = self.layout.width;
+        self.ranges
+            .iter()
+            .filter(|r| {
+                r.load().as_ref().is_some_and(|g| {
+                    g.fresh != 0
+                        || g.nodes[..w]
+                            .iter()
+                            .any(|n| *n == slots::NO_NODE || !self.transport.is_up(*n))
+                })
+            })
+            .count()
+    }
+
+    /// Everything background regeneration has done so far.
+    pub fn regen_stats(&self) -> RegenStats {
+        let r = &self.regen;
+        RegenStats {
+            started: r.started.load(Ordering::SeqCst),
+            done: r.done.load(Ordering::SeqCst),
+            failed: r.failed.load(Ordering::SeqCst),
+            pages: r.pages.load(Ordering::SeqCst),
+            busy: Duration::from_nanos(r.nanos.load(Ordering::SeqCst)),
+        }
+    }
+
+    /// Regenerations started, finished and failed so far.
+    pub fn regenerations(&self) -> (u64, u64, u64) {
+        let r = &self.regen;
+        (
+            r.started.load(Ordering::SeqCst),
+            r.done.load(Ordering::SeqCst),
+            r.failed.load(Ordering::SeqCst),
+        )
+    }
+}

@@ -1,0 +1,469 @@
+//! One blocking request and its reply, on a connection of its own to a memory node: the
+//! exchanges outside the pipelined data path (a client's REGEN, a regenerating node's HELLO and
+//! CORRUPT to its sources, and the STATS, DRAIN, FAULT, LIST and FREE of the tools).
+//!
+//! Invariants: a request is one frame and its reply is awaited before anything else is sent on
+//! the connection. A reply is accepted only if it answers that very request (the reply bit,
+//! the request's op and its id; ids are unique in the process), so a late reply to an earlier
+//! request that timed out is never taken for the current one; after any error the connection
+//! is in an unknown state and must be dropped. The reply body is read whole, and its length is
+//! checked by [`wire::Header::parse`] first (at most [`wire::MAX_BODY`]), so a peer cannot make
+//! the caller allocate more. A reply with any status but OK is an error naming the status.
+//! Every error says which request failed, on which node, and what to look at. This module
+//! reads and writes no protocol bytes itself: frames and bodies are [`wire`]'s.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::wire::{self, FrameBuilder, Header, Hello, Op, Status, WireError, HEADER_LEN};
+
+/// Why a request to a node failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RpcError {
+    /// No connection to the node could be made.
+    #[error(
+        "cannot connect to the memory node at {node}: {source}; check that it runs and \
+         listens on that address"
+    )]
+    Connect {
+        /// The node's address.
+        node: SocketAddr,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The node did not answer within the connection's reply timeout.
+    #[error(
+        "{op:?} to the memory node at {}: no reply within {timeout:?}; the node may be \
+         stopped (SIGSTOP), overloaded or cut off",
+        at(node)
+    )]
+    Timeout {
+        /// The request.
+        op: Op,
+        /// The node's address (`None` if the connection no longer knows it).
+        node: Option<SocketAddr>,
+        /// The reply timeout that ran out.
+        timeout: Duration,
+    },
+    /// The request could not be sent or its reply not read whole.
+    #[error(
+        "{op:?} to the memory node at {}: {source}{}",
+        at(node),
+        if source.kind() == io::ErrorKind::UnexpectedEof {
+            " (the node closed the connection: it exited, or found the request malformed)"
+        } else {
+            ""
+        }
+    )]
+    Io {
+        /// The request.
+        op: Op,
+        /// The node's address (`None` if the connection no longer knows it).
+        node: Option<SocketAddr>,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The request could not be framed, or the reply is not a well-formed answer to it.
+    #[error("{op:?} to the memory node at {}: {source}", at(node))]
+    Protocol {
+        /// The request.
+        op: Op,
+        /// The node's address (`None` if the connection no longer knows it).
+        node: Option<SocketAddr>,
+        /// What is wrong with the frame or its body.
+        source: WireError,
+    },
+    /// The node answered with a status other than OK.
+    #[error(
+        "{op:?} refused by the memory node at {}: {status}{}",
+        at(node),
+        if *status == Status::Forbidden && *op == Op::Fault {
+            " (start the node with --allow-fault-injection to allow it)"
+        } else {
+            ""
+        }
+    )]
+    Refused {
+        /// The request.
+        op: Op,
+        /// The node's address (`None` if the connection no longer knows it).
+        node: Option<SocketAddr>,
+        /// The status it answered.
+        status: Status,
+    },
+}
+
+impl RpcError {
+    /// The status the node refused the request with, if that is what happened.
+    pub fn refused(&self) -> Option<Status> {
+        match self {
+            RpcError::Refused { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// A node's address for an error message.
+fn at(node: &Option<SocketAddr>) -> String {
+    node.map_or_else(|| "(address unknown)".into(), |a| a.to_string())
+}
+
+/// The id of the next request; unique in the process, so that no reply to an earlier request
+/// can pass for the reply to a later one on the same connection.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// A connection of its own to one node, for requests made one at a time.
+#[derive(Debug)]
+pub struct Connection {
+    stream: TcpStream,
+    node: SocketAddr,
+    reply: Duration,
+}
+
+impl Connection {
+    /// Connects to the node at `node` within `connect`, awaits each reply up to `reply`, and
+    /// says HELLO with `hello` when given (STATS, FAULT and DRAIN need none; slab requests
+    /// act for the identity given there).
+    pub fn open(
+        node: SocketAddr,
+        hello: Option<Hello>,
+        connect: Duration,
+        reply: Duration,
+    ) -> Result<Connection, RpcError> {
+        let connect_error = |source| RpcError::Connect { node, source };
+        let stream = TcpStream::connect_timeout(&node, connect).map_err(connect_error)?;
+        stream
+            .set_read_timeout(Some(reply))
+            .map_err(connect_error)?;
+        let mut c = Connection {
+            stream,
+            node,
+            reply,
+        };
+        if let Some(h) = hello {
+            let mut body = Vec::new();
+            h.put(&mut body);
+            c.request(Op::Hello, &body)?;
+        }
+        Ok(c)
+    }
+
+    /// The node's address.
+    pub fn node(&self) -> SocketAddr {
+        self.node
+    }
+
+    /// The stream, after HELLO, for a caller that pipelines requests of its own on it (a
+    /// regenerating node's READV to a source).
+    pub fn into_stream(self) -> TcpStream {
+        self.stream
+    }
+
+    /// Sends `op` with `body` and returns the body of the node's OK reply.
+    pub fn request(&mut self, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+        let peer = Peer {
+            node: Some(self.node),
+            reply: Some(self.reply),
+        };
+        exchange(&mut self.stream, peer, op, body)
+    }
+
+    /// Sends `op` with `body` and returns the node's OK reply as `parse` reads its body (one
+    /// of [`wire`]'s parsers); a body it refuses is a [`RpcError::Protocol`].
+    pub fn call<T>(
+        &mut self,
+        op: Op,
+        body: &[u8],
+        parse: impl FnOnce(&[u8]) -> Result<T, WireError>,
+    ) -> Result<T, RpcError> {
+        let reply = self.request(op, body)?;
+        parse(&reply).map_err(|source| RpcError::Protocol {
+            op,
+            node: Some(self.node),
+            source,
+        })
+    }
+}
+
+/// [`Connection::request`] on a stream the caller set up itself (its own timeouts and
+/// options); errors name the stream's peer.
+pub fn request(stream: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let peer = Peer {
+        node: stream.peer_addr().ok(),
+        reply: stream.read_timeout().ok().flatten(),
+    };
+    exchange(stream, peer, op, body)
+}
+
+/// Asks the node at `node` to inject `fault`; it refuses ([`Status::Forbidden`]) unless it
+/// was started with `--allow-fault-injection`.
+pub fn inject(node: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result<(), RpcError> {
+    let mut body = Vec::new();
+    fault.put(&mut body);
+    Connection::open(node, None, timeout, timeout)?
+        .request(Op::Fault, &body)
+        .map(drop)
+}
+
+/// The other end of a stream, for errors: its address, and how long a reply may take.
+#[derive(Clone, Copy)]
+struct Peer {
+    node: Option<SocketAddr>,
+    reply: Option<Duration>,
+}
+
+/// One request and its reply on `stream`.
+fn exchange(stream: &mut TcpStream, peer: Peer, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let node = peer.node;
+    let protocol = |source| RpcError::Protocol { op, node, source };
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let mut out = Vec::with_capacity(HEADER_LEN + body.len());
+    let fb = FrameBuilder::begin(&mut out, op, false, Status::Ok, id);
+    out.extend_from_slice(body);
+    fb.finish(&mut out).map_err(protocol)?;
+    let io = |source: io::Error| match (source.kind(), peer.reply) {
+        // A read timeout is EAGAIN on Unix ("resource temporarily unavailable").
+        (io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut, Some(timeout)) => {
+            RpcError::Timeout { op, node, timeout }
+        }
+        _ => RpcError::Io { op, node, source },
+    };
+    stream.write_all(&out).map_err(io)?;
+    let mut hb = [0u8; HEADER_LEN];
+    stream.read_exact(&mut hb).map_err(io)?;
+    let h = Header::parse(&hb).map_err(protocol)?;
+    if !h.reply || h.op != op || h.id != id {
+        return Err(protocol(WireError::Invalid(
+            "the reply answers another request (its op or id differ); the connection is \
+             out of step, retry on a new one",
+        )));
+    }
+    let mut reply = vec![0u8; h.body_len as usize];
+    stream.read_exact(&mut reply).map_err(io)?;
+    if h.status != Status::Ok {
+        return Err(RpcError::Refused {
+            op,
+            node,
+            status: h.status,
+        });
+    }
+    Ok(reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::TcpListener;
+    use std::sync::mpsc;
+    use std::thread::JoinHandle;
+
+    use super::*;
+
+    /// What the fake node does with the one request it reads.
+    enum Answer {
+        /// Writes these bytes, then keeps the connection open until the test is done.
+        Send(Vec<u8>),
+        /// Writes these bytes, then closes the connection.
+        SendAndClose(Vec<u8>),
+    }
+
+    /// A node that accepts one connection, reads one request and answers it as `answer` says;
+    /// it keeps the connection until the returned sender is dropped.
+    struct Fake {
+        addr: SocketAddr,
+        hold: Option<mpsc::Sender<()>>,
+        thread: Option<JoinHandle<()>>,
+    }
+
+    impl Fake {
+        fn start(answer: impl FnOnce(&Header, &[u8]) -> Answer + Send + 'static) -> Fake {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let (hold, held) = mpsc::channel::<()>();
+            let thread = std::thread::spawn(move || {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut hb = [0u8; HEADER_LEN];
+                s.read_exact(&mut hb).unwrap();
+                let h = Header::parse(&hb).unwrap();
+                let mut body = vec![0u8; h.body_len as usize];
+                s.read_exact(&mut body).unwrap();
+                match answer(&h, &body) {
+                    Answer::Send(b) => {
+                        s.write_all(&b).unwrap();
+                        let _ = held.recv();
+                    }
+                    Answer::SendAndClose(b) => s.write_all(&b).unwrap(),
+                }
+            });
+            Fake {
+                addr,
+                hold: Some(hold),
+                thread: Some(thread),
+            }
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            drop(self.hold.take());
+            if let Some(t) = self.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    /// A reply frame to `h` with `status` and `body`.
+    fn reply(h: &Header, status: Status, body: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let fb = FrameBuilder::begin(&mut out, h.op, true, status, h.id);
+        out.extend_from_slice(body);
+        fb.finish(&mut out).unwrap();
+        out
+    }
+
+    fn open(addr: SocketAddr, reply: Duration) -> Connection {
+        Connection::open(addr, None, Duration::from_secs(5), reply).unwrap()
+    }
+
+    const LONG: Duration = Duration::from_secs(30);
+
+    #[test]
+    fn the_reply_to_the_request_gives_its_body() {
+        let fake = Fake::start(|h, body| {
+            assert_eq!((h.op, h.reply, h.status), (Op::List, false, Status::Ok));
+            let mut echo = body.to_vec();
+            echo.reverse();
+            Answer::Send(reply(h, Status::Ok, &echo))
+        });
+        let got = open(fake.addr, LONG).request(Op::List, b"abc").unwrap();
+        assert_eq!(got, b"cba");
+    }
+
+    #[test]
+    fn a_refusal_names_the_request_the_node_and_what_to_do() {
+        let fake = Fake::start(|h, _| Answer::Send(reply(h, Status::Forbidden, &[])));
+        let e = inject(fake.addr, wire::Fault::Clear, LONG).unwrap_err();
+        assert_eq!(e.refused(), Some(Status::Forbidden));
+        let text = e.to_string();
+        for part in [
+            "Fault",
+            &fake.addr.to_string(),
+            "not allowed",
+            "--allow-fault-injection",
+        ] {
+            assert!(text.contains(part), "{part:?} missing from {text:?}");
+        }
+    }
+
+    /// The error of a STATS whose reply header is the request's, made a reply with an empty
+    /// body, then changed by `twist`.
+    fn stats_with_reply_header(twist: fn(Header) -> Header) -> RpcError {
+        let fake = Fake::start(move |h, _| {
+            let h = twist(Header {
+                reply: true,
+                body_len: 0,
+                ..*h
+            });
+            Answer::Send(h.encode().to_vec())
+        });
+        open(fake.addr, LONG).request(Op::Stats, &[]).unwrap_err()
+    }
+
+    #[test]
+    fn a_reply_that_answers_another_request_is_refused() {
+        type Twist = fn(Header) -> Header;
+        let twists: [Twist; 3] = [
+            |h| Header { id: h.id + 1, ..h },
+            |h| Header { reply: false, ..h },
+            |h| Header { op: Op::Free, ..h },
+        ];
+        for twist in twists {
+            let e = stats_with_reply_header(twist);
+            assert!(
+                matches!(
+                    e,
+                    RpcError::Protocol {
+                        op: Op::Stats,
+                        source: WireError::Invalid(_),
+                        ..
+                    }
+                ),
+                "{e:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_reply_longer_than_a_frame_is_refused_before_anything_is_allocated() {
+        let e = stats_with_reply_header(|h| Header {
+            body_len: wire::MAX_BODY as u32 + 1,
+            ..h
+        });
+        assert!(
+            matches!(
+                e,
+                RpcError::Protocol {
+                    source: WireError::TooLarge(_),
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_body_its_parser_refuses_is_a_protocol_error() {
+        let fake = Fake::start(|h, _| Answer::Send(reply(h, Status::Ok, b"x")));
+        let e = open(fake.addr, LONG)
+            .call(Op::List, &[], wire::parse_list)
+            .unwrap_err();
+        assert!(
+            matches!(e, RpcError::Protocol { op: Op::List, node: Some(a), .. } if a == fake.addr),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_silent_node_is_a_timeout_that_says_so() {
+        // The fake answers nothing (an empty write) and keeps the connection open.
+        let fake = Fake::start(|_, _| Answer::Send(Vec::new()));
+        let wait = Duration::from_millis(50);
+        let e = open(fake.addr, wait).request(Op::Ping, &[]).unwrap_err();
+        assert!(
+            matches!(e, RpcError::Timeout { op: Op::Ping, timeout, .. } if timeout == wait),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no reply within 50ms"), "{e}");
+    }
+
+    #[test]
+    fn a_node_that_closes_mid_reply_is_an_io_error_that_says_so() {
+        let fake = Fake::start(|h, _| {
+            let mut b = reply(h, Status::Ok, &[0; 8]);
+            b.truncate(HEADER_LEN + 2);
+            Answer::SendAndClose(b)
+        });
+        let e = open(fake.addr, LONG).request(Op::Stats, &[]).unwrap_err();
+        assert!(
+            matches!(&e, RpcError::Io { source, .. } if source.kind() == io::ErrorKind::UnexpectedEof),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("closed the connection"), "{e}");
+    }
+
+    #[test]
+    fn a_node_that_does_not_listen_is_a_connect_error() {
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        // The listener is closed: nothing listens on `addr` any more.
+        let e = Connection::open(addr, None, LONG, LONG).unwrap_err();
+        assert!(
+            matches!(e, RpcError::Connect { node, .. } if node == addr),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("check that it runs"), "{e}");
+    }
+}
