@@ -17,8 +17,10 @@ addr=$(sed -n 's/^listening //p' "$dir/node.out")
 [ -n "$addr" ] || { echo "FAIL: node did not announce its address"; exit 1; }
 printf 'slab_size = 1048576\n\n[[node]]\nid = 0\naddr = "%s"\n' "$addr" >"$dir/cluster.toml"
 
+# 32 KiB requests: the throughput phases read and write 8 consecutive pages per call, which
+# reach the node as runs of 8 splits.
 "$BIN" bench --cluster "$dir/cluster.toml" --schemes single --pages 64 --latency-ops 20 \
-  --seconds 0.2 --rounds 1 --depth 2 --json "$dir/b.json" --log warn >/dev/null
+  --seconds 0.2 --rounds 1 --depth 2 --request-size 32KiB --json "$dir/b.json" --log warn >/dev/null
 
 python3 - "$port" <<'PY'
 import sys, urllib.request
@@ -33,7 +35,13 @@ reads = value("hydramem_node_read_entries_total")
 assert writes >= 64 + 20, writes   # populate + QD1 writes
 assert reads >= 20, reads
 assert value("hydramem_node_slabs_allocated_total") >= 1
-print(f"metrics ok: {writes:.0f} write entries, {reads:.0f} read entries")
+read_runs = value("hydramem_node_read_runs_total")
+write_runs = value("hydramem_node_write_runs_total")
+# QD1 latency requests are runs of one split; the batched throughput phase's are runs of 8.
+assert reads >= 2 * read_runs, (reads, read_runs)
+assert 0 < write_runs < writes, (writes, write_runs)
+print(f"metrics ok: {writes:.0f} write entries in {write_runs:.0f} runs, "
+      f"{reads:.0f} read entries in {read_runs:.0f} runs")
 PY
 
 kill -TERM "$node_pid"

@@ -2,9 +2,12 @@
 //!
 //! A call takes one slot per page (up to [`WINDOW`] pages, and never more than are free: a
 //! caller that holds slots never waits for more, so two batches cannot wait for each other),
-//! posts every split of every page without flushing, then flushes each node it touched once:
-//! the splits one call sends to one node travel in one vectored frame and come back in one
-//! reply. Each page then goes on exactly as a single-page operation would — its own read plan
+//! then posts its splits as *runs*: consecutive pages of one range occupy consecutive split
+//! slots in each slab of the range's group, so split j of pages p..p+n is one run (slab,
+//! offset, n) to split j's node, which the node serves with one lock and one copy. Reads give
+//! the pages of a run the same read plan order, so they ask the same splits. Nothing is
+//! flushed until every run is posted; then each node touched is flushed once: what one call
+//! sends to one node travels in one frame and comes back in one reply. Each page then goes on exactly as a single-page operation would — its own read plan
 //! (late binding, re-asks past stragglers), checksums, versions and mode checks — and is
 //! concluded (decoded in place, checked) as soon as it has what it needs, while the others are
 //! still in flight. The rare ways out of the fast path are taken per page, after the window's
@@ -16,11 +19,13 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use super::read::{ReadOutcome, ReadPlan};
+use super::read::{Asked, ReadOutcome, ReadPlan};
 use super::slots::{self, Progress};
+use super::transport::RunSplit;
 use super::wait::Pacer;
-use super::write::Stamp;
+use super::write::{encode_side, split_of, Stamp};
 use super::{Group, IoError, Page, RemoteMemory};
+use crate::wire::Run;
 use crate::PAGE_SIZE;
 
 /// Most pages one window of a call keeps in flight (1 MiB, the largest request a kernel block
@@ -36,6 +41,8 @@ struct ReadSlot<'a> {
     i: usize,
     op: slots::Op<'a>,
     plan: ReadPlan,
+    /// The splits asked first.
+    asked: Asked,
     decided: bool,
 }
 
@@ -44,7 +51,7 @@ struct WriteSlot<'a> {
     i: usize,
     op: slots::Op<'a>,
     group: Arc<Group>,
-    range: usize,
+    stamp: Stamp,
     decided: bool,
 }
 
@@ -120,10 +127,8 @@ impl RemoteMemory {
 
     /// Reads the first pages of `pages` (as many as one window holds); returns how many.
     fn read_window(&self, addr: u64, pages: &mut [Page], start: Instant) -> Result<usize, IoError> {
-        let width = self.layout.width;
         let base = pages.as_mut_ptr();
         let mut live: Vec<ReadSlot<'_>> = Vec::with_capacity(pages.len().min(WINDOW));
-        let mut touched = Touched::default();
         let mut taken = 0;
         for i in 0..pages.len().min(WINDOW) {
             let page_addr = addr + (i * PAGE_SIZE) as u64;
@@ -149,16 +154,29 @@ impl RemoteMemory {
                 }
             };
             op.bind(range as u64, pir);
-            let mut plan = ReadPlan::new(self, group, range, pir);
-            plan.start(self, &op, false);
-            touched.note(&op, width);
+            // The page after the previous one in the same group asks the same splits.
+            let mut plan = match live.last() {
+                Some(prev) if prev.i + 1 == i && Arc::ptr_eq(&prev.plan.group, &group) => {
+                    ReadPlan::next_page(&prev.plan, self)
+                }
+                _ => ReadPlan::new(self, group, range, pir),
+            };
+            let asked = plan.take_first(self, self.initial_fanout(&plan.group));
             live.push(ReadSlot {
                 i,
                 op,
                 plan,
+                asked,
                 decided: false,
             });
             taken = i + 1;
+        }
+        let mut touched = Touched::default();
+        for run in runs(&live, |a, b| {
+            a.i + 1 == b.i && Arc::ptr_eq(&a.plan.group, &b.plan.group) && a.asked == b.asked
+        }) {
+            self.post_read_runs(run);
+            touched.note(&run[0].op, self.layout.width);
         }
         touched.flush(self);
         let mut again = Vec::new();
@@ -209,7 +227,6 @@ impl RemoteMemory {
     fn write_window(&self, addr: u64, pages: &[Page], start: Instant) -> Result<usize, IoError> {
         let l = &self.layout;
         let mut live: Vec<WriteSlot<'_>> = Vec::with_capacity(pages.len().min(WINDOW));
-        let mut touched = Touched::default();
         for (i, page) in pages.iter().enumerate().take(WINDOW) {
             let page_addr = addr + (i * PAGE_SIZE) as u64;
             let (range, pir) = self.locate(page_addr)?;
@@ -226,20 +243,27 @@ impl RemoteMemory {
                 }
             };
             let version = self.next_version(page_addr, 0)?;
-            let stamp = Stamp {
-                range,
-                pir,
-                version,
-            };
-            self.post_page_write(&mut op, &group, page, stamp, false);
-            touched.note(&op, l.width);
+            if let Some(codec) = &self.codec {
+                encode_side(codec, l, &mut op, page);
+            }
             live.push(WriteSlot {
                 i,
                 op,
                 group,
-                range,
+                stamp: Stamp {
+                    range,
+                    pir,
+                    version,
+                },
                 decided: false,
             });
+        }
+        let mut touched = Touched::default();
+        for run in runs(&live, |a, b| {
+            a.i + 1 == b.i && a.stamp.range == b.stamp.range && Arc::ptr_eq(&a.group, &b.group)
+        }) {
+            self.post_write_runs(run, pages);
+            touched.note(&run[0].op, l.width);
         }
         touched.flush(self);
         let taken = live.last().map_or(0, |s| s.i + 1);
@@ -253,7 +277,7 @@ impl RemoteMemory {
                 // Versions only grow: the clock moves past what a node holds.
                 self.clock.fetch_max(held, Ordering::SeqCst);
             }
-            let moved = self.ranges[s.range]
+            let moved = self.ranges[s.stamp.range]
                 .load_full()
                 .is_none_or(|cur| !Arc::ptr_eq(&cur, &s.group));
             if acked && held == 0 && !moved {
@@ -284,6 +308,75 @@ impl RemoteMemory {
             self.write_page(addr + (i * PAGE_SIZE) as u64, &pages[i])?;
         }
         Ok(taken)
+    }
+
+    /// Posts the splits a run of pages asked first (`run`: consecutive pages of one group that
+    /// asked the same splits): for each split, one run of consecutive slots to its node. A run
+    /// that cannot be posted fails that split of every page in it; their plans ask others.
+    fn post_read_runs(&self, run: &[ReadSlot<'_>]) {
+        let l = &self.layout;
+        let first = &run[0];
+        let g = &first.plan.group;
+        for j in first.asked.splits() {
+            let node = g.nodes[j];
+            for s in run {
+                s.op.posting(j, node);
+            }
+            let wire_run = Run {
+                slab: g.slabs[j],
+                split_len: l.split_len as u32,
+                offset: first.plan.offset(),
+                n: run.len() as u32,
+            };
+            let mut cookies = run.iter().map(|s| s.op.cookie(j));
+            if node == slots::NO_NODE
+                || self
+                    .transport
+                    .post_read_run(node, wire_run, &mut cookies, false)
+                    .is_err()
+            {
+                run.iter().for_each(|s| s.op.post_failed(j));
+            }
+        }
+    }
+
+    /// Posts every split of a run of pages (`run`: consecutive pages of one group, their side
+    /// buffers encoded): for each split, one run of consecutive slots to its node, each split
+    /// with its page's version and checksum. A run that cannot be posted fails that split of
+    /// every page in it.
+    fn post_write_runs(&self, run: &[WriteSlot<'_>], pages: &[Page]) {
+        let l = &self.layout;
+        let first = &run[0];
+        let g = &first.group;
+        for j in 0..l.width {
+            let node = g.nodes[j];
+            for s in run {
+                s.op.posting(j, node);
+            }
+            let wire_run = Run {
+                slab: g.slabs[j],
+                split_len: l.split_len as u32,
+                offset: l.split_offset(first.stamp.pir),
+                n: run.len() as u32,
+            };
+            let mut splits = run.iter().map(|s| {
+                let data = split_of(l, &pages[s.i], s.op.write_side(), j);
+                RunSplit {
+                    cookie: s.op.cookie(j),
+                    version: s.stamp.version,
+                    crc: self.split_crc(data, s.stamp, j),
+                    data,
+                }
+            });
+            if node == slots::NO_NODE
+                || self
+                    .transport
+                    .post_write_run(node, wire_run, &mut splits, false)
+                    .is_err()
+            {
+                run.iter().for_each(|s| s.op.post_failed(j));
+            }
+        }
     }
 
     /// Looks at every undecided operation of a window until `decide` has decided them all
@@ -324,6 +417,11 @@ impl RemoteMemory {
             }
         }
     }
+}
+
+/// The maximal runs of `items` whose neighbours `joins`.
+fn runs<T>(items: &[T], joins: impl Fn(&T, &T) -> bool) -> impl Iterator<Item = &[T]> {
+    items.chunk_by(move |a, b| joins(a, b))
 }
 
 /// What [`RemoteMemory::wait_all`] needs of a window's entries.

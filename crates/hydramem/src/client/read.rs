@@ -30,6 +30,20 @@ thread_local! {
         std::cell::RefCell::new(rand::rngs::SmallRng::from_os_rng());
 }
 
+/// The splits a read plan asked first, in order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Asked {
+    order: [u8; MAX_WIDTH],
+    n: usize,
+}
+
+impl Asked {
+    /// The split indices.
+    pub(super) fn splits(&self) -> impl Iterator<Item = usize> + '_ {
+        self.order[..self.n].iter().map(|&j| j as usize)
+    }
+}
+
 /// A read plan: which splits of one page to ask, in what order, and when to ask more.
 ///
 /// Candidates are the splits whose node is up: settled splits first, in random order (late
@@ -107,12 +121,43 @@ impl ReadPlan {
         }
     }
 
+    /// The plan for the page after `prev`'s, in the same range and group: the same splits in
+    /// the same order, so that the pages of a window ask the same splits of consecutive slots
+    /// and each node gets one run ([`super::batch`]).
+    pub(super) fn next_page(prev: &ReadPlan, c: &RemoteMemory) -> ReadPlan {
+        ReadPlan {
+            group: prev.group.clone(),
+            offset: prev.offset + c.layout.split_len as u64,
+            next: 0,
+            straggler_check: Instant::now() + c.config.straggler_after,
+            ..*prev
+        }
+    }
+
+    /// Byte offset of the page's splits in their slabs.
+    pub(super) fn offset(&self) -> u64 {
+        self.offset
+    }
+
     /// Posts the first requests (the fanout); with `flush == false` they wait in the
     /// transport's queues for the caller to flush the group's nodes.
     pub(super) fn start(&mut self, c: &RemoteMemory, op: &slots::Op<'_>, flush: bool) {
         let fanout = c.initial_fanout(&self.group);
         self.post_more(c, op, fanout, 0, flush);
         self.straggler_check = Instant::now() + c.config.straggler_after;
+    }
+
+    /// Takes the first `fanout` candidates as asked without posting them, for a caller that
+    /// posts them itself as runs (and marks a run it could not post as failed, which
+    /// [`ReadPlan::check`] answers by asking further candidates); returns them, in order.
+    pub(super) fn take_first(&mut self, c: &RemoteMemory, fanout: usize) -> Asked {
+        let n = fanout.min(self.n);
+        self.next = n;
+        self.straggler_check = Instant::now() + c.config.straggler_after;
+        Asked {
+            order: self.order,
+            n,
+        }
     }
 
     /// Posts the splits in `again` anew, then up to `count` splits not asked yet; returns how

@@ -44,6 +44,19 @@ pub(super) fn encode_parity(
         .expect("layout and codec agree on k, r and split length");
 }
 
+/// Fills a coded write's side buffer: the padded tail splits (when k does not divide 4096),
+/// then the r parity splits.
+pub(super) fn encode_side(codec: &Codec, l: &Layout, op: &mut slots::Op<'_>, page: &Page) {
+    let s = l.split_len;
+    let side = op.side();
+    let tail = &page[l.full_data * s..];
+    let ntail = l.k - l.full_data;
+    side[..ntail * s].fill(0);
+    side[..tail.len()].copy_from_slice(tail);
+    let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
+    encode_parity(codec, l, page, tail_buf, parity_buf);
+}
+
 /// The bytes of split `j` of a page write: in the page (whole data splits), or in the write's
 /// side buffer (padded tail splits and parity); a replica is the whole page.
 pub(super) fn split_of<'a>(l: &Layout, page: &'a Page, side: &'a [u8], j: usize) -> &'a [u8] {
@@ -152,6 +165,16 @@ impl RemoteMemory {
         }
     }
 
+    /// The checksum of split `j` of a page write (its bytes `data`), bound to the page and
+    /// version; 0 when the client keeps no checksums.
+    pub(super) fn split_crc(&self, data: &[u8], stamp: Stamp, j: usize) -> u32 {
+        if self.config.checksums {
+            integrity::split_crc(data, stamp.range as u64, stamp.pir, j, stamp.version)
+        } else {
+            0
+        }
+    }
+
     /// Posts split `j` of a page write (its bytes `data`) for page `pir` of `range` to the
     /// group's node for it; a split that cannot be posted is marked failed at once.
     pub(super) fn post_split_write(
@@ -160,11 +183,7 @@ impl RemoteMemory {
         group: &Group,
         j: usize,
         data: &[u8],
-        Stamp {
-            range,
-            pir,
-            version,
-        }: Stamp,
+        stamp: Stamp,
         flush: bool,
     ) {
         let l = &self.layout;
@@ -173,14 +192,10 @@ impl RemoteMemory {
         let e = Entry {
             slab: group.slabs[j],
             len: l.split_len as u32,
-            offset: l.split_offset(pir),
+            offset: l.split_offset(stamp.pir),
             cookie: op.cookie(j),
-            version,
-            crc: if self.config.checksums {
-                integrity::split_crc(data, range as u64, pir, j, version)
-            } else {
-                0
-            },
+            version: stamp.version,
+            crc: self.split_crc(data, stamp, j),
         };
         if node == slots::NO_NODE || self.transport.post_write(node, e, data, flush).is_err() {
             op.post_failed(j);
@@ -211,13 +226,7 @@ impl RemoteMemory {
         for j in 0..l.full_data {
             self.post_split_write(op, group, j, &page[j * s..(j + 1) * s], stamp, flush);
         }
-        let side = op.side();
-        let tail = &page[l.full_data * s..];
-        let ntail = l.k - l.full_data;
-        side[..ntail * s].fill(0);
-        side[..tail.len()].copy_from_slice(tail);
-        let (tail_buf, parity_buf) = side.split_at_mut(ntail * s);
-        encode_parity(codec, l, page, tail_buf, parity_buf);
+        encode_side(codec, l, op, page);
         for j in l.full_data..l.width {
             let data = split_of(l, page, op.write_side(), j);
             self.post_split_write(op, group, j, data, stamp, flush);

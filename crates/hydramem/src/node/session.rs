@@ -276,6 +276,7 @@ fn write_v(
         }
     }
     metrics::counter!("hydramem_node_write_entries_total").increment(runs.splits() as u64);
+    metrics::counter!("hydramem_node_write_runs_total").increment(runs.len() as u64);
     metrics::counter!("hydramem_node_bytes_written_total").increment(runs.data_len() as u64);
     reply.finish(out)
 }
@@ -342,6 +343,7 @@ fn read_v(
         }
     }
     metrics::counter!("hydramem_node_read_entries_total").increment(runs.splits() as u64);
+    metrics::counter!("hydramem_node_read_runs_total").increment(runs.len() as u64);
     metrics::counter!("hydramem_node_bytes_read_total").increment(bytes);
     reply.finish(out)
 }
