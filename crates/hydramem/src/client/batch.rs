@@ -21,7 +21,7 @@ use std::time::Instant;
 
 use super::read::{Asked, ReadOutcome, ReadPlan};
 use super::slots::{self, Progress};
-use super::transport::RunSplit;
+use super::transport::{RunSplit, TransportError};
 use super::wait::Pacer;
 use super::write::{encode_side, split_of, Stamp};
 use super::{Group, IoError, Page, RemoteMemory};
@@ -311,71 +311,80 @@ impl RemoteMemory {
     }
 
     /// Posts the splits a run of pages asked first (`run`: consecutive pages of one group that
-    /// asked the same splits): for each split, one run of consecutive slots to its node. A run
-    /// that cannot be posted fails that split of every page in it; their plans ask others.
+    /// asked the same splits): for each split, one run of consecutive slots to its node.
     fn post_read_runs(&self, run: &[ReadSlot<'_>]) {
-        let l = &self.layout;
         let first = &run[0];
-        let g = &first.plan.group;
         for j in first.asked.splits() {
-            let node = g.nodes[j];
-            for s in run {
-                s.op.posting(j, node);
-            }
-            let wire_run = Run {
-                slab: g.slabs[j],
-                split_len: l.split_len as u32,
-                offset: first.plan.offset(),
-                n: run.len() as u32,
-            };
-            let mut cookies = run.iter().map(|s| s.op.cookie(j));
-            if node == slots::NO_NODE
-                || self
-                    .transport
-                    .post_read_run(node, wire_run, &mut cookies, false)
-                    .is_err()
-            {
-                run.iter().for_each(|s| s.op.post_failed(j));
-            }
+            let at = (&*first.plan.group, first.plan.offset());
+            self.post_split_run(
+                run,
+                |s| &s.op,
+                j,
+                at,
+                |node, wire_run| {
+                    let mut cookies = run.iter().map(|s| s.op.cookie(j));
+                    self.transport
+                        .post_read_run(node, wire_run, &mut cookies, false)
+                },
+            );
         }
     }
 
     /// Posts every split of a run of pages (`run`: consecutive pages of one group, their side
     /// buffers encoded): for each split, one run of consecutive slots to its node, each split
-    /// with its page's version and checksum. A run that cannot be posted fails that split of
-    /// every page in it.
+    /// with its page's version and checksum.
     fn post_write_runs(&self, run: &[WriteSlot<'_>], pages: &[Page]) {
         let l = &self.layout;
         let first = &run[0];
-        let g = &first.group;
         for j in 0..l.width {
-            let node = g.nodes[j];
-            for s in run {
-                s.op.posting(j, node);
-            }
-            let wire_run = Run {
-                slab: g.slabs[j],
-                split_len: l.split_len as u32,
-                offset: l.split_offset(first.stamp.pir),
-                n: run.len() as u32,
-            };
-            let mut splits = run.iter().map(|s| {
-                let data = split_of(l, &pages[s.i], s.op.write_side(), j);
-                RunSplit {
-                    cookie: s.op.cookie(j),
-                    version: s.stamp.version,
-                    crc: self.split_crc(data, s.stamp, j),
-                    data,
-                }
-            });
-            if node == slots::NO_NODE
-                || self
-                    .transport
-                    .post_write_run(node, wire_run, &mut splits, false)
-                    .is_err()
-            {
-                run.iter().for_each(|s| s.op.post_failed(j));
-            }
+            let at = (&*first.group, l.split_offset(first.stamp.pir));
+            self.post_split_run(
+                run,
+                |s| &s.op,
+                j,
+                at,
+                |node, wire_run| {
+                    let mut splits = run.iter().map(|s| {
+                        let data = split_of(l, &pages[s.i], s.op.write_side(), j);
+                        RunSplit {
+                            cookie: s.op.cookie(j),
+                            version: s.stamp.version,
+                            crc: self.split_crc(data, s.stamp, j),
+                            data,
+                        }
+                    });
+                    self.transport
+                        .post_write_run(node, wire_run, &mut splits, false)
+                },
+            );
+        }
+    }
+
+    /// Posts split `j` of the consecutive pages of `items` (from byte `offset` in the slabs of
+    /// `group`) as one run with `post`, after marking it posting in each page's operation. A
+    /// run that cannot be posted (its node has none of the group's slabs, or the transport
+    /// refuses it) fails that split of every page; their plans ask others or fail as a single
+    /// page would.
+    fn post_split_run<'o, S: 'o>(
+        &self,
+        items: &[S],
+        op: impl Fn(&S) -> &slots::Op<'o>,
+        j: usize,
+        (group, offset): (&Group, u64),
+        post: impl FnOnce(u16, Run) -> Result<(), TransportError>,
+    ) {
+        let node = group.nodes[j];
+        for s in items {
+            op(s).posting(j, node);
+        }
+        let run = Run {
+            slab: group.slabs[j],
+            split_len: self.layout.split_len as u32,
+            offset,
+            n: items.len() as u32,
+        };
+        if node == slots::NO_NODE || post(node, run).is_err() {
+            items.iter().for_each(|s| op(s).post_failed(j));
         }
     }
 
