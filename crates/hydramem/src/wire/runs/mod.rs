@@ -394,6 +394,9 @@ mod tests {
         assert_eq!(&rb[56..64], &[1, 1, 1, 1, 9, 2, 2, 2]);
         // Second run: refused, no data.
         assert_eq!((rb[64], rb[68], rb[72], rb[76]), (2, 1, 0, 12));
+        // Where each served split's data lies (the refused run has none).
+        assert_eq!(reply_split_spans(rb).unwrap(), vec![56..60, 60..64]);
+        assert!(reply_split_spans(&rb[..60]).is_err());
         let mut got = Vec::new();
         parse_vectored_reply(&rh, rb, |c, st, v, crc, d| {
             got.push((c, st, v, crc, d.to_vec()))

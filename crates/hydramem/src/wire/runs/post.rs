@@ -103,6 +103,25 @@ impl<'a> ReplyRuns<'a> {
     }
 }
 
+/// Where the data of every served split of a READV reply body lies in that body, in order
+/// (a failed run carries none): what a test transport needs to corrupt replies on the wire
+/// without knowing their byte layout. At most [`MAX_ENTRIES`] spans; fails like
+/// [`ReplyRuns::next_run`] on a malformed body.
+pub fn reply_split_spans(body: &[u8]) -> Result<Vec<std::ops::Range<usize>>, WireError> {
+    let mut spans = Vec::new();
+    let mut runs = ReplyRuns::new(body)?;
+    while let Some(run) = runs.next_run()? {
+        let len = run.split_len();
+        if len == 0 {
+            continue;
+        }
+        // A run's data is its last field: it ends where the reader stands.
+        let start = runs.r.pos() - run.data.len();
+        spans.extend((0..run.n).map(|i| start + i * len..start + (i + 1) * len));
+    }
+    Ok(spans)
+}
+
 /// Parses the body of a WRITEV or READV reply with status OK, calling
 /// `f(cookie, status, version, crc, data)` for every split in order (`data` is empty for
 /// writes and for failed reads; for writes `version` is the version stored now and crc is 0).
