@@ -2,6 +2,9 @@
 //! find the slabs this identity already holds (and seed the version clock past their versions),
 //! rebuild the range map from their tags, and start the maintenance thread. Fails unless at
 //! least one coding group's width of nodes is reachable.
+//!
+//! All of it runs on whatever transport the caller opens ([`RemoteMemory::connect_with`]);
+//! [`RemoteMemory::connect`] opens TCP, tests open the in-memory transport.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -20,6 +23,7 @@ use super::ranges::{node_views, Placement};
 use super::repair::RegenCounters;
 use super::slots::{self, Slots};
 use super::tcp::TcpTransport;
+use super::transport::{Completions, HelloOutcome};
 use super::write::seed_clock_note;
 use super::{
     layout, ClientConfig, ClientError, ClientMetrics, ClientStats, Group, Layout, RemoteMemory,
@@ -61,164 +65,85 @@ pub(super) fn prepare_decode_tables(codec: &Codec, l: &Layout) {
     }
 }
 
+/// What connecting learned from the nodes: their loads, this identity's slabs and the newest
+/// version it holds.
+struct Held {
+    /// Slabs per node (cluster-file order).
+    loads: Vec<u64>,
+    /// The coding groups of the ranges this identity already holds.
+    found: HashMap<u32, Group>,
+    /// The newest page version stored anywhere for this identity.
+    newest: u64,
+}
+
 impl RemoteMemory {
-    /// Connects to the cluster's nodes, finds this identity's existing slabs and is ready for
-    /// I/O. Fails when fewer nodes are reachable than one coding group needs.
+    /// Connects to the cluster's nodes over TCP, finds this identity's existing slabs and is
+    /// ready for I/O. Fails when fewer nodes are reachable than one coding group needs.
     pub fn connect(
         cluster: &Cluster,
         config: ClientConfig,
     ) -> Result<Arc<RemoteMemory>, ClientError> {
-        cluster.validate().map_err(ClientError::Config)?;
-        if config.max_in_flight == 0 || config.max_in_flight > slots::MAX_SLOTS {
-            return Err(ClientError::Config(format!(
-                "max_in_flight is {}; it must be 1 to {} (page operations in flight at once)",
-                config.max_in_flight,
-                slots::MAX_SLOTS
-            )));
-        }
+        let members: Vec<(u32, std::net::SocketAddr)> =
+            cluster.nodes.iter().map(|n| (n.id, n.addr)).collect();
+        let options = config.tcp;
+        RemoteMemory::connect_with(cluster, config, |hello, completions| {
+            Ok(TcpTransport::connect(
+                &members,
+                hello,
+                completions,
+                options,
+            )?)
+        })
+    }
+
+    /// Like [`RemoteMemory::connect`], on the transport `open` builds: `open` gets the HELLO
+    /// to say to every node and the client's slot table, into which the transport must
+    /// deliver completions, and returns the transport with each node's outcome (one per node
+    /// of the cluster file, in its order). Everything else — validation, the layout, the
+    /// hello outcomes, this identity's slabs (LIST), the version clock, maintenance — is the
+    /// same whatever the transport. The in-memory transport ([`super::mem`]) comes this way.
+    pub fn connect_with<T: Transport + 'static>(
+        cluster: &Cluster,
+        config: ClientConfig,
+        open: impl FnOnce(Hello, Arc<dyn Completions>) -> Result<(T, Vec<HelloOutcome>), ClientError>,
+    ) -> Result<Arc<RemoteMemory>, ClientError> {
+        validate(cluster, &config)?;
         let layout = Layout::new(config.resilience, cluster.slab_size)?;
-        let codec = match config.resilience {
-            Resilience::Hydra { k, r, .. } => {
-                let codec = Codec::new(k as usize, r as usize)?;
-                prepare_decode_tables(&codec, &layout);
-                Some(codec)
-            }
-            Resilience::Replication { .. } => None,
-        };
+        let codec = codec(&layout)?;
         let slots =
             Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
-        let addrs: Vec<_> = cluster.nodes.iter().map(|n| n.addr).collect();
         let hello = Hello {
             client: config.client_id,
             flags: 0,
         };
-        let members: Vec<(u32, std::net::SocketAddr)> =
-            cluster.nodes.iter().map(|n| (n.id, n.addr)).collect();
-        let (transport, outcomes) =
-            TcpTransport::connect(&members, hello, slots.clone(), config.tcp)?;
-        let mut down = Vec::new();
-        for (i, o) in outcomes.iter().enumerate() {
-            match o {
-                Ok(h) if h.slab_size != cluster.slab_size => {
-                    return Err(ClientError::SlabSize {
-                        node: i,
-                        addr: addrs[i].to_string(),
-                        node_slab: h.slab_size,
-                        file_slab: cluster.slab_size,
-                    })
-                }
-                Ok(_) => {}
-                Err(e) => down.push(format!("node {i} at {}: {e}", addrs[i])),
-            }
+        let (transport, outcomes) = open(hello, slots.clone())?;
+        if outcomes.len() != cluster.nodes.len() || transport.nodes() != cluster.nodes.len() {
+            return Err(ClientError::Config(format!(
+                "the transport opened {} nodes ({} outcomes) for a cluster of {}",
+                transport.nodes(),
+                outcomes.len(),
+                cluster.nodes.len()
+            )));
         }
-        let up = outcomes.len() - down.len();
-        if up < layout.width {
-            return Err(ClientError::TooFewNodes {
-                label: config.resilience.label(),
-                needed: layout.width,
-                up,
-                total: outcomes.len(),
-                down: if down.is_empty() {
-                    "none down".into()
-                } else {
-                    down.join("; ")
-                },
-            });
-        }
-        // Slab tags name a range with 32 bits.
-        let n_ranges = config.size.div_ceil(layout.range_bytes());
-        let n_ranges = u32::try_from(n_ranges)
-            .ok()
-            .and_then(|n| usize::try_from(n).ok())
-            .ok_or_else(|| {
-                ClientError::Config(format!(
-                    "a remote address space of {} is {n_ranges} address ranges of {}; at most \
-                     {} are possible: use a smaller size or larger slabs",
-                    human(config.size),
-                    human(layout.range_bytes()),
-                    u32::MAX
-                ))
-            })?;
-        let ranges: Box<[ArcSwapOption<Group>]> =
-            (0..n_ranges).map(|_| ArcSwapOption::empty()).collect();
-
-        // Domains as small integers, for placement.
-        let mut names: HashMap<&str, u32> = HashMap::new();
-        let domains: Vec<Option<u32>> = cluster
-            .nodes
-            .iter()
-            .map(|n| {
-                n.domain.as_deref().map(|d| {
-                    let next = names.len() as u32;
-                    *names.entry(d).or_insert(next)
-                })
-            })
-            .collect();
-
-        // Node loads (slab counts) and this identity's existing slabs.
-        let mut loads = vec![0u64; addrs.len()];
-        let mut found: HashMap<u32, Group> = HashMap::new();
-        let mut beyond: Option<u32> = None;
-        let mut held_version = 0u64;
-        for node in 0..addrs.len() as u16 {
-            if !transport.is_up(node) {
-                continue;
-            }
-            let stats = wire::Stats::parse(&transport.call(node, Op::Stats, &[])?)
-                .map_err(|e| protocol(&transport, node, e))?;
-            loads[node as usize] = stats.slabs.len() as u64;
-            let list = wire::parse_list(&transport.call(node, Op::List, &[])?)
-                .map_err(|e| protocol(&transport, node, e))?;
-            for wire::Listed { slab, tag, newest } in list {
-                // Versions only grow: continue past everything this identity ever stored, even
-                // if this machine's clock is behind the one that wrote it.
-                held_version = held_version.max(newest);
-                let Some((code, range, split)) = layout::untag(tag) else {
-                    continue;
-                };
-                if code != layout.code() {
-                    return Err(ClientError::LayoutMismatch {
-                        node: node as usize,
-                        found: code,
-                        expected: layout.code(),
-                        label: config.resilience.label(),
-                    });
-                }
-                if range as usize >= ranges.len() {
-                    beyond = beyond.max(Some(range));
-                } else if (split as usize) < layout.width {
-                    let g = found.entry(range).or_insert(Group {
-                        nodes: [slots::NO_NODE; MAX_WIDTH],
-                        slabs: [0; MAX_WIDTH],
-                        fresh: 0,
-                    });
-                    g.nodes[split as usize] = node;
-                    g.slabs[split as usize] = slab;
-                }
-            }
-        }
-        if let Some(range) = beyond {
-            return Err(ClientError::SmallerThanHeld {
-                size: config.size,
-                start: range as u64 * layout.range_bytes(),
-                range,
-            });
-        }
-        let recovered = found.len();
-        for (range, g) in found {
+        check_outcomes(cluster, &config, &layout, &transport, &outcomes)?;
+        let ranges = empty_ranges(&config, &layout)?;
+        let held = find_held(&transport, &config, &layout, ranges.len())?;
+        let recovered = held.found.len();
+        for (range, g) in held.found {
             ranges[range as usize].store(Some(Arc::new(g)));
         }
-        seed_clock_note(held_version);
+        seed_clock_note(held.newest);
         if recovered > 0 {
             tracing::info!(
                 ranges = recovered,
                 "found this identity's existing address ranges"
             );
         }
+        let domains = domains(cluster);
         let health: Arc<[NodeHealth]> = (0..cluster.nodes.len())
             .map(|_| NodeHealth::default())
             .collect();
-        let views = node_views(&transport, &loads, &domains, &health);
+        let views = node_views(&transport, &held.loads, &domains, &health);
         let seed = config.seed.unwrap_or_else(rand::random);
         let placer = Placer::new(
             cluster.placement_policy(config.placement_l),
@@ -234,12 +159,15 @@ impl RemoteMemory {
             slots,
             transport: Box::new(transport),
             ranges: Arc::from(ranges),
-            placement: Mutex::new(Placement { placer, loads }),
+            placement: Mutex::new(Placement {
+                placer,
+                loads: held.loads,
+            }),
             domains,
             node_ids: cluster.nodes.iter().map(|n| n.id).collect(),
             stats: ClientStats::default(),
             metrics: ClientMetrics::register(),
-            clock: AtomicU64::new(held_version),
+            clock: AtomicU64::new(held.newest),
             health,
             any_suspect: AtomicBool::new(false),
             corrupt_reports: Mutex::new(Vec::new()),
@@ -251,18 +179,190 @@ impl RemoteMemory {
             retry: Mutex::new((Instant::now(), Vec::new())),
             repair_after: Mutex::new(Instant::now()),
         });
-        // Maintenance: repair ranges that lost a member, release stale slabs of nodes that came
-        // back. It holds only a weak reference and ends when the client is dropped.
-        let weak = Arc::downgrade(&mem);
-        std::thread::Builder::new()
-            .name("hm-maintain".into())
-            .spawn(move || loop {
-                std::thread::sleep(MAINTENANCE_INTERVAL);
-                match weak.upgrade() {
-                    Some(mem) => mem.maintain(),
-                    None => return,
-                }
-            })?;
+        start_maintenance(&mem)?;
         Ok(mem)
     }
+}
+
+/// The Reed-Solomon codec of a coded layout, its decode tables built (none for replicas).
+fn codec(layout: &Layout) -> Result<Option<Codec>, ClientError> {
+    match layout.resilience {
+        Resilience::Hydra { k, r, .. } => {
+            let codec = Codec::new(k as usize, r as usize)?;
+            prepare_decode_tables(&codec, layout);
+            Ok(Some(codec))
+        }
+        Resilience::Replication { .. } => Ok(None),
+    }
+}
+
+/// Checks the cluster file and the configured values a client cannot start without.
+fn validate(cluster: &Cluster, config: &ClientConfig) -> Result<(), ClientError> {
+    cluster.validate().map_err(ClientError::Config)?;
+    if config.max_in_flight == 0 || config.max_in_flight > slots::MAX_SLOTS {
+        return Err(ClientError::Config(format!(
+            "max_in_flight is {}; it must be 1 to {} (page operations in flight at once)",
+            config.max_in_flight,
+            slots::MAX_SLOTS
+        )));
+    }
+    Ok(())
+}
+
+/// Every node that answered must use the cluster file's slab size, and at least one coding
+/// group's width of nodes must have answered.
+fn check_outcomes(
+    cluster: &Cluster,
+    config: &ClientConfig,
+    layout: &Layout,
+    transport: &dyn Transport,
+    outcomes: &[HelloOutcome],
+) -> Result<(), ClientError> {
+    let mut down = Vec::new();
+    for (i, o) in outcomes.iter().enumerate() {
+        let addr = || u16::try_from(i).map_or_else(|_| format!("node {i}"), |n| transport.addr(n));
+        match o {
+            Ok(h) if h.slab_size != cluster.slab_size => {
+                return Err(ClientError::SlabSize {
+                    node: i,
+                    addr: addr(),
+                    node_slab: h.slab_size,
+                    file_slab: cluster.slab_size,
+                })
+            }
+            Ok(_) => {}
+            Err(e) => down.push(format!("node {i} at {}: {e}", addr())),
+        }
+    }
+    let up = outcomes.len() - down.len();
+    if up < layout.width {
+        return Err(ClientError::TooFewNodes {
+            label: config.resilience.label(),
+            needed: layout.width,
+            up,
+            total: outcomes.len(),
+            down: if down.is_empty() {
+                "none down".into()
+            } else {
+                down.join("; ")
+            },
+        });
+    }
+    Ok(())
+}
+
+/// The range map of an address space of `config.size`, every range unmapped. Slab tags name a
+/// range with 32 bits, which bounds the number of ranges.
+fn empty_ranges(
+    config: &ClientConfig,
+    layout: &Layout,
+) -> Result<Box<[ArcSwapOption<Group>]>, ClientError> {
+    let n_ranges = config.size.div_ceil(layout.range_bytes());
+    let n_ranges = u32::try_from(n_ranges)
+        .ok()
+        .and_then(|n| usize::try_from(n).ok())
+        .ok_or_else(|| {
+            ClientError::Config(format!(
+                "a remote address space of {} is {n_ranges} address ranges of {}; at most \
+                 {} are possible: use a smaller size or larger slabs",
+                human(config.size),
+                human(layout.range_bytes()),
+                u32::MAX
+            ))
+        })?;
+    Ok((0..n_ranges).map(|_| ArcSwapOption::empty()).collect())
+}
+
+/// Failure domains as small integers, for placement.
+fn domains(cluster: &Cluster) -> Vec<Option<u32>> {
+    let mut names: HashMap<&str, u32> = HashMap::new();
+    cluster
+        .nodes
+        .iter()
+        .map(|n| {
+            n.domain.as_deref().map(|d| {
+                let next = u32::try_from(names.len()).unwrap_or(u32::MAX);
+                *names.entry(d).or_insert(next)
+            })
+        })
+        .collect()
+}
+
+/// Asks every node that is up for its load (STATS) and this identity's slabs (LIST): the
+/// groups of the ranges it holds and the newest version stored. Refuses slabs of another
+/// layout, and slabs beyond the address space (connecting would strand them).
+fn find_held(
+    transport: &dyn Transport,
+    config: &ClientConfig,
+    layout: &Layout,
+    n_ranges: usize,
+) -> Result<Held, ClientError> {
+    let mut held = Held {
+        loads: vec![0; transport.nodes()],
+        found: HashMap::new(),
+        newest: 0,
+    };
+    let mut beyond: Option<u32> = None;
+    for (i, load) in held.loads.iter_mut().enumerate() {
+        let Ok(node) = u16::try_from(i) else { break };
+        if !transport.is_up(node) {
+            continue;
+        }
+        let stats = wire::Stats::parse(&transport.call(node, Op::Stats, &[])?)
+            .map_err(|e| protocol(transport, node, e))?;
+        *load = stats.slabs.len() as u64;
+        let list = wire::parse_list(&transport.call(node, Op::List, &[])?)
+            .map_err(|e| protocol(transport, node, e))?;
+        for wire::Listed { slab, tag, newest } in list {
+            // Versions only grow: continue past everything this identity ever stored, even
+            // if this machine's clock is behind the one that wrote it.
+            held.newest = held.newest.max(newest);
+            let Some((code, range, split)) = layout::untag(tag) else {
+                continue;
+            };
+            if code != layout.code() {
+                return Err(ClientError::LayoutMismatch {
+                    node: i,
+                    found: code,
+                    expected: layout.code(),
+                    label: config.resilience.label(),
+                });
+            }
+            if range as usize >= n_ranges {
+                beyond = beyond.max(Some(range));
+            } else if (split as usize) < layout.width {
+                let g = held.found.entry(range).or_insert(Group {
+                    nodes: [slots::NO_NODE; MAX_WIDTH],
+                    slabs: [0; MAX_WIDTH],
+                    fresh: 0,
+                });
+                g.nodes[split as usize] = node;
+                g.slabs[split as usize] = slab;
+            }
+        }
+    }
+    match beyond {
+        Some(range) => Err(ClientError::SmallerThanHeld {
+            size: config.size,
+            start: range as u64 * layout.range_bytes(),
+            range,
+        }),
+        None => Ok(held),
+    }
+}
+
+/// Maintenance: repair ranges that lost a member, release stale slabs of nodes that came
+/// back. The thread holds only a weak reference and ends when the client is dropped.
+fn start_maintenance(mem: &Arc<RemoteMemory>) -> Result<(), ClientError> {
+    let weak = Arc::downgrade(mem);
+    std::thread::Builder::new()
+        .name("hm-maintain".into())
+        .spawn(move || loop {
+            std::thread::sleep(MAINTENANCE_INTERVAL);
+            match weak.upgrade() {
+                Some(mem) => mem.maintain(),
+                None => return,
+            }
+        })?;
+    Ok(())
 }

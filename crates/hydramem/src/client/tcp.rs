@@ -159,8 +159,7 @@ pub struct TcpTransport {
     monitor: Option<JoinHandle<()>>,
 }
 
-/// The outcome of connecting to one node.
-pub type HelloOutcome = Result<HelloReply, String>;
+pub use super::transport::HelloOutcome;
 
 impl TcpTransport {
     /// Connects to every node (its id in the cluster file and its address) and says HELLO.

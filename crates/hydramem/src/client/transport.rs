@@ -77,6 +77,10 @@ pub fn deliver(
     Ok(true)
 }
 
+/// The outcome of opening a transport's connection to one node: the node's HELLO reply, or
+/// why it is unreachable (the node is then down, and the client decides whether enough are up).
+pub type HelloOutcome = Result<wire::HelloReply, String>;
+
 /// Errors of the transport.
 #[derive(Debug, thiserror::Error)]
 pub enum TransportError {
