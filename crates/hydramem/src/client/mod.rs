@@ -31,7 +31,8 @@
 //! - [`repair`]: moving a split to a new slab and regenerating it; [`maintain`]: the
 //!   maintenance thread that notices failures, reclaims and restarts and starts repairs;
 //! - [`slots`]: in-flight operations and the landing protocol; [`transport`] (the seam) and
-//!   [`tcp`] (its implementation) move splits to nodes;
+//!   [`tcp`] (its implementation) move splits to nodes; [`mem`] is the in-process
+//!   implementation with injected faults on which the client's unit tests run;
 //! - [`config`], [`error`], [`stats`]: what a caller configures, gets back, and can count.
 
 mod batch;
@@ -45,6 +46,7 @@ pub mod fuzzing;
 mod health;
 pub mod layout;
 mod maintain;
+pub mod mem;
 mod ranges;
 mod read;
 mod repair;

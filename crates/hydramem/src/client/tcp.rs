@@ -36,7 +36,7 @@ use arc_swap::ArcSwapOption;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
-use super::transport::{Completions, RunSplit, Transport, TransportError};
+use super::transport::{append_write_run, Completions, RunSplit, Transport, TransportError};
 use crate::wire::{
     self, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, Run, Status, WireError,
     HEADER_LEN, MAX_BODY,
@@ -615,11 +615,7 @@ impl Transport for TcpTransport {
     ) -> Result<(), TransportError> {
         self.shared
             .post_run(node, Op::WriteV, &run, flush, |frame, buf| {
-                let mut w = frame.write_run(buf, run)?;
-                for s in splits.take(run.n as usize) {
-                    w.split(s.cookie, s.version, s.crc, s.data)?;
-                }
-                w.finish()
+                append_write_run(frame, buf, run, splits)
             })
     }
 

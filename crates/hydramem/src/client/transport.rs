@@ -16,7 +16,8 @@
 use std::time::Duration;
 
 use crate::wire::{
-    self, CorruptReport, Entry, Header, Notice, Op, Run, Status, WireError, MAX_CORRUPT_REPORTS,
+    self, CorruptReport, Entry, Header, Notice, Op, OpenRuns, Run, Status, WireError,
+    MAX_CORRUPT_REPORTS,
 };
 
 /// One split of a write run, as a caller hands it to [`Transport::post_write_run`].
@@ -30,6 +31,23 @@ pub struct RunSplit<'a> {
     pub crc: u32,
     /// The split's bytes: exactly the run's split length.
     pub data: &'a [u8],
+}
+
+/// Appends a write run to an open WRITEV frame at the end of `buf`: the run's `run.n` splits
+/// from `splits`, each written straight into the frame (what a transport's
+/// [`Transport::post_write_run`] writes). Fails, leaving the frame as it was, like
+/// [`OpenRuns::write_run`].
+pub fn append_write_run<'a>(
+    frame: &mut OpenRuns,
+    buf: &mut Vec<u8>,
+    run: Run,
+    splits: &mut dyn Iterator<Item = RunSplit<'a>>,
+) -> Result<(), WireError> {
+    let mut w = frame.write_run(buf, run)?;
+    for s in splits.take(run.n as usize) {
+        w.split(s.cookie, s.version, s.crc, s.data)?;
+    }
+    w.finish()
 }
 
 /// Receives split completions; implemented by the client's slot table. `node` is the node

@@ -1,0 +1,406 @@
+//! Tests of the client's logic over the in-memory transport, without node processes: every
+//! scheme reads back what it wrote, page by page and in batches; a batch reaches each node as
+//! one run; and the transport itself keeps its contract (refused posts, node loss, restarts).
+//! The fault tests are in [`faults`]. A [`Model`] checks every read against the writes: an
+//! acknowledged write must read back exactly, a failed one may or may not have landed, and
+//! nothing else may ever come back.
+
+mod faults;
+
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::{cluster, connect, MemControl, MemOptions, MemTransport};
+use crate::client::transport::{Completions, RunSplit, Transport, TransportError};
+use crate::client::{ClientConfig, IoError, Page, RemoteMemory};
+use crate::wire::{Entry, Hello, Op, Run, Status};
+use crate::PAGE_SIZE;
+
+/// Slab size of every test cluster: 128 pages per range for hydra 8+2, 16 for replicas.
+const SLAB: u64 = 64 << 10;
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// A client of `scheme` with an address space of `pages` pages on `nodes` in-memory nodes,
+/// its configuration adjusted by `tweak`.
+fn start(
+    scheme: &str,
+    nodes: usize,
+    pages: u64,
+    tweak: impl FnOnce(&mut ClientConfig),
+) -> (Arc<RemoteMemory>, MemControl) {
+    let mut config = ClientConfig::new(scheme.parse().expect("a scheme"), pages * PAGE);
+    config.seed = Some(7);
+    config.op_timeout = Duration::from_secs(5);
+    tweak(&mut config);
+    let options = MemOptions {
+        slabs_per_node: 64,
+        seed: 11,
+    };
+    connect(&cluster(nodes, SLAB), config, options).expect("the client connects")
+}
+
+/// [`start`], then every page written in one batch.
+fn written(
+    scheme: &str,
+    nodes: usize,
+    pages: u64,
+    tweak: impl FnOnce(&mut ClientConfig),
+) -> (Arc<RemoteMemory>, MemControl, Model) {
+    let (mem, ctl) = start(scheme, nodes, pages, tweak);
+    let mut model = Model::default();
+    model.write(&mem, 0, pages, true).unwrap();
+    (mem, ctl, model)
+}
+
+/// The bytes write `stamp` puts in page `addr`: every 8 bytes depend on both, so that no
+/// split of another page or another write matches (stamp 0: never written, zeros).
+fn content(addr: u64, stamp: u64) -> Page {
+    let mut page = [0u8; PAGE_SIZE];
+    if stamp == 0 {
+        return page;
+    }
+    let mut x = (addr.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ stamp.wrapping_mul(0xD6E8_FEB8)) | 1;
+    for chunk in page.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    page
+}
+
+/// What every page may hold: its last acknowledged write (0: never written) and the writes
+/// that failed since (each may or may not have landed).
+#[derive(Default)]
+struct Model {
+    pages: HashMap<u64, (u64, Vec<u64>)>,
+    next: u64,
+}
+
+impl Model {
+    /// Writes `n` pages from `addr` with fresh contents, one by one or as one batch.
+    fn write(&mut self, mem: &RemoteMemory, addr: u64, n: u64, batch: bool) -> Result<(), IoError> {
+        self.next += 1;
+        let stamp = self.next;
+        let addrs: Vec<u64> = (0..n).map(|i| addr + i * PAGE).collect();
+        let pages: Vec<Page> = addrs.iter().map(|&a| content(a, stamp)).collect();
+        let mut result = Ok(());
+        if batch {
+            result = mem.write_pages(addr, &pages);
+        } else {
+            for (a, p) in addrs.iter().zip(&pages) {
+                result = result.and(mem.write_page(*a, p));
+            }
+        }
+        for a in addrs {
+            let entry = self.pages.entry(a).or_default();
+            match result {
+                Ok(()) => *entry = (stamp, Vec::new()),
+                Err(_) => entry.1.push(stamp),
+            }
+        }
+        result
+    }
+
+    /// Whether `got` is something page `addr` may hold.
+    fn allows(&self, addr: u64, got: &Page) -> bool {
+        let (acked, maybe) = self.pages.get(&addr).cloned().unwrap_or_default();
+        std::iter::once(acked)
+            .chain(maybe)
+            .any(|stamp| content(addr, stamp) == *got)
+    }
+
+    /// Reads `n` pages from `addr`, one by one or as one batch, and checks whatever reads
+    /// back: an error is returned, wrong bytes fail the test.
+    fn read(&self, mem: &RemoteMemory, addr: u64, n: u64, batch: bool) -> Result<(), IoError> {
+        let mut pages = vec![[0u8; PAGE_SIZE]; n as usize];
+        if batch {
+            mem.read_pages(addr, &mut pages)?;
+        }
+        for (i, page) in pages.iter_mut().enumerate() {
+            let a = addr + i as u64 * PAGE;
+            if !batch {
+                mem.read_page(a, page)?;
+            }
+            assert!(self.allows(a, page), "page {a:#x} read back wrong bytes");
+        }
+        Ok(())
+    }
+
+    /// Reads every page of a client of `pages` pages both ways; every read must succeed.
+    fn read_all(&self, mem: &RemoteMemory, pages: u64) {
+        self.read(mem, 0, pages, true).expect("a batched read");
+        self.read(mem, 0, pages, false).expect("a page read");
+    }
+}
+
+/// Writes pages of a client of `scheme` page by page and in batches — across range
+/// boundaries (every 128 pages for hydra 8+2, 16 for replicas) and longer than a window — and
+/// reads every page back both ways.
+fn reads_back_what_it_wrote(scheme: &str, nodes: usize) {
+    let pages = 320;
+    let (mem, ctl) = start(scheme, nodes, pages, |_| {});
+    let mut model = Model::default();
+    for i in (0..64).step_by(3) {
+        model.write(&mem, i * PAGE, 1, false).unwrap();
+    }
+    model.write(&mem, 100 * PAGE, 40, true).unwrap();
+    model.write(&mem, 10 * PAGE, 30, true).unwrap();
+    model.write(&mem, 0, pages, true).unwrap();
+    model.write(&mem, 5 * PAGE, 3, false).unwrap();
+    model.read_all(&mem, pages);
+    let total = ctl.total();
+    assert!(
+        total.frames > 0 && total.delivered > 0,
+        "{scheme}: {total:?}"
+    );
+    assert_eq!(mem.foreign_replies(), 0);
+}
+
+#[test]
+fn hydra_reads_back_what_it_wrote() {
+    reads_back_what_it_wrote("hydra-8+2-d1", 12);
+}
+
+#[test]
+fn rep2_reads_back_what_it_wrote() {
+    reads_back_what_it_wrote("rep2", 4);
+}
+
+#[test]
+fn single_reads_back_what_it_wrote() {
+    reads_back_what_it_wrote("single", 3);
+}
+
+#[test]
+fn pages_never_written_read_as_zeros() {
+    let (mem, _ctl) = start("hydra-8+2-d1", 10, 256, |_| {});
+    let mut model = Model::default();
+    model.write(&mem, 3 * PAGE, 1, false).unwrap();
+    // Page 4 is in a mapped range, page 200 in one never mapped.
+    model.read(&mem, 0, 8, true).unwrap();
+    model.read(&mem, 200 * PAGE, 4, false).unwrap();
+}
+
+/// Checks that every node got either nothing or one frame of one run of `pages` splits, and
+/// that `nodes` nodes got it.
+fn assert_one_run_each(ctl: &MemControl, nodes: usize, pages: u64, what: &str) {
+    let mut reached = 0;
+    for i in 0..ctl.nodes() {
+        let c = ctl.counts(i as u16);
+        if c.runs == 0 {
+            assert_eq!((c.frames, c.splits), (0, 0), "{what}: node {i}: {c:?}");
+            continue;
+        }
+        assert_eq!(
+            (c.frames, c.runs, c.splits),
+            (1, 1, pages),
+            "{what}: node {i}"
+        );
+        reached += 1;
+    }
+    assert_eq!(reached, nodes, "{what}: nodes reached");
+}
+
+#[test]
+fn a_batch_of_32_pages_reaches_each_node_as_one_run() {
+    for (scheme, nodes, fanout) in [("hydra-8+2-d1", 12, 9), ("rep2", 4, 1)] {
+        // No straggler re-asks: what reaches the nodes is the batch's first requests alone.
+        let (mem, ctl) = start(scheme, nodes, 64, |c| {
+            c.straggler_after = Duration::from_secs(60)
+        });
+        let width = mem.layout().width;
+        let mut model = Model::default();
+        // Pages 0..32 lie in one range for hydra (128 pages), two for rep2 (16 pages each).
+        let per_range = mem.layout().pages_per_range.min(32);
+        for start in (0..32).step_by(per_range as usize) {
+            let addr = start * PAGE;
+            model.write(&mem, addr, 1, false).unwrap(); // maps the range
+            ctl.reset_counts();
+            model.write(&mem, addr, per_range, true).unwrap();
+            assert_one_run_each(&ctl, width, per_range, scheme);
+            ctl.reset_counts();
+            model.read(&mem, addr, per_range, true).unwrap();
+            assert_one_run_each(&ctl, fanout, per_range, scheme);
+        }
+    }
+}
+
+/// Completions recorded as events, for tests of the transport alone.
+#[derive(Default)]
+struct Recorder {
+    events: Mutex<Option<Sender<Event>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Event {
+    Read(u16, u64, Status, Vec<u8>),
+    Write(u16, u64, Status, u64),
+    Down(u16),
+}
+
+impl Recorder {
+    fn send(&self, e: Event) {
+        if let Some(tx) = self.events.lock().as_ref() {
+            let _ = tx.send(e);
+        }
+    }
+}
+
+impl Completions for Recorder {
+    fn read_done(&self, node: u16, cookie: u64, status: Status, _: u64, _: u32, data: &[u8]) {
+        self.send(Event::Read(node, cookie, status, data.to_vec()));
+    }
+    fn write_done(&self, node: u16, cookie: u64, status: Status, stored: u64) {
+        self.send(Event::Write(node, cookie, status, stored));
+    }
+    fn node_down(&self, node: u16) {
+        self.send(Event::Down(node));
+    }
+}
+
+/// A transport of `nodes` nodes whose completions arrive as events.
+fn bare(nodes: usize) -> (MemTransport, MemControl, Receiver<Event>) {
+    let (tx, rx) = channel();
+    let recorder = Recorder {
+        events: Mutex::new(Some(tx)),
+    };
+    let hello = Hello {
+        client: crate::wire::ClientId([9; 16]),
+        flags: 0,
+    };
+    let (t, outcomes) = MemTransport::new(
+        &cluster(nodes, SLAB),
+        MemOptions::default(),
+        hello,
+        Arc::new(recorder),
+    )
+    .unwrap();
+    assert!(outcomes.iter().all(|o| o.is_ok()));
+    let ctl = t.control();
+    (t, ctl, rx)
+}
+
+fn next(rx: &Receiver<Event>) -> Event {
+    rx.recv_timeout(Duration::from_secs(5)).expect("an event")
+}
+
+#[test]
+fn the_transport_refuses_what_it_cannot_post_and_serves_the_rest() {
+    let (t, ctl, rx) = bare(2);
+    let slab = t.alloc(0, 1, 512).unwrap();
+    let run = Run {
+        slab,
+        split_len: 512,
+        offset: 0,
+        n: 2,
+    };
+    let data = [7u8; 512];
+    let split = |cookie| RunSplit {
+        cookie,
+        version: 5,
+        crc: 0,
+        data: &data,
+    };
+    // A node that does not exist, no splits, data of another length: refused, nothing sent.
+    let err = t.post_read(9, Entry::default(), true).unwrap_err();
+    assert!(matches!(err, TransportError::Down { node: 9, .. }));
+    assert!(matches!(
+        t.post_read_run(0, Run { n: 0, ..run }, &mut [1].into_iter(), true),
+        Err(TransportError::BadRun { .. })
+    ));
+    let short = RunSplit {
+        data: &data[..100],
+        ..split(1)
+    };
+    let mut splits = [split(1), short].into_iter();
+    assert!(matches!(
+        t.post_write_run(0, run, &mut splits, true),
+        Err(TransportError::BadRun { .. })
+    ));
+    assert_eq!(ctl.counts(0).frames, 0);
+    // Two runs posted without flushing travel in one frame; the write lands, the read of the
+    // slab's next slots gets it back, a slab that does not exist is refused per run.
+    t.post_write_run(0, run, &mut [split(1), split(2)].into_iter(), false)
+        .unwrap();
+    t.post_read_run(0, run, &mut [3, 4].into_iter(), false)
+        .unwrap();
+    let missing = Run {
+        slab: slab ^ 1,
+        ..run
+    };
+    t.post_read_run(0, missing, &mut [5, 6].into_iter(), false)
+        .unwrap();
+    assert_eq!(ctl.counts(0).frames, 0, "nothing is sent before the flush");
+    t.flush(0).unwrap();
+    let mut got: Vec<Event> = (0..6).map(|_| next(&rx)).collect();
+    got.sort_by_key(|e| match e {
+        Event::Read(_, c, ..) | Event::Write(_, c, ..) => *c,
+        Event::Down(_) => 0,
+    });
+    assert_eq!(got[0], Event::Write(0, 1, Status::Ok, 5));
+    assert_eq!(got[2], Event::Read(0, 3, Status::Ok, data.to_vec()));
+    assert_eq!(got[4], Event::Read(0, 5, Status::NoSuchSlab, Vec::new()));
+    let c = ctl.counts(0);
+    assert_eq!((c.frames, c.runs, c.splits, c.delivered), (2, 3, 6, 2));
+    // Control calls: refused with the node's status; a body too large is not sent.
+    assert!(matches!(
+        t.free(0, slab ^ 1),
+        Err(TransportError::Refused {
+            status: Status::NoSuchSlab,
+            ..
+        })
+    ));
+    let huge = vec![0u8; crate::wire::MAX_BODY + 1];
+    assert!(matches!(
+        t.call(0, Op::List, &huge),
+        Err(TransportError::Protocol { .. })
+    ));
+    assert!(t.is_up(0) && t.addr(0).contains("in-memory node 0"));
+}
+
+#[test]
+fn a_node_that_goes_down_fails_its_splits_and_delivers_nothing_after() {
+    let (t, ctl, rx) = bare(2);
+    let slabs = [t.alloc(0, 1, 512).unwrap(), t.alloc(1, 1, 512).unwrap()];
+    let entry = |node: usize, cookie| Entry {
+        slab: slabs[node],
+        len: 512,
+        cookie,
+        ..Entry::default()
+    };
+    // Node 0's reply is held 50 ms, node 1's 150 ms; node 0 goes down meanwhile.
+    ctl.node(0).delay(Duration::from_millis(50));
+    ctl.node(1).delay(Duration::from_millis(150));
+    t.post_read(0, entry(0, 1), true).unwrap();
+    t.post_read(1, entry(1, 2), true).unwrap();
+    ctl.node(0).down();
+    assert_eq!(next(&rx), Event::Down(0));
+    assert!(!t.is_up(0));
+    assert!(matches!(
+        t.post_read(0, entry(0, 3), true),
+        Err(TransportError::Down { .. })
+    ));
+    assert!(matches!(
+        t.call(0, Op::List, &[]),
+        Err(TransportError::Down { .. })
+    ));
+    // Node 1's reply is due after node 0's would have been: node 0's never comes.
+    assert!(matches!(next(&rx), Event::Read(1, 2, Status::Ok, _)));
+    // Back up with its memory: the slab is still there; a restart loses it.
+    ctl.node(0).up();
+    assert!(t.is_up(0) && !t.take_restarted(0));
+    ctl.node(0).delay(Duration::ZERO);
+    t.post_read(0, entry(0, 4), true).unwrap();
+    assert!(matches!(next(&rx), Event::Read(0, 4, Status::Ok, _)));
+    ctl.node(0).restart();
+    assert_eq!(next(&rx), Event::Down(0));
+    assert!(t.take_restarted(0) && !t.take_restarted(0));
+    t.post_read(0, entry(0, 5), true).unwrap();
+    assert_eq!(next(&rx), Event::Read(0, 5, Status::NoSuchSlab, Vec::new()));
+    assert!(rx.try_recv().is_err(), "nothing else was delivered");
+}
