@@ -47,10 +47,14 @@ impl Asked {
 /// A read plan: which splits of one page to ask, in what order, and when to ask more.
 ///
 /// Candidates are the splits whose node is up: settled splits first, in random order (late
-/// binding spreads reads over the group), then — coded schemes only — splits still being
-/// regenerated, which may lack older pages. The plan first asks the layout's fanout (k + Δ,
-/// wider when a node of the group is suspect), then asks more when requests fail or when
-/// `straggler_after` passed without k splits of one version.
+/// binding spreads reads over the group), then splits still being regenerated, which may lack
+/// older pages — for replicas only when no settled copy is up, since no other copy outvotes a
+/// replacement's answer: then a page the replacements do not have (version 0) is lost with the
+/// copies that had it, not a page of zeros (a replica that no surviving copy can regenerate,
+/// the only copy of `single`, stays a replacement for good, and serves the pages written since
+/// it was placed). The plan first asks the layout's fanout (k + Δ, wider when a node of the
+/// group is suspect), then asks more when requests fail or when `straggler_after` passed
+/// without k splits of one version.
 pub(super) struct ReadPlan {
     pub(super) group: Arc<Group>,
     pub(super) range: usize,
@@ -73,7 +77,7 @@ impl ReadPlan {
         let mut n = 0;
         let mut settled = 0;
         for fresh in [false, true] {
-            if fresh && !l.coded() {
+            if fresh && !l.coded() && n > 0 {
                 break;
             }
             for j in 0..l.width {
@@ -216,6 +220,14 @@ impl ReadPlan {
         let l = &c.layout;
         // The largest set of landed splits that share one version.
         let got = match op.consistent(p.landed, l.width, self.need) {
+            Ok((0, copies)) if !l.coded() && copies & !self.group.fresh == 0 => {
+                // Only replacement copies answered, and they do not have the page: it was lost
+                // with the copies that had it (see the type's doc).
+                for j in (0..l.width).filter(|j| copies & (1 << j) != 0) {
+                    op.retry(j);
+                }
+                return Some(Err(false));
+            }
             Ok(_) => return Some(Ok(())),
             Err(largest) => largest,
         };

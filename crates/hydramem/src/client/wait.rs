@@ -116,6 +116,11 @@ impl RemoteMemory {
                 ));
             } else if down || p.failed & (1 << j) != 0 {
                 v.push(format!("{} (split {j})", self.node_label(node)));
+            } else if g.fresh & (1 << j) != 0 && p.posted & !p.landed & (1 << j) != 0 {
+                v.push(format!(
+                    "{} (split {j}: a replacement slab not regenerated yet, without this page)",
+                    self.node_label(node)
+                ));
             }
         }
         if let Some(st) = op.first_status() {

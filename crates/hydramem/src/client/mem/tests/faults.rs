@@ -321,3 +321,25 @@ fn readers_racing_a_writer_see_each_page_whole_and_never_older_than_acknowledged
     });
     assert!(ctl.total().reordered > 0);
 }
+
+#[test]
+fn a_single_copy_moved_off_a_lost_node_reads_back_what_was_written_since() {
+    // One copy per page: a write to a range whose node is lost moves the copy to another node
+    // (fresh, with no other copy to regenerate it from) and is acknowledged there.
+    let pages = 16;
+    let (mem, ctl, mut model) = written("single", 2, pages, |_| {});
+    let lost = members(&mem)[0];
+    ctl.node(lost).down();
+    model.write(&mem, 0, 2, false).unwrap();
+    // What was written since reads back; what was lost with the node is an error, not zeros.
+    model.read(&mem, 0, 2, false).unwrap();
+    model.read(&mem, 0, 2, true).unwrap();
+    for batch in [false, true] {
+        match model.read(&mem, 2 * PAGE, 1, batch) {
+            Err(e @ IoError::Unavailable { what: "read", .. }) => {
+                assert!(e.to_string().contains("not regenerated yet"), "{e}");
+            }
+            other => panic!("a page lost with its only copy gave {other:?}"),
+        }
+    }
+}
