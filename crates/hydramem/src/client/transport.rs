@@ -37,7 +37,7 @@ pub struct RunSplit<'a> {
 /// from `splits`, each written straight into the frame (what a transport's
 /// [`Transport::post_write_run`] writes). Fails, leaving the frame as it was, like
 /// [`OpenRuns::write_run`].
-pub fn append_write_run<'a>(
+pub(super) fn append_write_run<'a>(
     frame: &mut OpenRuns,
     buf: &mut Vec<u8>,
     run: Run,

@@ -32,6 +32,17 @@ fn start(
     pages: u64,
     tweak: impl FnOnce(&mut ClientConfig),
 ) -> (Arc<RemoteMemory>, MemControl) {
+    start_on(SLAB, scheme, nodes, pages, tweak)
+}
+
+/// [`start`] on slabs of `slab` bytes.
+fn start_on(
+    slab: u64,
+    scheme: &str,
+    nodes: usize,
+    pages: u64,
+    tweak: impl FnOnce(&mut ClientConfig),
+) -> (Arc<RemoteMemory>, MemControl) {
     let mut config = ClientConfig::new(scheme.parse().expect("a scheme"), pages * PAGE);
     config.seed = Some(7);
     config.op_timeout = Duration::from_secs(5);
@@ -40,7 +51,7 @@ fn start(
         slabs_per_node: 64,
         seed: 11,
     };
-    connect(&cluster(nodes, SLAB), config, options).expect("the client connects")
+    connect(&cluster(nodes, slab), config, options).expect("the client connects")
 }
 
 /// [`start`], then every page written in one batch.
@@ -209,24 +220,19 @@ fn assert_one_run_each(ctl: &MemControl, nodes: usize, pages: u64, what: &str) {
 #[test]
 fn a_batch_of_32_pages_reaches_each_node_as_one_run() {
     for (scheme, nodes, fanout) in [("hydra-8+2-d1", 12, 9), ("rep2", 4, 1)] {
-        // No straggler re-asks: what reaches the nodes is the batch's first requests alone.
-        let (mem, ctl) = start(scheme, nodes, 64, |c| {
+        // Slabs of 64 pages of 4096 bytes, so that pages 0..32 lie in one range for either
+        // scheme; no straggler re-asks: what reaches the nodes is the batch's first requests.
+        let (mem, ctl) = start_on(64 * PAGE, scheme, nodes, 64, |c| {
             c.straggler_after = Duration::from_secs(60)
         });
-        let width = mem.layout().width;
         let mut model = Model::default();
-        // Pages 0..32 lie in one range for hydra (128 pages), two for rep2 (16 pages each).
-        let per_range = mem.layout().pages_per_range.min(32);
-        for start in (0..32).step_by(per_range as usize) {
-            let addr = start * PAGE;
-            model.write(&mem, addr, 1, false).unwrap(); // maps the range
-            ctl.reset_counts();
-            model.write(&mem, addr, per_range, true).unwrap();
-            assert_one_run_each(&ctl, width, per_range, scheme);
-            ctl.reset_counts();
-            model.read(&mem, addr, per_range, true).unwrap();
-            assert_one_run_each(&ctl, fanout, per_range, scheme);
-        }
+        model.write(&mem, 0, 1, false).unwrap(); // maps the range
+        ctl.reset_counts();
+        model.write(&mem, 0, 32, true).unwrap();
+        assert_one_run_each(&ctl, mem.layout().width, 32, scheme);
+        ctl.reset_counts();
+        model.read(&mem, 0, 32, true).unwrap();
+        assert_one_run_each(&ctl, fanout, 32, scheme);
     }
 }
 
@@ -403,4 +409,48 @@ fn a_node_that_goes_down_fails_its_splits_and_delivers_nothing_after() {
     t.post_read(0, entry(0, 5), true).unwrap();
     assert_eq!(next(&rx), Event::Read(0, 5, Status::NoSuchSlab, Vec::new()));
     assert!(rx.try_recv().is_err(), "nothing else was delivered");
+}
+
+#[test]
+fn connect_with_checks_what_the_transport_opened() {
+    use crate::client::ClientError;
+    let open = |nodes: usize, slab: u64| {
+        let cluster = cluster(nodes, slab);
+        move |hello, completions| {
+            MemTransport::new(&cluster, MemOptions::default(), hello, completions)
+        }
+    };
+    let config = |scheme: &str| ClientConfig::new(scheme.parse().unwrap(), 64 * PAGE);
+    let file = cluster(3, SLAB);
+    let err = |r: Result<Arc<RemoteMemory>, ClientError>| r.err().expect("refused");
+    assert!(matches!(
+        err(RemoteMemory::connect_with(
+            &file,
+            config("rep2"),
+            open(4, SLAB)
+        )),
+        ClientError::Config(_)
+    ));
+    assert!(matches!(
+        err(RemoteMemory::connect_with(
+            &file,
+            config("rep2"),
+            open(3, 2 * SLAB)
+        )),
+        ClientError::SlabSize { node: 0, .. }
+    ));
+    assert!(matches!(
+        err(RemoteMemory::connect_with(
+            &file,
+            config("hydra-8+2-d1"),
+            open(3, SLAB)
+        )),
+        ClientError::TooFewNodes {
+            needed: 10,
+            up: 3,
+            ..
+        }
+    ));
+    let mem = RemoteMemory::connect_with(&file, config("rep2"), open(3, SLAB)).unwrap();
+    assert_eq!(mem.transport().nodes(), 3);
 }
