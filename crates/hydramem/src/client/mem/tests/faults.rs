@@ -166,7 +166,7 @@ fn some_lost_frames_on_two_nodes_never_give_wrong_bytes() {
     }
     for round in 0..3 {
         // A write whose acknowledgement is lost times out (it may have landed or not).
-        let _ = model.write(&mem, round * 10 * PAGE, 4, round % 2 == 0);
+        let _ = model.write(&mem, round * 10 * PAGE, 2, round % 2 == 0);
         // Reads ask past the lost frames: two lost splits leave the k a read needs.
         model.read(&mem, 0, pages, round % 2 == 1).unwrap();
     }
