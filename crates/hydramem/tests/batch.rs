@@ -96,6 +96,54 @@ fn batches_read_back_exactly_for_every_scheme() {
 }
 
 #[test]
+fn lists_of_scattered_pages_read_back_exactly() {
+    let c = common::cluster(12, SLAB, 64);
+    for scheme in [hydra(), Resilience::Replication { copies: 2 }] {
+        let mem = RemoteMemory::connect(c.cluster(), ClientConfig::new(scheme, 4 << 20)).unwrap();
+        // Scattered pages, a consecutive stretch among them, one page named twice (the later
+        // entry wins), in no particular order.
+        let addrs: Vec<u64> = [700u64, 3, 4, 5, 6, 200, 999, 1, 4, 512, 513]
+            .iter()
+            .map(|p| p * PAGE)
+            .collect();
+        let data: Vec<Page> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| pages(a / PAGE, 1, 10 + i as u64)[0])
+            .collect();
+        let list: Vec<(u64, &Page)> = addrs.iter().copied().zip(data.iter()).collect();
+        mem.write_list(&list).unwrap();
+        let mut got = vec![[9u8; PAGE_SIZE]; addrs.len() + 1];
+        let mut read: Vec<(u64, &mut Page)> = addrs
+            .iter()
+            .copied()
+            .chain([2 * PAGE])
+            .zip(got.iter_mut())
+            .collect();
+        mem.read_list(&mut read).unwrap();
+        for (i, &a) in addrs.iter().enumerate() {
+            // The last entry for an address is what it holds.
+            let last = addrs.iter().rposition(|&b| b == a).unwrap();
+            assert!(got[i] == data[last], "{scheme:?}: page at {a} (entry {i})");
+        }
+        assert!(got[addrs.len()].iter().all(|&b| b == 0), "never written");
+        // Each page as a single-page read sees the same.
+        let mut one = [0u8; PAGE_SIZE];
+        mem.read_page(513 * PAGE, &mut one).unwrap();
+        assert!(one == data[10]);
+        assert!(matches!(
+            mem.read_list(&mut [(PAGE + 1, &mut one)]),
+            Err(IoError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            mem.write_list(&[(4 << 20, &data[0])]),
+            Err(IoError::OutOfRange { .. })
+        ));
+        mem.free_all().unwrap();
+    }
+}
+
+#[test]
 fn bad_spans_are_refused() {
     let c = common::cluster(12, SLAB, 16);
     let mem = RemoteMemory::connect(c.cluster(), ClientConfig::new(hydra(), 1 << 20)).unwrap();

@@ -65,7 +65,10 @@ fn wait_gone(addrs: &[std::net::SocketAddr]) {
 
 /// A directory of its own, removed when the test ends, and the cluster file's path in it.
 fn tmp() -> (tempfile::TempDir, std::path::PathBuf) {
-    let d = tempfile::Builder::new().prefix("hm-cli-").tempdir().unwrap();
+    let d = tempfile::Builder::new()
+        .prefix("hm-cli-")
+        .tempdir()
+        .unwrap();
     let file = d.path().join("cluster.toml");
     (d, file)
 }
