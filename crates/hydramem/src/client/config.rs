@@ -24,6 +24,11 @@ pub struct ClientConfig {
     /// A read still short of k splits after this long asks the splits it has not asked yet
     /// (a straggler or a silently stalled node must not hold the page up).
     pub straggler_after: Duration,
+    /// A page write whose splits are all acknowledged but a few (at most
+    /// [`super::Layout::max_lagging`]) after this long completes, and the missing splits are
+    /// sent again in the background until their node takes them (a straggler must not hold
+    /// writes up until the failure detector acts; see `client/lagging.rs`).
+    pub write_straggler_after: Duration,
     /// Page operations in flight at once (callers beyond it wait).
     pub max_in_flight: usize,
     /// CodingSets load-balancing factor l, used unless the cluster file's `[placement]` sets
@@ -60,6 +65,7 @@ impl ClientConfig {
             poll: Duration::from_micros(50),
             op_timeout: Duration::from_secs(10),
             straggler_after: Duration::from_millis(5),
+            write_straggler_after: Duration::from_millis(20),
             max_in_flight: 1024,
             placement_l: 2,
             seed: None,

@@ -43,6 +43,7 @@ mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod health;
+mod lagging;
 pub mod layout;
 mod maintain;
 mod ranges;
@@ -122,6 +123,8 @@ pub struct RemoteMemory {
     retry: Mutex<(Instant, Vec<RegenJob>)>,
     /// No repair before this instant (after one found no replacement node).
     repair_after: Mutex<Instant>,
+    /// Write splits left behind by a straggling node, resent in the background.
+    lagging: lagging::Lagging,
 }
 
 impl RemoteMemory {
