@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use hydramem::bench::fill_page;
-use hydramem::client::{ClientConfig, IoError, Mode, Page, RemoteMemory, Resilience};
+use hydramem::client::{Ablation, ClientConfig, IoError, Mode, Page, RemoteMemory, Resilience};
 use hydramem::PAGE_SIZE;
 
 const SLAB: u64 = 1 << 20;
@@ -139,6 +139,41 @@ fn lists_of_scattered_pages_read_back_exactly() {
             mem.write_list(&[(4 << 20, &data[0])]),
             Err(IoError::OutOfRange { .. })
         ));
+        mem.free_all().unwrap();
+    }
+}
+
+#[test]
+fn every_design_choice_turned_off_still_reads_back_exactly() {
+    let c = common::cluster(12, SLAB, 64);
+    for ablation in [
+        Ablation {
+            encode_first: true,
+            ..Ablation::default()
+        },
+        Ablation {
+            bounce: true,
+            ..Ablation::default()
+        },
+        Ablation {
+            unbatched: true,
+            ..Ablation::default()
+        },
+    ] {
+        let mut cfg = ClientConfig::new(hydra(), 2 << 20);
+        cfg.ablation = ablation;
+        let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
+        let want = pages(0, 40, 3);
+        mem.write_pages(0, &want[..32]).unwrap();
+        for (i, p) in want.iter().enumerate().skip(32) {
+            mem.write_page(i as u64 * PAGE, p).unwrap();
+        }
+        let mut got = vec![[0u8; PAGE_SIZE]; 40];
+        mem.read_pages(0, &mut got).unwrap();
+        assert_pages(&got, &want, &format!("{ablation:?}"));
+        let mut one = [0u8; PAGE_SIZE];
+        mem.read_page(5 * PAGE, &mut one).unwrap();
+        assert!(one == want[5], "{ablation:?}: single-page read");
         mem.free_all().unwrap();
     }
 }

@@ -141,6 +141,31 @@ impl RemoteMemory {
     /// Every pointer must be valid for reads and writes of one page for the whole call, the
     /// pointers must be distinct, and nothing else may access those pages during the call.
     unsafe fn read_items(&self, items: &[(u64, *mut Page)]) -> Result<(), IoError> {
+        if self.config.ablation.bounce {
+            let mut bounce = vec![[0u8; PAGE_SIZE]; items.len()];
+            let bounced: Vec<(u64, *mut Page)> = items
+                .iter()
+                .zip(bounce.iter_mut())
+                .map(|(&(a, _), b)| (a, b as *mut Page))
+                .collect();
+            // SAFETY: the bounce pages are distinct, owned here, and untouched meanwhile.
+            let r = unsafe { self.read_windows(&bounced) };
+            for (&(_, page), b) in items.iter().zip(&bounce) {
+                // SAFETY: the caller's contract; no slot refers to the page (none was
+                // acquired for it).
+                unsafe { (*page).copy_from_slice(b) };
+            }
+            return r;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.read_windows(items) }
+    }
+
+    /// Reads `items` window after window.
+    ///
+    /// # Safety
+    /// As [`RemoteMemory::read_items`].
+    unsafe fn read_windows(&self, items: &[(u64, *mut Page)]) -> Result<(), IoError> {
         let start = Instant::now();
         let mut done = 0;
         while done < items.len() {
@@ -152,6 +177,20 @@ impl RemoteMemory {
 
     /// Writes `items` window after window.
     fn write_items(&self, items: &[(u64, &Page)]) -> Result<(), IoError> {
+        if self.config.ablation.bounce {
+            let bounce: Vec<Page> = items.iter().map(|(_, p)| **p).collect();
+            let bounced: Vec<(u64, &Page)> = items
+                .iter()
+                .zip(&bounce)
+                .map(|(&(a, _), b)| (a, b))
+                .collect();
+            return self.write_windows(&bounced);
+        }
+        self.write_windows(items)
+    }
+
+    /// Writes `items` window after window.
+    fn write_windows(&self, items: &[(u64, &Page)]) -> Result<(), IoError> {
         let start = Instant::now();
         let mut done = 0;
         while done < items.len() {
@@ -232,8 +271,10 @@ impl RemoteMemory {
             taken = i + 1;
         }
         let mut touched = Touched::default();
+        let batched = !self.config.ablation.unbatched;
         for run in runs(&live, |a, b| {
-            follows(items, a.i, b.i)
+            batched
+                && follows(items, a.i, b.i)
                 && Arc::ptr_eq(&a.plan.group, &b.plan.group)
                 && a.asked == b.asked
         }) {
@@ -322,8 +363,9 @@ impl RemoteMemory {
             });
         }
         let mut touched = Touched::default();
+        let batched = !self.config.ablation.unbatched;
         for run in runs(&live, |a, b| {
-            follows(items, a.i, b.i) && Arc::ptr_eq(&a.group, &b.group)
+            batched && follows(items, a.i, b.i) && Arc::ptr_eq(&a.group, &b.group)
         }) {
             self.post_write_runs(run, items);
             touched.note(&run[0].op, l.width);
@@ -389,8 +431,12 @@ impl RemoteMemory {
                 at,
                 |node, wire_run| {
                     let mut cookies = run.iter().map(|s| s.op.cookie(j));
-                    self.transport
-                        .post_read_run(node, wire_run, &mut cookies, false)
+                    self.transport.post_read_run(
+                        node,
+                        wire_run,
+                        &mut cookies,
+                        self.config.ablation.unbatched,
+                    )
                 },
             );
         }
@@ -419,8 +465,12 @@ impl RemoteMemory {
                             data,
                         }
                     });
-                    self.transport
-                        .post_write_run(node, wire_run, &mut splits, false)
+                    self.transport.post_write_run(
+                        node,
+                        wire_run,
+                        &mut splits,
+                        self.config.ablation.unbatched,
+                    )
                 },
             );
         }

@@ -66,7 +66,7 @@ use parking_lot::Mutex;
 
 use crate::wire;
 use crate::PAGE_SIZE;
-pub use config::ClientConfig;
+pub use config::{Ablation, ClientConfig};
 pub use error::{ClientError, IoError};
 use health::NodeHealth;
 pub use health::NodeIntegrity;
