@@ -32,9 +32,13 @@ use crate::wire::Entry;
 /// Most splits left behind at once.
 pub const MAX_LAGGING: usize = 4096;
 
-/// How long the maintenance thread waits for one resent split before it tries again in a later
-/// round.
+/// How long the maintenance thread waits for a round's resent splits; those still unanswered
+/// are tried again in a later round.
 const RESEND_WAIT: Duration = Duration::from_millis(200);
+
+/// Most splits resent in one round (slots taken only if free, so the data path never waits
+/// for them).
+const RESEND_BATCH: usize = 256;
 
 /// One split left behind.
 struct LagSplit {
@@ -129,42 +133,79 @@ impl RemoteMemory {
         self.lagging.len()
     }
 
-    /// Sends every split left behind again (the maintenance thread, every round): one at a
-    /// time, each on a slot of its own, waiting up to [`RESEND_WAIT`]; keeps those whose node
-    /// neither acknowledged nor refused them for a later round.
+    /// Sends the splits left behind again (the maintenance thread, every round): up to
+    /// [`RESEND_BATCH`] at once, each on a slot of its own, all posted and then waited for
+    /// together for at most [`RESEND_WAIT`], so that a node still slow never holds the
+    /// maintenance thread for long; those neither acknowledged nor refused as stale go back
+    /// to the queue for a later round.
     pub(super) fn resend_lagging(&self) {
-        let pending = std::mem::take(&mut *self.lagging.queue.lock());
-        if pending.is_empty() {
+        let batch: Vec<LagSplit> = {
+            let mut q = self.lagging.queue.lock();
+            let n = q.len().min(RESEND_BATCH);
+            q.drain(..n).collect()
+        };
+        if batch.is_empty() {
             return;
         }
-        let mut keep = Vec::new();
-        for s in pending {
+        let mut sent = Vec::with_capacity(batch.len());
+        let mut retry = Vec::new();
+        let mut nodes = Vec::new();
+        for s in batch {
             let current = self.ranges[s.stamp.range].load_full();
-            let moved =
-                current.is_none_or(|g| g.nodes[s.split] != s.node || g.slabs[s.split] != s.slab);
-            if !moved && !self.resend_once(&s) {
-                keep.push(s);
+            if current.is_none_or(|g| g.nodes[s.split] != s.node || g.slabs[s.split] != s.slab) {
+                // Moved: the new slab is regenerated from the other splits.
+                self.lagging.count.fetch_sub(1, Ordering::SeqCst);
                 continue;
             }
-            if !moved {
-                metrics::counter!("hydramem_client_write_splits_caught_up_total").increment(1);
+            match self.post_lagging(&s) {
+                Some(op) => {
+                    if !nodes.contains(&s.node) {
+                        nodes.push(s.node);
+                    }
+                    sent.push((s, op));
+                }
+                None => retry.push(s),
             }
-            self.lagging.count.fetch_sub(1, Ordering::SeqCst);
         }
-        if !keep.is_empty() {
-            self.lagging.queue.lock().extend(keep);
+        for node in nodes {
+            let _ = self.transport.flush(node);
+        }
+        let deadline = Instant::now() + RESEND_WAIT;
+        while !sent.is_empty() {
+            let mut i = 0;
+            while i < sent.len() {
+                let (s, op) = &sent[i];
+                let p = op.progress();
+                let bit = 1 << s.split;
+                if p.landed & bit != 0 || op.stale_version() > s.stamp.version {
+                    // Acknowledged, or refused as stale: a newer write of the page got there.
+                    self.lagging.count.fetch_sub(1, Ordering::SeqCst);
+                    metrics::counter!("hydramem_client_write_splits_caught_up_total").increment(1);
+                    sent.swap_remove(i);
+                } else if p.failed & bit != 0 {
+                    retry.push(sent.swap_remove(i).0);
+                } else {
+                    i += 1;
+                }
+            }
+            if sent.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::park_timeout(Duration::from_millis(5));
+        }
+        retry.extend(sent.into_iter().map(|(s, _)| s));
+        if !retry.is_empty() {
+            self.lagging.queue.lock().extend(retry);
         }
     }
 
-    /// Sends one left-behind split and waits for its node's answer: `true` when it is settled
-    /// (acknowledged, or refused as stale: a newer write of the page got there).
-    fn resend_once(&self, s: &LagSplit) -> bool {
+    /// Posts one left-behind split, unflushed, on a slot of its own; `None` when its node is
+    /// down, no slot is free or the post failed.
+    fn post_lagging(&self, s: &LagSplit) -> Option<slots::Op<'_>> {
         if !self.transport.is_up(s.node) {
-            return false;
+            return None;
         }
-        let Some(op) = self.slots.try_acquire_write() else {
-            return false;
-        };
+        let op = self.slots.try_acquire_write()?;
         op.posting(s.split, s.node);
         let e = Entry {
             slab: s.slab,
@@ -174,23 +215,9 @@ impl RemoteMemory {
             version: s.stamp.version,
             crc: s.crc,
         };
-        if self.transport.post_write(s.node, e, &s.data, true).is_err() {
-            return false;
-        }
-        let deadline = Instant::now() + RESEND_WAIT;
-        let bit = 1 << s.split;
-        loop {
-            let p = op.progress();
-            if p.landed & bit != 0 {
-                return true;
-            }
-            if p.failed & bit != 0 {
-                return op.stale_version() > s.stamp.version;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            std::thread::park_timeout(Duration::from_millis(5));
-        }
+        self.transport
+            .post_write(s.node, e, &s.data, false)
+            .is_ok()
+            .then_some(op)
     }
 }
