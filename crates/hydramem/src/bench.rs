@@ -361,6 +361,7 @@ pub fn run(
         let mut cfg = ClientConfig::new(s.resilience, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
         cfg.checksums = s.checksums;
+        cfg.ablation = s.ablation;
         if o.corrupt_ppm > 0 {
             // Every node corrupts alike: moving slabs cannot escape it, so measure the reads'
             // answer to it (wide reads above the error-correction limit, judged often enough

@@ -49,7 +49,9 @@ pub struct BenchArgs {
     poll_us: u64,
     /// Schemes to run (comma separated): hydra-K+R-dD (suffix -ec for EC-only, -det for
     /// corruption detection, -cor for correction), repN, single; each may end in +crc for
-    /// per-split checksums.
+    /// per-split checksums, then in /encode-first, /bounce or /unbatched to turn off one of
+    /// the data path's design choices (asynchronously encoded write, in-place coding,
+    /// batching: paper Fig. 10), e.g. hydra-8+2-d1,hydra-8+2-d1/unbatched.
     #[arg(
         long,
         env = "HYDRAMEM_SCHEMES",

@@ -7,7 +7,7 @@ mod common;
 use std::time::Duration;
 
 use hydramem::bench::fill_page;
-use hydramem::client::{ClientConfig, IoError, Mode, Page, RemoteMemory, Resilience};
+use hydramem::client::{Ablation, ClientConfig, IoError, Mode, Page, RemoteMemory, Resilience};
 use hydramem::PAGE_SIZE;
 
 const SLAB: u64 = 1 << 20;
@@ -91,6 +91,89 @@ fn batches_read_back_exactly_for_every_scheme() {
         let mut z = vec![[7u8; PAGE_SIZE]; 40];
         mem.read_pages(unwritten * PAGE, &mut z).unwrap();
         assert!(z.iter().all(|p| p.iter().all(|&b| b == 0)));
+        mem.free_all().unwrap();
+    }
+}
+
+#[test]
+fn lists_of_scattered_pages_read_back_exactly() {
+    let c = common::cluster(12, SLAB, 64);
+    for scheme in [hydra(), Resilience::Replication { copies: 2 }] {
+        let mem = RemoteMemory::connect(c.cluster(), ClientConfig::new(scheme, 4 << 20)).unwrap();
+        // Scattered pages, a consecutive stretch among them, one page named twice (the later
+        // entry wins), in no particular order.
+        let addrs: Vec<u64> = [700u64, 3, 4, 5, 6, 200, 999, 1, 4, 512, 513]
+            .iter()
+            .map(|p| p * PAGE)
+            .collect();
+        let data: Vec<Page> = addrs
+            .iter()
+            .enumerate()
+            .map(|(i, &a)| pages(a / PAGE, 1, 10 + i as u64)[0])
+            .collect();
+        let list: Vec<(u64, &Page)> = addrs.iter().copied().zip(data.iter()).collect();
+        mem.write_list(&list).unwrap();
+        let mut got = vec![[9u8; PAGE_SIZE]; addrs.len() + 1];
+        let mut read: Vec<(u64, &mut Page)> = addrs
+            .iter()
+            .copied()
+            .chain([2 * PAGE])
+            .zip(got.iter_mut())
+            .collect();
+        mem.read_list(&mut read).unwrap();
+        for (i, &a) in addrs.iter().enumerate() {
+            // The last entry for an address is what it holds.
+            let last = addrs.iter().rposition(|&b| b == a).unwrap();
+            assert!(got[i] == data[last], "{scheme:?}: page at {a} (entry {i})");
+        }
+        assert!(got[addrs.len()].iter().all(|&b| b == 0), "never written");
+        // Each page as a single-page read sees the same.
+        let mut one = [0u8; PAGE_SIZE];
+        mem.read_page(513 * PAGE, &mut one).unwrap();
+        assert!(one == data[10]);
+        assert!(matches!(
+            mem.read_list(&mut [(PAGE + 1, &mut one)]),
+            Err(IoError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            mem.write_list(&[(4 << 20, &data[0])]),
+            Err(IoError::OutOfRange { .. })
+        ));
+        mem.free_all().unwrap();
+    }
+}
+
+#[test]
+fn every_design_choice_turned_off_still_reads_back_exactly() {
+    let c = common::cluster(12, SLAB, 64);
+    for ablation in [
+        Ablation {
+            encode_first: true,
+            ..Ablation::default()
+        },
+        Ablation {
+            bounce: true,
+            ..Ablation::default()
+        },
+        Ablation {
+            unbatched: true,
+            ..Ablation::default()
+        },
+    ] {
+        let mut cfg = ClientConfig::new(hydra(), 2 << 20);
+        cfg.ablation = ablation;
+        let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
+        let want = pages(0, 40, 3);
+        mem.write_pages(0, &want[..32]).unwrap();
+        for (i, p) in want.iter().enumerate().skip(32) {
+            mem.write_page(i as u64 * PAGE, p).unwrap();
+        }
+        let mut got = vec![[0u8; PAGE_SIZE]; 40];
+        mem.read_pages(0, &mut got).unwrap();
+        assert_pages(&got, &want, &format!("{ablation:?}"));
+        let mut one = [0u8; PAGE_SIZE];
+        mem.read_page(5 * PAGE, &mut one).unwrap();
+        assert!(one == want[5], "{ablation:?}: single-page read");
         mem.free_all().unwrap();
     }
 }

@@ -63,15 +63,19 @@ fn wait_gone(addrs: &[std::net::SocketAddr]) {
     }
 }
 
-fn tmp(name: &str) -> std::path::PathBuf {
-    let d = std::env::temp_dir().join(format!("hm-cli-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join("cluster.toml")
+/// A directory of its own, removed when the test ends, and the cluster file's path in it.
+fn tmp() -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = tempfile::Builder::new()
+        .prefix("hm-cli-")
+        .tempdir()
+        .unwrap();
+    let file = d.path().join("cluster.toml");
+    (d, file)
 }
 
 #[test]
 fn up_status_and_clean_sigterm() {
-    let file = tmp("term");
+    let (_dir, file) = tmp();
     let mut up = start_up(3, &file);
     let cluster = Cluster::load(&file).unwrap();
     assert_eq!(cluster.nodes.len(), 3);
@@ -118,7 +122,7 @@ fn up_status_and_clean_sigterm() {
 
 #[test]
 fn nodes_die_with_a_killed_up() {
-    let file = tmp("kill");
+    let (_dir, file) = tmp();
     let mut up = start_up(2, &file);
     let cluster = Cluster::load(&file).unwrap();
     up.kill().unwrap();

@@ -228,3 +228,42 @@ fn a_node_restarted_within_the_heartbeat_is_repaired_without_writes() {
     }
     check(&mem, &last);
 }
+
+#[test]
+fn a_straggling_node_does_not_hold_writes_and_its_splits_catch_up() {
+    let mut c = common::cluster(11, SLAB, 64);
+    let pages = 64;
+    let mut cfg = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
+    // The failure detector stays out of it: the stopped node is slow, not failed.
+    cfg.tcp.heartbeat_timeout = Duration::from_secs(600);
+    cfg.op_timeout = Duration::from_secs(30);
+    let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let group = mem.group_of(0).unwrap();
+    let victim = group.nodes[3];
+    c.pause(victim as usize).unwrap();
+    // Every write completes without the stopped node (it would otherwise wait for it as long
+    // as op_timeout), each leaving its split there behind.
+    write_round(&mem, pages, 2, &mut last);
+    assert!(mem.transport().is_up(victim), "the detector acted");
+    assert_eq!(
+        mem.stats()
+            .left_behind
+            .load(std::sync::atomic::Ordering::Relaxed),
+        pages
+    );
+    assert_eq!(mem.lagging_splits(), pages as usize);
+    check(&mem, &last);
+    // Back: the maintenance thread resends the splits until the node has them all.
+    c.resume(victim as usize).unwrap();
+    wait_until("the splits left behind are acknowledged", || {
+        mem.lagging_splits() == 0
+    });
+    // Now the page survives the loss of r = 2 other nodes of its group: only if the
+    // straggler's splits of round 2 are there (8 splits of one version are needed).
+    for j in [0, 7] {
+        c.kill(group.nodes[j] as usize).unwrap();
+    }
+    check(&mem, &last);
+}

@@ -272,7 +272,11 @@ fn read_replies_carrying_write_cookies_are_dropped_counted_and_never_land() {
         forged.clone(),
     );
     let cluster = behind_proxy(c.cluster(), proxy);
-    let mem = RemoteMemory::connect(&cluster, config(HYDRA, ClientId::random())).unwrap();
+    let mut cfg = config(HYDRA, ClientId::random());
+    // Every write waits for node 0's real reply, so each forged frame reaches an open write
+    // (a write that left a late split behind would drop it as a late reply, uncounted).
+    cfg.write_straggler_after = Duration::from_secs(3600);
+    let mem = RemoteMemory::connect(&cluster, cfg).unwrap();
     let pages = 4 * SLAB / 4096;
     for p in 0..pages {
         mem.write_page(p * 4096, &page(p)).unwrap();

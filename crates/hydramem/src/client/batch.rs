@@ -85,24 +85,116 @@ impl RemoteMemory {
     /// before and after the failed one may or may not have been read.
     pub fn read_pages(&self, addr: u64, pages: &mut [Page]) -> Result<(), IoError> {
         self.check_span(addr, pages.len())?;
-        let start = Instant::now();
-        let mut done = 0;
-        while done < pages.len() {
-            let at = addr + (done * PAGE_SIZE) as u64;
-            done += self.read_window(at, &mut pages[done..], start)?;
+        let items: Vec<(u64, *mut Page)> = pages
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| (addr + (i * PAGE_SIZE) as u64, p as *mut Page))
+            .collect();
+        // SAFETY: each pointer comes from a distinct element of `pages`, exclusively borrowed
+        // for this whole call and not otherwise touched during it.
+        unsafe { self.read_items(&items) }
+    }
+
+    /// Reads each page of `list` (its address, where its bytes go), all in flight at once, as
+    /// [`RemoteMemory::read_pages`] does for a span: pages at consecutive addresses next to
+    /// each other in the list travel as runs; others as runs of one, still one frame per
+    /// node. For front ends that gather the requests of many callers (the NBD export's
+    /// pipelined requests).
+    pub fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        for (addr, _) in list.iter() {
+            self.check_span(*addr, 1)?;
         }
-        Ok(())
+        let items: Vec<(u64, *mut Page)> = list
+            .iter_mut()
+            .map(|(a, p)| (*a, &mut **p as *mut Page))
+            .collect();
+        // SAFETY: each pointer comes from a distinct `&mut Page` of `list`, exclusively
+        // borrowed for this whole call and not otherwise touched during it.
+        unsafe { self.read_items(&items) }
     }
 
     /// Writes `pages` to consecutive pages starting at `addr`, all in flight at once (see the
     /// module doc). Returns once every page is acknowledged as the mode requires.
     pub fn write_pages(&self, addr: u64, pages: &[Page]) -> Result<(), IoError> {
         self.check_span(addr, pages.len())?;
+        let items: Vec<(u64, &Page)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (addr + (i * PAGE_SIZE) as u64, p))
+            .collect();
+        self.write_items(&items)
+    }
+
+    /// Writes each page of `list` (its address, its bytes), all in flight at once, as
+    /// [`RemoteMemory::write_pages`] does for a span. An address named twice is written twice,
+    /// in list order: the later entry is what reads return.
+    pub fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        for (addr, _) in list {
+            self.check_span(*addr, 1)?;
+        }
+        self.write_items(list)
+    }
+
+    /// Reads `items` window after window.
+    ///
+    /// # Safety
+    /// Every pointer must be valid for reads and writes of one page for the whole call, the
+    /// pointers must be distinct, and nothing else may access those pages during the call.
+    unsafe fn read_items(&self, items: &[(u64, *mut Page)]) -> Result<(), IoError> {
+        if self.config.ablation.bounce {
+            let mut bounce = vec![[0u8; PAGE_SIZE]; items.len()];
+            let bounced: Vec<(u64, *mut Page)> = items
+                .iter()
+                .zip(bounce.iter_mut())
+                .map(|(&(a, _), b)| (a, b as *mut Page))
+                .collect();
+            // SAFETY: the bounce pages are distinct, owned here, and untouched meanwhile.
+            let r = unsafe { self.read_windows(&bounced) };
+            for (&(_, page), b) in items.iter().zip(&bounce) {
+                // SAFETY: the caller's contract; no slot refers to the page (none was
+                // acquired for it).
+                unsafe { (*page).copy_from_slice(b) };
+            }
+            return r;
+        }
+        // SAFETY: the caller's contract.
+        unsafe { self.read_windows(items) }
+    }
+
+    /// Reads `items` window after window.
+    ///
+    /// # Safety
+    /// As [`RemoteMemory::read_items`].
+    unsafe fn read_windows(&self, items: &[(u64, *mut Page)]) -> Result<(), IoError> {
         let start = Instant::now();
         let mut done = 0;
-        while done < pages.len() {
-            let at = addr + (done * PAGE_SIZE) as u64;
-            done += self.write_window(at, &pages[done..], start)?;
+        while done < items.len() {
+            // SAFETY: the caller's contract, for a part of the same items.
+            done += unsafe { self.read_window(&items[done..], start)? };
+        }
+        Ok(())
+    }
+
+    /// Writes `items` window after window.
+    fn write_items(&self, items: &[(u64, &Page)]) -> Result<(), IoError> {
+        if self.config.ablation.bounce {
+            let bounce: Vec<Page> = items.iter().map(|(_, p)| **p).collect();
+            let bounced: Vec<(u64, &Page)> = items
+                .iter()
+                .zip(&bounce)
+                .map(|(&(a, _), b)| (a, b))
+                .collect();
+            return self.write_windows(&bounced);
+        }
+        self.write_windows(items)
+    }
+
+    /// Writes `items` window after window.
+    fn write_windows(&self, items: &[(u64, &Page)]) -> Result<(), IoError> {
+        let start = Instant::now();
+        let mut done = 0;
+        while done < items.len() {
+            done += self.write_window(&items[done..], start)?;
         }
         Ok(())
     }
@@ -125,26 +217,31 @@ impl RemoteMemory {
         }
     }
 
-    /// Reads the first pages of `pages` (as many as one window holds); returns how many.
-    fn read_window(&self, addr: u64, pages: &mut [Page], start: Instant) -> Result<usize, IoError> {
-        let base = pages.as_mut_ptr();
-        let mut live: Vec<ReadSlot<'_>> = Vec::with_capacity(pages.len().min(WINDOW));
+    /// Reads the first pages of `items` (as many as one window holds); returns how many.
+    ///
+    /// # Safety
+    /// As [`RemoteMemory::read_items`].
+    unsafe fn read_window(
+        &self,
+        items: &[(u64, *mut Page)],
+        start: Instant,
+    ) -> Result<usize, IoError> {
+        let mut live: Vec<ReadSlot<'_>> = Vec::with_capacity(items.len().min(WINDOW));
         let mut taken = 0;
-        for i in 0..pages.len().min(WINDOW) {
-            let page_addr = addr + (i * PAGE_SIZE) as u64;
+        for (i, &(page_addr, page)) in items.iter().enumerate().take(WINDOW) {
             let (range, pir) = self.locate(page_addr)?;
-            // SAFETY: `i < pages.len()`; every access to the pages below goes through `base`.
-            let page = unsafe { base.add(i) };
             let Some(group) = self.ranges[range].load_full() else {
-                // SAFETY: no operation holds this page (none was acquired for it).
+                // SAFETY: the caller's contract; no operation holds this page (none was
+                // acquired for it).
                 unsafe { (*page).fill(0) };
                 self.stats.reads.fetch_add(1, Ordering::Relaxed);
                 taken = i + 1;
                 continue;
             };
             let op = if live.is_empty() {
-                // SAFETY: the page is valid for 4096 bytes of writes, and nothing touches it
-                // until its slot is closed (below, before the page is borrowed again) or dropped.
+                // SAFETY: the page is valid for 4096 bytes of writes (the caller's contract),
+                // and nothing touches it until its slot is closed (below, before the page is
+                // borrowed again) or dropped.
                 unsafe { self.slots.acquire_read(page.cast()) }
             } else {
                 // SAFETY: as above.
@@ -156,7 +253,9 @@ impl RemoteMemory {
             op.bind(range as u64, pir);
             // The page after the previous one in the same group asks the same splits.
             let mut plan = match live.last() {
-                Some(prev) if prev.i + 1 == i && Arc::ptr_eq(&prev.plan.group, &group) => {
+                Some(prev)
+                    if follows(items, prev.i, i) && Arc::ptr_eq(&prev.plan.group, &group) =>
+                {
                     ReadPlan::next_page(&prev.plan, self)
                 }
                 _ => ReadPlan::new(self, group, range, pir),
@@ -172,8 +271,12 @@ impl RemoteMemory {
             taken = i + 1;
         }
         let mut touched = Touched::default();
+        let batched = !self.config.ablation.unbatched;
         for run in runs(&live, |a, b| {
-            a.i + 1 == b.i && Arc::ptr_eq(&a.plan.group, &b.plan.group) && a.asked == b.asked
+            batched
+                && follows(items, a.i, b.i)
+                && Arc::ptr_eq(&a.plan.group, &b.plan.group)
+                && a.asked == b.asked
         }) {
             self.post_read_runs(run);
             touched.note(&run[0].op, self.layout.width);
@@ -184,10 +287,10 @@ impl RemoteMemory {
         let mut conclude = |s: &mut ReadSlot<'_>, result| {
             s.decided = true;
             s.op.close();
-            // SAFETY: the slot is closed (no completer writes the page any more) and this is
-            // the only reference to page `s.i` (`base` is not used for it elsewhere meanwhile).
-            let page = unsafe { &mut *base.add(s.i) };
-            let page_addr = addr + (s.i * PAGE_SIZE) as u64;
+            let (page_addr, page) = items[s.i];
+            // SAFETY: the slot is closed (no completer writes the page any more), and by the
+            // caller's contract this is the only reference to the page meanwhile.
+            let page = unsafe { &mut *page };
             let r = self.conclude_read(&mut s.plan, &mut s.op, page, page_addr, start, result);
             self.metrics
                 .read_seconds
@@ -216,19 +319,20 @@ impl RemoteMemory {
         // Splits of different writes: a write to these pages was in flight. Read each again on
         // its own (with the single-page backoff), now that this window's slots are free.
         for i in again {
-            // SAFETY: every slot of the window was dropped: nothing else refers to the pages.
-            let page = unsafe { &mut *base.add(i) };
-            self.read_page_at(addr + (i * PAGE_SIZE) as u64, page, start)?;
+            let (page_addr, page) = items[i];
+            // SAFETY: every slot of the window was dropped, and by the caller's contract
+            // nothing else refers to the page.
+            let page = unsafe { &mut *page };
+            self.read_page_at(page_addr, page, start)?;
         }
         Ok(taken)
     }
 
-    /// Writes the first pages of `pages` (as many as one window holds); returns how many.
-    fn write_window(&self, addr: u64, pages: &[Page], start: Instant) -> Result<usize, IoError> {
+    /// Writes the first pages of `items` (as many as one window holds); returns how many.
+    fn write_window(&self, items: &[(u64, &Page)], start: Instant) -> Result<usize, IoError> {
         let l = &self.layout;
-        let mut live: Vec<WriteSlot<'_>> = Vec::with_capacity(pages.len().min(WINDOW));
-        for (i, page) in pages.iter().enumerate().take(WINDOW) {
-            let page_addr = addr + (i * PAGE_SIZE) as u64;
+        let mut live: Vec<WriteSlot<'_>> = Vec::with_capacity(items.len().min(WINDOW));
+        for (i, &(page_addr, page)) in items.iter().enumerate().take(WINDOW) {
             let (range, pir) = self.locate(page_addr)?;
             let group = match self.ranges[range].load_full() {
                 Some(g) => g,
@@ -259,10 +363,11 @@ impl RemoteMemory {
             });
         }
         let mut touched = Touched::default();
+        let batched = !self.config.ablation.unbatched;
         for run in runs(&live, |a, b| {
-            a.i + 1 == b.i && a.stamp.range == b.stamp.range && Arc::ptr_eq(&a.group, &b.group)
+            batched && follows(items, a.i, b.i) && Arc::ptr_eq(&a.group, &b.group)
         }) {
-            self.post_write_runs(run, pages);
+            self.post_write_runs(run, items);
             touched.note(&run[0].op, l.width);
         }
         touched.flush(self);
@@ -295,6 +400,9 @@ impl RemoteMemory {
                 settle(s, true);
             } else if acked + (p.outstanding().count_ones() as usize) < l.write_need {
                 settle(s, false);
+            } else if self.leave_behind(&s.op, &s.group, items[s.i].1, s.stamp, (p, start)) {
+                // A straggler: the write completed without it.
+                settle(s, true);
             } else {
                 return None;
             }
@@ -305,7 +413,7 @@ impl RemoteMemory {
         }
         drop(live);
         for i in again {
-            self.write_page(addr + (i * PAGE_SIZE) as u64, &pages[i])?;
+            self.write_page(items[i].0, items[i].1)?;
         }
         Ok(taken)
     }
@@ -323,8 +431,12 @@ impl RemoteMemory {
                 at,
                 |node, wire_run| {
                     let mut cookies = run.iter().map(|s| s.op.cookie(j));
-                    self.transport
-                        .post_read_run(node, wire_run, &mut cookies, false)
+                    self.transport.post_read_run(
+                        node,
+                        wire_run,
+                        &mut cookies,
+                        self.config.ablation.unbatched,
+                    )
                 },
             );
         }
@@ -333,7 +445,7 @@ impl RemoteMemory {
     /// Posts every split of a run of pages (`run`: consecutive pages of one group, their side
     /// buffers encoded): for each split, one run of consecutive slots to its node, each split
     /// with its page's version and checksum.
-    fn post_write_runs(&self, run: &[WriteSlot<'_>], pages: &[Page]) {
+    fn post_write_runs(&self, run: &[WriteSlot<'_>], items: &[(u64, &Page)]) {
         let l = &self.layout;
         let first = &run[0];
         for j in 0..l.width {
@@ -345,7 +457,7 @@ impl RemoteMemory {
                 at,
                 |node, wire_run| {
                     let mut splits = run.iter().map(|s| {
-                        let data = split_of(l, &pages[s.i], s.op.write_side(), j);
+                        let data = split_of(l, items[s.i].1, s.op.write_side(), j);
                         RunSplit {
                             cookie: s.op.cookie(j),
                             version: s.stamp.version,
@@ -353,8 +465,12 @@ impl RemoteMemory {
                             data,
                         }
                     });
-                    self.transport
-                        .post_write_run(node, wire_run, &mut splits, false)
+                    self.transport.post_write_run(
+                        node,
+                        wire_run,
+                        &mut splits,
+                        self.config.ablation.unbatched,
+                    )
                 },
             );
         }
@@ -426,6 +542,12 @@ impl RemoteMemory {
             }
         }
     }
+}
+
+/// Whether entry `b` of a call's items is the page right after entry `a`'s, in the next
+/// place of the list: the two can share runs.
+fn follows<P>(items: &[(u64, P)], a: usize, b: usize) -> bool {
+    a + 1 == b && items[a].0.checked_add(PAGE_SIZE as u64) == Some(items[b].0)
 }
 
 /// The maximal runs of `items` whose neighbours `joins`.

@@ -8,6 +8,22 @@ use super::tcp::TcpOptions;
 use super::Resilience;
 use crate::wire::ClientId;
 
+/// Design choices of the data path that a measurement may turn off, one at a time, to see what
+/// each is worth (paper Fig. 10). All off (the default) is the real data path; nothing but
+/// `hydramem bench` should turn one on.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ablation {
+    /// Encode the parity before sending any split, instead of sending the data splits while
+    /// the parity is encoded (asynchronously encoded write, paper 4.1.1).
+    pub encode_first: bool,
+    /// Read into and write from a bounce buffer per page, with a copy to or from the caller's
+    /// page, instead of landing and sending splits in place (in-place coding, paper 4.1.3).
+    pub bounce: bool,
+    /// Send every page of a multi-page call in messages of its own (flushed page by page, one
+    /// split per entry), instead of runs that share one frame per node (batching).
+    pub unbatched: bool,
+}
+
 /// Everything a client needs besides the cluster file.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -24,6 +40,11 @@ pub struct ClientConfig {
     /// A read still short of k splits after this long asks the splits it has not asked yet
     /// (a straggler or a silently stalled node must not hold the page up).
     pub straggler_after: Duration,
+    /// A page write whose splits are all acknowledged but a few (at most
+    /// [`super::Layout::max_lagging`]) after this long completes, and the missing splits are
+    /// sent again in the background until their node takes them (a straggler must not hold
+    /// writes up until the failure detector acts; see `client/lagging.rs`).
+    pub write_straggler_after: Duration,
     /// Page operations in flight at once (callers beyond it wait).
     pub max_in_flight: usize,
     /// CodingSets load-balancing factor l, used unless the cluster file's `[placement]` sets
@@ -48,6 +69,8 @@ pub struct ClientConfig {
     /// Splits read from a node per accounting window: its error rate is judged once this many
     /// were read, so that one flipped bit on a quiet node does not evict it.
     pub error_window: u64,
+    /// Design choices turned off for a measurement (none by default).
+    pub ablation: Ablation,
 }
 
 impl ClientConfig {
@@ -60,6 +83,7 @@ impl ClientConfig {
             poll: Duration::from_micros(50),
             op_timeout: Duration::from_secs(10),
             straggler_after: Duration::from_millis(5),
+            write_straggler_after: Duration::from_millis(20),
             max_in_flight: 1024,
             placement_l: 2,
             seed: None,
@@ -68,6 +92,7 @@ impl ClientConfig {
             error_correction_limit: 0.001,
             slab_regeneration_limit: 0.01,
             error_window: 1000,
+            ablation: Ablation::default(),
         }
     }
 }

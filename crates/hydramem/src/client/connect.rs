@@ -174,6 +174,7 @@ impl RemoteMemory {
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
+            lagging: Default::default(),
             stuck: Mutex::new(Vec::new()),
             ended: Arc::new(Mutex::new(Vec::new())),
             retry: Mutex::new((Instant::now(), Vec::new())),

@@ -53,6 +53,7 @@ impl RemoteMemory {
             }
         }
         self.unstick();
+        self.resend_lagging();
         self.check_health();
         self.refresh_loads();
         self.regenerations_ended();

@@ -44,6 +44,7 @@ mod error;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 mod health;
+mod lagging;
 pub mod layout;
 mod maintain;
 pub mod mem;
@@ -67,7 +68,7 @@ use parking_lot::Mutex;
 
 use crate::wire;
 use crate::PAGE_SIZE;
-pub use config::ClientConfig;
+pub use config::{Ablation, ClientConfig};
 pub use error::{ClientError, IoError};
 use health::NodeHealth;
 pub use health::NodeIntegrity;
@@ -124,6 +125,8 @@ pub struct RemoteMemory {
     retry: Mutex<(Instant, Vec<RegenJob>)>,
     /// No repair before this instant (after one found no replacement node).
     repair_after: Mutex<Instant>,
+    /// Write splits left behind by a straggling node, resent in the background.
+    lagging: lagging::Lagging,
 }
 
 impl RemoteMemory {

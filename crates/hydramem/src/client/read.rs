@@ -272,7 +272,14 @@ impl RemoteMemory {
     /// the read is repeated, up to `op_timeout`; it never returns mixed bytes.
     pub fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
         let start = Instant::now();
-        let r = self.read_page_at(addr, page, start);
+        let r = if self.config.ablation.bounce {
+            let mut bounce: Page = [0; PAGE_SIZE];
+            let r = self.read_page_at(addr, &mut bounce, start);
+            page.copy_from_slice(&bounce);
+            r
+        } else {
+            self.read_page_at(addr, page, start)
+        };
         self.metrics
             .read_seconds
             .record(start.elapsed().as_secs_f64());

@@ -32,6 +32,9 @@ pub struct ClientStats {
     /// Page writes sent again with a newer version because a node held a newer one than
     /// this client's clock gave (see [`RemoteMemory::write_page`]).
     pub stale_rewrites: AtomicU64,
+    /// Write splits left behind: their node had not acknowledged them when the rest of the
+    /// page's write was, after `write_straggler_after`; sent again in the background.
+    pub left_behind: AtomicU64,
 }
 
 /// Prometheus handles, registered once at connect so that the data path only records into

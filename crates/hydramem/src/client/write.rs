@@ -144,6 +144,14 @@ impl RemoteMemory {
     /// then the page is written again, whole, with a version past the one the node reported,
     /// so a write is acknowledged only once its bytes are what the nodes hold.
     pub fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+        if self.config.ablation.bounce {
+            let bounce: Page = *page;
+            return self.write_page_in_place(addr, &bounce);
+        }
+        self.write_page_in_place(addr, page)
+    }
+
+    fn write_page_in_place(&self, addr: u64, page: &Page) -> Result<(), IoError> {
         let (range, pir) = self.locate(addr)?;
         let start = Instant::now();
         let mut version = self.next_version(addr, 0)?;
@@ -223,10 +231,15 @@ impl RemoteMemory {
             }
             return;
         };
+        if self.config.ablation.encode_first {
+            encode_side(codec, l, op, page);
+        }
         for j in 0..l.full_data {
             self.post_split_write(op, group, j, &page[j * s..(j + 1) * s], stamp, flush);
         }
-        encode_side(codec, l, op, page);
+        if !self.config.ablation.encode_first {
+            encode_side(codec, l, op, page);
+        }
         for j in l.full_data..l.width {
             let data = split_of(l, page, op.write_side(), j);
             self.post_split_write(op, group, j, data, stamp, flush);
@@ -266,7 +279,9 @@ impl RemoteMemory {
                 if acked >= l.write_need {
                     Some(Ok(()))
                 } else if acked + p.outstanding().count_ones() as usize >= l.write_need {
-                    None
+                    // A straggler: complete without it once it is late enough.
+                    self.leave_behind(&op, &group, page, stamp, (p, start))
+                        .then_some(Ok(()))
                 } else {
                     Some(Err(()))
                 }

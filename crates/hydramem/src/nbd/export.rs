@@ -59,6 +59,22 @@ pub trait PageStore: Send + Sync {
         }
         Ok(())
     }
+    /// Reads each page of `list` (address, destination); a store that can have them all in
+    /// flight at once overrides this page-by-page default.
+    fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        for (addr, page) in list.iter_mut() {
+            self.read_page(*addr, page)?;
+        }
+        Ok(())
+    }
+    /// Writes each page of `list` (address, bytes) in list order; returns once all are
+    /// acknowledged. A store that can have them all in flight at once overrides this default.
+    fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        for (addr, page) in list {
+            self.write_page(*addr, page)?;
+        }
+        Ok(())
+    }
     /// Whether the page at `addr` certainly reads as zeros without being asked (never
     /// written); `false` when unsure.
     fn known_zero(&self, _addr: u64) -> bool {
@@ -78,6 +94,12 @@ impl PageStore for RemoteMemory {
     }
     fn write_pages(&self, addr: u64, pages: &[Page]) -> Result<(), IoError> {
         RemoteMemory::write_pages(self, addr, pages)
+    }
+    fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        RemoteMemory::read_list(self, list)
+    }
+    fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        RemoteMemory::write_list(self, list)
     }
     fn known_zero(&self, addr: u64) -> bool {
         // An address range is mapped on its first write; until then it reads as zeros.
@@ -226,6 +248,74 @@ impl Export {
     }
 }
 
+impl Export {
+    /// Whether a request of `len` bytes at `offset` covers whole pages only, inside the
+    /// export: what [`Export::read_many`] and [`Export::write_many`] batch.
+    pub fn whole_pages(&self, offset: u64, len: u64) -> bool {
+        len > 0
+            && offset.is_multiple_of(PAGE)
+            && len.is_multiple_of(PAGE)
+            && self.check(offset, len).is_ok()
+    }
+
+    /// Reads many requests at once — `(offset, buffer)`, each of whole pages
+    /// ([`Export::whole_pages`]) — with all their pages in flight together: one list call to
+    /// the store, so the pages of requests a client pipelined travel in one frame per node.
+    /// Returns each request's outcome; when the list call fails, the requests are read again
+    /// one by one, so that each gets its own outcome.
+    pub fn read_many(&self, reqs: &mut [(u64, &mut [u8])]) -> Vec<Result<(), ExportError>> {
+        if reqs
+            .iter()
+            .any(|(o, b)| !self.whole_pages(*o, b.len() as u64))
+        {
+            return self.one_by_one_read(reqs);
+        }
+        let mut list: Vec<(u64, &mut Page)> = Vec::new();
+        for (offset, buf) in reqs.iter_mut() {
+            let (pages, _) = buf.as_chunks_mut::<PAGE_SIZE>();
+            list.extend((*offset..).step_by(PAGE_SIZE).zip(pages.iter_mut()));
+        }
+        match self.store.read_list(&mut list) {
+            Ok(()) => reqs.iter().map(|_| Ok(())).collect(),
+            Err(_) => {
+                drop(list);
+                self.one_by_one_read(reqs)
+            }
+        }
+    }
+
+    /// Each request read on its own.
+    fn one_by_one_read(&self, reqs: &mut [(u64, &mut [u8])]) -> Vec<Result<(), ExportError>> {
+        reqs.iter_mut().map(|(o, b)| self.read(*o, b)).collect()
+    }
+
+    /// Writes many requests at once — `(offset, data)`, each of whole pages
+    /// ([`Export::whole_pages`]) — with all their pages in flight together, holding the
+    /// stripes of every page for the whole call. Requests that overlap are written in order
+    /// (the later one's bytes stay). Returns each request's outcome; when the list call fails,
+    /// the requests are written again one by one, so that each gets its own outcome.
+    pub fn write_many(&self, reqs: &[(u64, &[u8])]) -> Vec<Result<(), ExportError>> {
+        if reqs
+            .iter()
+            .any(|(o, d)| !self.whole_pages(*o, d.len() as u64))
+        {
+            return reqs.iter().map(|(o, d)| self.write(*o, d)).collect();
+        }
+        let mut list: Vec<(u64, &Page)> = Vec::new();
+        for (offset, data) in reqs {
+            let (pages, _) = data.as_chunks::<PAGE_SIZE>();
+            list.extend((*offset..).step_by(PAGE_SIZE).zip(pages.iter()));
+        }
+        let guards = self.locks.lock_pages(list.iter().map(|(a, _)| a / PAGE));
+        let r = self.store.write_list(&list);
+        drop(guards);
+        match r {
+            Ok(()) => reqs.iter().map(|_| Ok(())).collect(),
+            Err(_) => reqs.iter().map(|(o, d)| self.write(*o, d)).collect(),
+        }
+    }
+}
+
 /// Pages one zeroing call writes at once.
 const ZERO_BATCH: usize = 256;
 
@@ -298,6 +388,8 @@ pub struct MemStore {
     bytes: Mutex<Vec<u8>>,
     written: Mutex<Vec<bool>>,
     writes: AtomicU64,
+    /// List calls of more than one page.
+    lists: AtomicU64,
     pause: Duration,
 }
 
@@ -312,6 +404,7 @@ impl MemStore {
             bytes: Mutex::new(vec![0; pages * PAGE_SIZE]),
             written: Mutex::new(vec![false; pages]),
             writes: AtomicU64::new(0),
+            lists: AtomicU64::new(0),
             pause,
         })
     }
@@ -319,6 +412,12 @@ impl MemStore {
     /// Pages written so far.
     pub fn writes(&self) -> u64 {
         self.writes.load(Ordering::Relaxed)
+    }
+
+    /// Calls of [`PageStore::read_list`] or [`PageStore::write_list`] with more than one page
+    /// so far: batches a front end gathered.
+    pub fn lists(&self) -> u64 {
+        self.lists.load(Ordering::Relaxed)
     }
 }
 
@@ -335,6 +434,20 @@ impl PageStore for MemStore {
         self.written.lock()[(addr / PAGE) as usize] = true;
         self.writes.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+    fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        if list.len() > 1 {
+            self.lists.fetch_add(1, Ordering::Relaxed);
+        }
+        list.iter_mut()
+            .try_for_each(|(addr, page)| self.read_page(*addr, page))
+    }
+    fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        if list.len() > 1 {
+            self.lists.fetch_add(1, Ordering::Relaxed);
+        }
+        list.iter()
+            .try_for_each(|(addr, page)| self.write_page(*addr, page))
     }
     fn known_zero(&self, addr: u64) -> bool {
         !self.written.lock()[(addr / PAGE) as usize]

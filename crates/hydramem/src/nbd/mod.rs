@@ -30,6 +30,7 @@
 //! input. [`run`] serves until [`Shutdown::trigger`]: it stops accepting, stops reading
 //! requests, replies to every request already read, closes, and returns.
 
+mod batch;
 pub mod export;
 pub mod handshake;
 pub mod page_locks;

@@ -52,7 +52,13 @@ impl PageLocks {
     /// Locks the stripes of pages `first..first + n` until the guards are dropped: each
     /// stripe once, in ascending stripe order (see the module doc).
     pub fn lock_span(&self, first: u64, n: u64) -> Vec<MutexGuard<'_, ()>> {
-        let mut idx: Vec<usize> = (first..first.saturating_add(n)).map(Self::index).collect();
+        self.lock_pages(first..first.saturating_add(n))
+    }
+
+    /// Locks the stripes of the page numbers `pages` (in any order, repeats allowed) until the
+    /// guards are dropped: each stripe once, in ascending stripe order (see the module doc).
+    pub fn lock_pages(&self, pages: impl Iterator<Item = u64>) -> Vec<MutexGuard<'_, ()>> {
+        let mut idx: Vec<usize> = pages.map(Self::index).collect();
         idx.sort_unstable();
         idx.dedup();
         idx.into_iter().map(|i| self.stripes[i].lock()).collect()

@@ -14,6 +14,14 @@
 //! another build shared the cores). With `workers == 1` every request runs in order on the
 //! reading thread.
 //!
+//! Requests a client pipelined are also *batched*: READs, or WRITEs, of whole pages that are
+//! already buffered behind one another (the kernel at queue depth 16 sends 16 single-page
+//! swap-ins at once) are gathered — up to 64 requests and 1 MiB, one kind per batch — and
+//! executed as one unit with all their pages in flight together ([`Export::read_many`],
+//! [`Export::write_many`]): the pages of 16 requests reach each memory node in one frame
+//! instead of 16. The last request buffered sends the batch off; any other request (a partial
+//! page, FLUSH, TRIM, an invalid one) closes the batch before it and runs on its own.
+//!
 //! Invariants:
 //! - a request is replied to exactly once: with its data, with success once every page it
 //!   wrote is acknowledged under the resilience mode (so FLUSH has nothing to wait for and FUA
@@ -34,6 +42,7 @@ use std::sync::mpsc;
 
 use parking_lot::Mutex;
 
+use super::batch::{execute_batch, Batch, Work};
 use super::export::{Export, ExportError};
 use super::handshake::{read_or_eof, Negotiated};
 use super::wire::{self, Request};
@@ -49,13 +58,13 @@ pub enum End {
 }
 
 /// A request read off the wire, ready to execute.
-struct Job {
-    req: Request,
-    payload: Payload,
+pub(super) struct Job {
+    pub(super) req: Request,
+    pub(super) payload: Payload,
 }
 
 /// The payload of a request.
-enum Payload {
+pub(super) enum Payload {
     /// The command carries none.
     None,
     /// A WRITE's data.
@@ -65,9 +74,9 @@ enum Payload {
 }
 
 /// The sending half: replies of the workers, one at a time.
-struct Replies<W> {
+pub(super) struct Replies<W> {
     w: Mutex<W>,
-    structured: bool,
+    pub(super) structured: bool,
     failed: AtomicBool,
 }
 
@@ -86,7 +95,7 @@ impl<W: Write> Replies<W> {
         }
     }
 
-    fn done(&self, cookie: u64) {
+    pub(super) fn done(&self, cookie: u64) {
         if self.structured {
             self.send(&[&wire::done_chunk(cookie)]);
         } else {
@@ -94,7 +103,7 @@ impl<W: Write> Replies<W> {
         }
     }
 
-    fn data(&self, cookie: u64, offset: u64, data: &[u8]) {
+    pub(super) fn data(&self, cookie: u64, offset: u64, data: &[u8]) {
         if !self.structured {
             self.send(&[&wire::simple_reply(0, cookie), data]);
         } else if data.is_empty() {
@@ -141,15 +150,15 @@ pub fn serve<R: Read, W: Write + Send>(
         let mut pool = None;
         let mut started = Vec::new();
         if workers > 1 {
-            let (tx, rx) = mpsc::sync_channel::<Job>(workers * 2);
+            let (tx, rx) = mpsc::sync_channel::<Work>(workers * 2);
             let rx = std::sync::Arc::new(Mutex::new(rx));
             for i in 0..workers {
                 let rx = rx.clone();
                 let worker = move || loop {
-                    let job = rx.lock().recv();
-                    match job {
-                        Ok(job) => {
-                            execute(job, export, replies);
+                    let work = rx.lock().recv();
+                    match work {
+                        Ok(work) => {
+                            run(work, export, replies);
                             busy.fetch_sub(1, Ordering::SeqCst);
                         }
                         Err(_) => return,
@@ -167,20 +176,42 @@ pub fn serve<R: Read, W: Write + Send>(
                 pool = Some(tx);
             }
         }
-        let r = read_requests(r, &stopping, |job, pipelined| match &pool {
-            // A request with nothing in flight and nothing behind it (a client at queue
-            // depth 1) runs here, sparing the wake-up of a worker: tens of µs on these
-            // machines, a fifth of a page write.
+        let dispatch = |work: Work, pipelined: bool| match &pool {
+            // Work with nothing in flight and nothing behind it (a client at queue depth 1)
+            // runs here, sparing the wake-up of a worker: tens of µs on these machines, a
+            // fifth of a page write.
             Some(tx) if pipelined || busy.load(Ordering::SeqCst) > 0 => {
                 busy.fetch_add(1, Ordering::SeqCst);
                 // A send fails only if every worker is gone, which happens only on panic.
-                if let Err(mpsc::SendError(job)) = tx.send(job) {
+                if let Err(mpsc::SendError(work)) = tx.send(work) {
                     busy.fetch_sub(1, Ordering::SeqCst);
-                    execute(job, export, replies);
+                    run(work, export, replies);
                 }
             }
-            _ => execute(job, export, replies),
+            _ => run(work, export, replies),
+        };
+        let mut batch = Batch::default();
+        let r = read_requests(r, &stopping, |job, pipelined| {
+            if !batch.takes(&job, export, replies.structured) {
+                if let Some(work) = batch.take() {
+                    dispatch(work, true);
+                }
+                if !batch.takes(&job, export, replies.structured) {
+                    return dispatch(Work::One(job), pipelined);
+                }
+            }
+            batch.push(job);
+            // Requests already buffered behind this one join it; the last of them sends the
+            // batch off.
+            if !pipelined || batch.full() {
+                if let Some(work) = batch.take() {
+                    dispatch(work, pipelined);
+                }
+            }
         });
+        if let Some(work) = batch.take() {
+            dispatch(work, false);
+        }
         drop(pool); // workers finish the queue and return
                     // Joined one by one: the scope's own join returns as soon as each worker's closure
                     // has, before its thread-local destructors have run, so its thread could outlive the
@@ -192,6 +223,40 @@ pub fn serve<R: Read, W: Write + Send>(
         }
         r
     })
+}
+
+/// Executes one unit of work and sends its replies.
+fn run<W: Write>(work: Work, export: &Export, replies: &Replies<W>) {
+    match work {
+        Work::One(job) => execute(job, export, replies),
+        Work::Batch(jobs) => execute_batch(jobs, export, replies),
+    }
+}
+
+/// The flags command `kind` allows, `None` for an unknown command.
+pub(super) fn allowed_flags(kind: u16, structured: bool) -> Option<u16> {
+    let fua = wire::CMD_FLAG_FUA;
+    match kind {
+        wire::CMD_READ if structured => Some(fua | wire::CMD_FLAG_DF),
+        wire::CMD_READ | wire::CMD_WRITE | wire::CMD_FLUSH | wire::CMD_TRIM => Some(fua),
+        wire::CMD_WRITE_ZEROES => Some(fua | wire::CMD_FLAG_NO_HOLE),
+        _ => None,
+    }
+}
+
+/// Replies to a request whose execution failed: EINVAL for a request outside the export,
+/// EIO (logged) when the remote memory failed.
+pub(super) fn reply_error<W: Write>(replies: &Replies<W>, req: &Request, e: ExportError) {
+    let name = wire::command_name(req.kind);
+    match e {
+        ExportError::OutOfRange { .. } => {
+            fail(replies, req.cookie, name, wire::EINVAL, &e.to_string())
+        }
+        ExportError::Io(_) => {
+            tracing::warn!(cmd = name, offset = req.offset, len = req.len, error = %e, "NBD request failed");
+            fail(replies, req.cookie, name, wire::EIO, &e.to_string())
+        }
+    }
 }
 
 /// Reads requests until DISC, end of input, `stopping()`, or a framing error, passing each to
@@ -255,15 +320,9 @@ fn execute<W: Write>(job: Job, export: &Export, replies: &Replies<W>) {
     } = job.req;
     let name = wire::command_name(kind);
     metrics::counter!("hydramem_nbd_requests_total", "cmd" => name).increment(1);
-    let fua = wire::CMD_FLAG_FUA;
-    let allowed = match kind {
-        wire::CMD_READ if replies.structured => fua | wire::CMD_FLAG_DF,
-        wire::CMD_READ | wire::CMD_WRITE | wire::CMD_FLUSH | wire::CMD_TRIM => fua,
-        wire::CMD_WRITE_ZEROES => fua | wire::CMD_FLAG_NO_HOLE,
-        _ => {
-            let msg = format!("unknown command type {kind}");
-            return fail(replies, cookie, name, wire::EINVAL, &msg);
-        }
+    let Some(allowed) = allowed_flags(kind, replies.structured) else {
+        let msg = format!("unknown command type {kind}");
+        return fail(replies, cookie, name, wire::EINVAL, &msg);
     };
     if flags & !allowed != 0 {
         let msg = format!("command flags {flags:#x} are not valid for {name}");
@@ -298,13 +357,7 @@ fn execute<W: Write>(job: Job, export: &Export, replies: &Replies<W>) {
     };
     match r {
         Ok(()) => replies.done(cookie),
-        Err(e @ ExportError::OutOfRange { .. }) => {
-            fail(replies, cookie, name, wire::EINVAL, &e.to_string())
-        }
-        Err(e @ ExportError::Io(_)) => {
-            tracing::warn!(cmd = name, offset, len, error = %e, "NBD request failed");
-            fail(replies, cookie, name, wire::EIO, &e.to_string())
-        }
+        Err(e) => reply_error(replies, &job.req, e),
     }
 }
 
@@ -392,6 +445,51 @@ mod tests {
         want[10..210].fill(7);
         assert_eq!(rs[1], (0, 2, want));
         assert_eq!((rs[2].0, rs[2].1), (0, 3));
+    }
+
+    #[test]
+    fn pipelined_whole_page_requests_are_served_as_batches() {
+        // 16 pipelined 4 KiB writes (one overlapping an earlier one: the later wins), a
+        // partial write that goes alone, then 16 pipelined reads: every reply right, and the
+        // pages of the pipelined requests went to the store in list calls.
+        let store = MemStore::new(1 << 20, Default::default());
+        let export = Export::new(store.clone(), 1 << 20);
+        let page = |i: u64| vec![i as u8 + 1; 4096];
+        let mut inp = Vec::new();
+        for i in 0..16u64 {
+            inp.extend(req(CMD_WRITE, 0, i, i * 8192, 4096));
+            inp.extend(page(i));
+        }
+        inp.extend(req(CMD_WRITE, 0, 100, 3 * 8192, 4096)); // overwrites cookie 3's page
+        inp.extend(page(99));
+        inp.extend(req(CMD_WRITE, 0, 101, 5, 10)); // partial: not batched
+        inp.extend_from_slice(&[0xEE; 10]);
+        for i in 0..16u64 {
+            inp.extend(req(CMD_READ, 0, 200 + i, i * 8192, 4096));
+        }
+        inp.extend(req(CMD_DISC, 0, 999, 0, 0));
+        let neg = Negotiated {
+            structured: false,
+            flags: transmission_flags(false),
+        };
+        let mut out = Vec::new();
+        let mut r = BufReader::new(&inp[..]);
+        let end = serve(&mut r, &mut out, &export, neg, 4, || false).unwrap();
+        assert_eq!(end, End::Disconnect);
+        let rs = simple(&out, |c| if c >= 200 { 4096 } else { 0 });
+        assert_eq!(rs.len(), 16 + 2 + 16);
+        for (err, cookie, data) in rs {
+            assert_eq!(err, 0, "request {cookie}");
+            if cookie >= 200 {
+                let i = cookie - 200;
+                let mut want = page(if i == 3 { 99 } else { i });
+                if i == 0 {
+                    want[5..15].fill(0xEE);
+                }
+                assert_eq!(data, want, "read {i}");
+            }
+        }
+        assert!(store.lists() >= 2, "{} list calls", store.lists());
     }
 
     #[test]
@@ -552,10 +650,11 @@ mod tests {
             structured: true,
             flags: transmission_flags(true),
         };
+        // Writes of part of a page: not batched, so each goes to a worker.
         let mut inp = Vec::new();
         for i in 0..16u64 {
-            inp.extend(req(CMD_WRITE, 0, i, i * 4096, 4096));
-            inp.extend(vec![1; 4096]);
+            inp.extend(req(CMD_WRITE, 0, i, i * 4096, 4000));
+            inp.extend(vec![1; 4000]);
         }
         let mut r = BufReader::new(&inp[..]);
         serve(&mut r, Vec::new(), &export, neg, 4, || false).unwrap();

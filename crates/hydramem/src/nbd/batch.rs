@@ -1,0 +1,127 @@
+//! Batches of pipelined requests: READs, or WRITEs, of whole pages that a client sent one
+//! behind the other, executed as one unit with all their pages in flight together.
+//!
+//! The kernel at queue depth 16 sends 16 single-page swap-ins at once; served one by one,
+//! each page's splits are a frame to each node. Gathered, the pages of all 16 reach each node
+//! in one frame ([`Export::read_many`], [`Export::write_many`]).
+//!
+//! Invariants: a batch holds requests of one kind (READ or WRITE with its data) with valid
+//! flags, each covering whole pages inside the export, at most [`BATCH_REQUESTS`] requests and
+//! [`BATCH_BYTES`] bytes; each request of a batch gets exactly one reply, as it would alone
+//! (the export answers each request's outcome separately).
+
+use std::io::Write;
+
+use super::export::Export;
+use super::transmission::{allowed_flags, reply_error, Job, Payload, Replies};
+use super::wire;
+
+/// Most bytes of page data one batch of pipelined requests carries (the client's window).
+pub(super) const BATCH_BYTES: u64 = 1 << 20;
+/// Most requests in one batch.
+pub(super) const BATCH_REQUESTS: usize = 64;
+
+/// What a worker executes: one request, or a batch of pipelined requests of one kind (READs
+/// or WRITEs of whole pages) whose pages all go in flight together.
+pub(super) enum Work {
+    /// A request on its own.
+    One(Job),
+    /// Requests executed together.
+    Batch(Vec<Job>),
+}
+
+/// Pipelined requests gathered into one [`Work::Batch`]: READs or WRITEs (one kind per batch)
+/// of whole pages inside the export, with valid flags, up to [`BATCH_REQUESTS`] requests and
+/// [`BATCH_BYTES`] bytes.
+#[derive(Default)]
+pub(super) struct Batch {
+    jobs: Vec<Job>,
+    bytes: u64,
+}
+
+impl Batch {
+    /// Whether `job` may join this batch.
+    pub(super) fn takes(&self, job: &Job, export: &Export, structured: bool) -> bool {
+        let r = &job.req;
+        let kind_ok = matches!(
+            (r.kind, &job.payload),
+            (wire::CMD_READ, _) | (wire::CMD_WRITE, Payload::Data(_))
+        );
+        kind_ok
+            && allowed_flags(r.kind, structured).is_some_and(|a| r.flags & !a == 0)
+            && export.whole_pages(r.offset, r.len.into())
+            && self.jobs.first().is_none_or(|f| f.req.kind == r.kind)
+            && self.jobs.len() < BATCH_REQUESTS
+            && self.bytes + u64::from(r.len) <= BATCH_BYTES
+    }
+
+    pub(super) fn push(&mut self, job: Job) {
+        self.bytes += u64::from(job.req.len);
+        self.jobs.push(job);
+    }
+
+    pub(super) fn full(&self) -> bool {
+        self.jobs.len() >= BATCH_REQUESTS || self.bytes >= BATCH_BYTES
+    }
+
+    /// The gathered work, if any: a lone request as itself.
+    pub(super) fn take(&mut self) -> Option<Work> {
+        self.bytes = 0;
+        let mut jobs = std::mem::take(&mut self.jobs);
+        match jobs.len() {
+            0 => None,
+            1 => jobs.pop().map(Work::One),
+            _ => Some(Work::Batch(jobs)),
+        }
+    }
+}
+
+/// Executes a batch ([`Batch`]: whole-page READs or WRITEs with valid flags) with all its pages
+/// in flight at once, and replies to each request.
+pub(super) fn execute_batch<W: Write>(jobs: Vec<Job>, export: &Export, replies: &Replies<W>) {
+    metrics::counter!("hydramem_nbd_batches_total").increment(1);
+    metrics::counter!("hydramem_nbd_batched_requests_total").increment(jobs.len() as u64);
+    if jobs[0].req.kind == wire::CMD_READ {
+        let mut bufs: Vec<Vec<u8>> = jobs.iter().map(|j| vec![0u8; j.req.len as usize]).collect();
+        let mut reqs: Vec<(u64, &mut [u8])> = jobs
+            .iter()
+            .zip(bufs.iter_mut())
+            .map(|(j, b)| (j.req.offset, &mut b[..]))
+            .collect();
+        let results = export.read_many(&mut reqs);
+        drop(reqs);
+        for ((job, buf), r) in jobs.iter().zip(&bufs).zip(results) {
+            let (cookie, offset) = (job.req.cookie, job.req.offset);
+            metrics::counter!("hydramem_nbd_requests_total", "cmd" => "READ").increment(1);
+            match r {
+                Ok(()) => {
+                    metrics::counter!("hydramem_nbd_bytes_total", "dir" => "read")
+                        .increment(buf.len() as u64);
+                    replies.data(cookie, offset, buf);
+                }
+                Err(e) => reply_error(replies, &job.req, e),
+            }
+        }
+    } else {
+        let reqs: Vec<(u64, &[u8])> = jobs
+            .iter()
+            .map(|j| match &j.payload {
+                Payload::Data(d) => (j.req.offset, &d[..]),
+                // `Batch::takes` admits WRITEs with their data only.
+                Payload::None | Payload::Discarded => (j.req.offset, &[][..]),
+            })
+            .collect();
+        let results = export.write_many(&reqs);
+        for ((job, (_, d)), r) in jobs.iter().zip(&reqs).zip(results) {
+            metrics::counter!("hydramem_nbd_requests_total", "cmd" => "WRITE").increment(1);
+            match r {
+                Ok(()) => {
+                    metrics::counter!("hydramem_nbd_bytes_total", "dir" => "write")
+                        .increment(d.len() as u64);
+                    replies.done(job.req.cookie);
+                }
+                Err(e) => reply_error(replies, &job.req, e),
+            }
+        }
+    }
+}
