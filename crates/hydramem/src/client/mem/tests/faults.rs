@@ -33,17 +33,23 @@ fn with_r_nodes_down_reads_and_writes_go_on() {
     for (scheme, nodes, r) in [("hydra-8+2-d1", 12, 2), ("rep2", 4, 1)] {
         let pages = 64;
         let (mem, ctl, mut model) = written(scheme, nodes, pages, |_| {});
-        for &node in &members(&mem)[..r] {
+        let lost = members(&mem)[..r].to_vec();
+        for &node in &lost {
             ctl.node(node).down();
         }
         model.read_all(&mem, pages);
-        // Writes move the lost splits to spare nodes and go on.
+        // Writes move the lost splits to spare nodes and go on (the write path or the
+        // maintenance thread, whichever sees the loss first, moves them).
         model.write(&mem, 0, pages / 2, true).unwrap();
         model
             .write(&mem, pages / 2 * PAGE, pages / 2, false)
             .unwrap();
         model.read_all(&mem, pages);
-        assert!(mem.stats().rerouted.load(Ordering::Relaxed) > 0);
+        let now = members(&mem);
+        assert!(
+            lost.iter().all(|n| !now.contains(n)),
+            "{lost:?} still in {now:?}"
+        );
     }
 }
 
@@ -74,8 +80,10 @@ fn one_more_down(scheme: &str, nodes: usize, r: usize) {
     // of two versions, never mixed).
     ctl.node(lost[0]).up();
     model.read(&mem, PAGE, pages - 1, true).unwrap();
+    // (Its repeated inconsistent reads may also run out of the 100 ms op timeout first, on a
+    // loaded machine.)
     match model.read(&mem, 0, 1, false) {
-        Ok(()) | Err(IoError::Inconsistent { .. }) => {}
+        Ok(()) | Err(IoError::Inconsistent { .. } | IoError::Timeout { .. }) => {}
         Err(e) => panic!("{scheme}: {e}"),
     }
 }
@@ -131,26 +139,34 @@ fn lost_replies_and_requests_time_writes_out_and_reads_ask_again() {
     let pages = 16;
     let timeout = Duration::from_millis(100);
     let (mem, ctl, mut model) = written("hydra-8+2-d1", 10, pages, |c| c.op_timeout = timeout);
-    for (node, lose_requests) in [(2u16, false), (6, true)] {
-        let faults = ctl.node(node);
-        if lose_requests {
-            faults.drop_requests(PPM_ALL);
-        } else {
-            faults.drop_replies(PPM_ALL);
-        }
-        model.read_all(&mem, pages);
-        // A write waits for every acknowledgement (failure recovery): one never comes.
-        let started = Instant::now();
-        match model.write(&mem, 0, 1, false) {
-            Err(IoError::Timeout { what: "write", .. }) => {}
-            other => panic!("a write whose acknowledgement is lost gave {other:?}"),
-        }
-        assert!(started.elapsed() < 10 * timeout);
-        model.read(&mem, 0, 1, false).unwrap();
-        faults.clear();
-        model.write(&mem, 0, pages, true).unwrap();
-        model.read_all(&mem, pages);
+    // One node's acknowledgements lost: a write completes without it after
+    // write_straggler_after, leaving that split behind (failure recovery may leave one).
+    ctl.node(2).drop_replies(PPM_ALL);
+    model.read_all(&mem, pages);
+    model.write(&mem, 0, 1, false).unwrap();
+    assert_eq!(mem.stats().left_behind.load(Ordering::Relaxed), 1);
+    model.read(&mem, 0, 1, false).unwrap();
+    // A second node losing requests: two missing acknowledgements are more than a write may
+    // leave behind, so it times out.
+    ctl.node(6).drop_requests(PPM_ALL);
+    let started = Instant::now();
+    match model.write(&mem, PAGE, 1, true) {
+        Err(IoError::Timeout { what: "write", .. }) => {}
+        other => panic!("a write with two acknowledgements lost gave {other:?}"),
     }
+    assert!(started.elapsed() < 10 * timeout);
+    // Reads ask past both.
+    model.read_all(&mem, pages);
+    for node in [2, 6] {
+        ctl.node(node).clear();
+    }
+    model.write(&mem, 0, pages, true).unwrap();
+    model.read_all(&mem, pages);
+    // The split left behind reaches its node once it answers again.
+    assert!(
+        eventually(|| mem.lagging_splits() == 0),
+        "the split left behind was never acknowledged"
+    );
     assert!(ctl.counts(2).dropped_replies > 0 && ctl.counts(6).dropped_requests > 0);
 }
 
