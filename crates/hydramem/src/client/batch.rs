@@ -55,6 +55,40 @@ struct WriteSlot<'a> {
     decided: bool,
 }
 
+/// A read window in flight ([`RemoteMemory::begin_read`], ended by [`RemoteMemory::end_read`]): its pages (address, where the
+/// bytes go) and their operations.
+pub(super) struct ReadWindow<'c> {
+    items: Vec<(u64, *mut Page)>,
+    live: Vec<ReadSlot<'c>>,
+    taken: usize,
+    start: Instant,
+    /// Pages whose splits came from different writes: read again on their own.
+    again: Vec<usize>,
+    first_err: Option<IoError>,
+}
+
+/// A write window in flight ([`RemoteMemory::begin_write`], ended by
+/// [`RemoteMemory::end_write`]): its pages (address, bytes) and their operations.
+pub(super) struct WriteWindow<'c> {
+    items: Vec<(u64, *const Page)>,
+    live: Vec<WriteSlot<'c>>,
+    start: Instant,
+}
+
+impl ReadWindow<'_> {
+    /// Pages of the call the window took.
+    pub(super) fn taken(&self) -> usize {
+        self.taken
+    }
+}
+
+impl WriteWindow<'_> {
+    /// Pages of the call the window took.
+    pub(super) fn taken(&self) -> usize {
+        self.items.len()
+    }
+}
+
 /// Nodes a window posted to, each flushed once.
 #[derive(Default)]
 struct Touched(Vec<u16>);
@@ -140,7 +174,7 @@ impl RemoteMemory {
     /// # Safety
     /// Every pointer must be valid for reads and writes of one page for the whole call, the
     /// pointers must be distinct, and nothing else may access those pages during the call.
-    unsafe fn read_items(&self, items: &[(u64, *mut Page)]) -> Result<(), IoError> {
+    pub(super) unsafe fn read_items(&self, items: &[(u64, *mut Page)]) -> Result<(), IoError> {
         if self.config.ablation.bounce {
             let mut bounce = vec![[0u8; PAGE_SIZE]; items.len()];
             let bounced: Vec<(u64, *mut Page)> = items
@@ -199,6 +233,11 @@ impl RemoteMemory {
         Ok(())
     }
 
+    /// Checks that the page at `addr` is page aligned and inside the address space.
+    pub(super) fn check_page(&self, addr: u64) -> Result<(), IoError> {
+        self.check_span(addr, 1)
+    }
+
     /// Checks that `n` pages from `addr` are page aligned and inside the address space.
     fn check_span(&self, addr: u64, n: usize) -> Result<(), IoError> {
         if !addr.is_multiple_of(PAGE_SIZE as u64) {
@@ -226,6 +265,24 @@ impl RemoteMemory {
         items: &[(u64, *mut Page)],
         start: Instant,
     ) -> Result<usize, IoError> {
+        // SAFETY: the caller's contract.
+        let w = unsafe { self.begin_read(items, start, true)? };
+        self.end_read(w)
+    }
+
+    /// Starts reading the first pages of `items` (as many as one window holds): takes their
+    /// slots and posts their splits as runs, then returns the window in flight. With
+    /// `wait_for_slot`, the first page waits for a slot if none is free; without, the window
+    /// may take no page at all.
+    ///
+    /// # Safety
+    /// As [`RemoteMemory::read_items`], until the window returned is finished or dropped.
+    pub(super) unsafe fn begin_read(
+        &self,
+        items: &[(u64, *mut Page)],
+        start: Instant,
+        wait_for_slot: bool,
+    ) -> Result<ReadWindow<'_>, IoError> {
         let mut live: Vec<ReadSlot<'_>> = Vec::with_capacity(items.len().min(WINDOW));
         let mut taken = 0;
         for (i, &(page_addr, page)) in items.iter().enumerate().take(WINDOW) {
@@ -238,7 +295,7 @@ impl RemoteMemory {
                 taken = i + 1;
                 continue;
             };
-            let op = if live.is_empty() {
+            let op = if live.is_empty() && wait_for_slot {
                 // SAFETY: the page is valid for 4096 bytes of writes (the caller's contract),
                 // and nothing touches it until its slot is closed (below, before the page is
                 // borrowed again) or dropped.
@@ -282,63 +339,145 @@ impl RemoteMemory {
             touched.note(&run[0].op, self.layout.width);
         }
         touched.flush(self);
-        let mut again = Vec::new();
-        let mut first_err = None;
-        let mut conclude = |s: &mut ReadSlot<'_>, result| {
-            s.decided = true;
-            s.op.close();
-            let (page_addr, page) = items[s.i];
-            // SAFETY: the slot is closed (no completer writes the page any more), and by the
-            // caller's contract this is the only reference to the page meanwhile.
-            let page = unsafe { &mut *page };
-            let r = self.conclude_read(&mut s.plan, &mut s.op, page, page_addr, start, result);
-            self.metrics
-                .read_seconds
-                .record(start.elapsed().as_secs_f64());
-            match r {
-                Ok(ReadOutcome::Done) => {}
-                Ok(ReadOutcome::Inconsistent { .. }) => again.push(s.i),
-                Err(e) => {
-                    self.metrics.read_errors.increment(1);
-                    first_err.get_or_insert(e);
-                }
+        Ok(ReadWindow {
+            items: items[..taken].to_vec(),
+            live,
+            taken,
+            start,
+            again: Vec::new(),
+            first_err: None,
+        })
+    }
+
+    /// Concludes every page of `w` that can be concluded now, without waiting; returns
+    /// whether all are.
+    pub(super) fn look_read(&self, w: &mut ReadWindow<'_>) -> bool {
+        let mut open = 0;
+        for i in 0..w.live.len() {
+            let s = &mut w.live[i];
+            if s.decided {
+                continue;
             }
-        };
+            let p = s.op.progress();
+            match s.plan.check(self, &s.op, p) {
+                Some(r) => self.conclude_slot(w, i, Some(r)),
+                None => open += 1,
+            }
+        }
+        open == 0
+    }
+
+    /// Waits for every page of `w` (from the calling thread, which completions now wake),
+    /// concludes them, and reads again on their own those whose splits came from different
+    /// writes; returns how many pages of the call the window took.
+    pub(super) fn end_read(&self, mut w: ReadWindow<'_>) -> Result<usize, IoError> {
+        for s in w.live.iter().filter(|s| !s.decided) {
+            s.op.wake_me();
+        }
+        let start = w.start;
+        let mut live = std::mem::take(&mut w.live);
         self.wait_all(&mut live, start, |s, p| {
             let r = s.plan.check(self, &s.op, p)?;
-            conclude(s, Some(r));
+            self.conclude_read_slot(&w.items, &mut w.again, &mut w.first_err, s, Some(r), start);
             Some(())
         });
         for s in live.iter_mut().filter(|s| !s.decided) {
-            conclude(s, None);
+            self.conclude_read_slot(&w.items, &mut w.again, &mut w.first_err, s, None, start);
         }
         drop(live);
-        if let Some(e) = first_err {
+        if let Some(e) = w.first_err.take() {
             return Err(e);
         }
         // Splits of different writes: a write to these pages was in flight. Read each again on
         // its own (with the single-page backoff), now that this window's slots are free.
-        for i in again {
-            let (page_addr, page) = items[i];
-            // SAFETY: every slot of the window was dropped, and by the caller's contract
+        for &i in &w.again {
+            let (page_addr, page) = w.items[i];
+            // SAFETY: every slot of the window was dropped, and by `begin_read`'s contract
             // nothing else refers to the page.
             let page = unsafe { &mut *page };
             self.read_page_at(page_addr, page, start)?;
         }
-        Ok(taken)
+        Ok(w.taken)
+    }
+
+    /// Concludes page `i` of window `w` (see [`RemoteMemory::conclude_read_slot`]).
+    fn conclude_slot(&self, w: &mut ReadWindow<'_>, i: usize, result: Option<Result<(), bool>>) {
+        let ReadWindow {
+            items,
+            live,
+            again,
+            first_err,
+            start,
+            ..
+        } = w;
+        self.conclude_read_slot(items, again, first_err, &mut live[i], result, *start);
+    }
+
+    /// Closes a window page's slot and concludes its read with `result` (as
+    /// [`ReadPlan::check`] returns it; `None`: timed out): decoded in place and checked, or
+    /// noted for a second read (`again`), or its error kept (`first_err`).
+    fn conclude_read_slot(
+        &self,
+        items: &[(u64, *mut Page)],
+        again: &mut Vec<usize>,
+        first_err: &mut Option<IoError>,
+        s: &mut ReadSlot<'_>,
+        result: Option<Result<(), bool>>,
+        start: Instant,
+    ) {
+        s.decided = true;
+        s.op.close();
+        let (page_addr, page) = items[s.i];
+        // SAFETY: the slot is closed (no completer writes the page any more), and by
+        // `begin_read`'s contract this is the only reference to the page meanwhile.
+        let page = unsafe { &mut *page };
+        let r = self.conclude_read(&mut s.plan, &mut s.op, page, page_addr, start, result);
+        self.metrics
+            .read_seconds
+            .record(start.elapsed().as_secs_f64());
+        match r {
+            Ok(ReadOutcome::Done) => {}
+            Ok(ReadOutcome::Inconsistent { .. }) => again.push(s.i),
+            Err(e) => {
+                self.metrics.read_errors.increment(1);
+                first_err.get_or_insert(e);
+            }
+        }
     }
 
     /// Writes the first pages of `items` (as many as one window holds); returns how many.
     fn write_window(&self, items: &[(u64, &Page)], start: Instant) -> Result<usize, IoError> {
+        let ptrs: Vec<(u64, *const Page)> =
+            items.iter().map(|&(a, p)| (a, p as *const Page)).collect();
+        // SAFETY: the pages are borrowed for this whole call.
+        let w = unsafe { self.begin_write(&ptrs, start, true)? };
+        self.end_write(w)
+    }
+
+    /// Starts writing the first pages of `items` (as many as one window holds): takes their
+    /// slots, stamps and encodes them, and posts their splits as runs; returns the window in
+    /// flight. `wait_for_slot` as for [`RemoteMemory::begin_read`].
+    ///
+    /// # Safety
+    /// Every pointer must be valid for reads of one page, unchanged, until the window returned
+    /// is ended or dropped.
+    pub(super) unsafe fn begin_write(
+        &self,
+        items: &[(u64, *const Page)],
+        start: Instant,
+        wait_for_slot: bool,
+    ) -> Result<WriteWindow<'_>, IoError> {
         let l = &self.layout;
+        // SAFETY: the caller's contract, for the window's lifetime (ended within it).
+        let pages: Vec<(u64, &Page)> = items.iter().map(|&(a, p)| (a, unsafe { &*p })).collect();
         let mut live: Vec<WriteSlot<'_>> = Vec::with_capacity(items.len().min(WINDOW));
-        for (i, &(page_addr, page)) in items.iter().enumerate().take(WINDOW) {
+        for (i, &(page_addr, page)) in pages.iter().enumerate().take(WINDOW) {
             let (range, pir) = self.locate(page_addr)?;
             let group = match self.ranges[range].load_full() {
                 Some(g) => g,
                 None => self.map_range(range)?,
             };
-            let mut op = if live.is_empty() {
+            let mut op = if live.is_empty() && wait_for_slot {
                 self.slots.acquire_write()
             } else {
                 match self.slots.try_acquire_write() {
@@ -365,13 +504,35 @@ impl RemoteMemory {
         let mut touched = Touched::default();
         let batched = !self.config.ablation.unbatched;
         for run in runs(&live, |a, b| {
-            batched && follows(items, a.i, b.i) && Arc::ptr_eq(&a.group, &b.group)
+            batched && follows(&pages, a.i, b.i) && Arc::ptr_eq(&a.group, &b.group)
         }) {
-            self.post_write_runs(run, items);
+            self.post_write_runs(run, &pages);
             touched.note(&run[0].op, l.width);
         }
         touched.flush(self);
         let taken = live.last().map_or(0, |s| s.i + 1);
+        Ok(WriteWindow {
+            items: items[..taken].to_vec(),
+            live,
+            start,
+        })
+    }
+
+    /// Waits (from the calling thread, which completions now wake) until every page of `w`
+    /// is acknowledged as the mode requires, then writes again, whole, those that left the
+    /// fast path; returns how many pages of the call the window took.
+    pub(super) fn end_write(&self, w: WriteWindow<'_>) -> Result<usize, IoError> {
+        let l = &self.layout;
+        let WriteWindow {
+            items,
+            mut live,
+            start,
+        } = w;
+        for s in live.iter().filter(|s| !s.decided) {
+            s.op.wake_me();
+        }
+        // SAFETY: `begin_write`'s contract: valid and unchanged until the window is ended.
+        let page = |i: usize| unsafe { &*items[i].1 };
         // Pages that leave the fast path: written again whole once the slots are free.
         let mut again = Vec::new();
         let mut settle = |s: &mut WriteSlot<'_>, acked: bool| {
@@ -400,7 +561,7 @@ impl RemoteMemory {
                 settle(s, true);
             } else if acked + (p.outstanding().count_ones() as usize) < l.write_need {
                 settle(s, false);
-            } else if self.leave_behind(&s.op, &s.group, items[s.i].1, s.stamp, (p, start)) {
+            } else if self.leave_behind(&s.op, &s.group, page(s.i), s.stamp, (p, start)) {
                 // A straggler: the write completed without it.
                 settle(s, true);
             } else {
@@ -411,11 +572,23 @@ impl RemoteMemory {
         for s in live.iter_mut().filter(|s| !s.decided) {
             settle(s, false);
         }
+        let taken = items.len();
         drop(live);
         for i in again {
-            self.write_page(items[i].0, items[i].1)?;
+            self.write_page(items[i].0, page(i))?;
         }
         Ok(taken)
+    }
+
+    /// Whether every page of `w` is decided now, without waiting (the decision itself is
+    /// [`RemoteMemory::end_write`]'s, which returns at once then).
+    pub(super) fn write_ready(&self, w: &WriteWindow<'_>) -> bool {
+        let l = &self.layout;
+        w.live.iter().all(|s| {
+            let p = s.op.progress();
+            let acked = p.landed.count_ones() as usize;
+            acked >= l.write_need || acked + (p.outstanding().count_ones() as usize) < l.write_need
+        })
     }
 
     /// Posts the splits a run of pages asked first (`run`: consecutive pages of one group that

@@ -126,6 +126,19 @@ pub enum IoError {
         /// The failing nodes with their addresses and errors.
         nodes: String,
     },
+    /// A submission could not take a slot for its pages within the operation timeout: every
+    /// slot is held by submissions that nobody waits for.
+    #[error("{what} of page {addr:#x} could not start within {waited:?}: all {slots} operation slots are held by submissions not waited for yet; wait for earlier submissions first, or raise max_in_flight")]
+    NoSlot {
+        /// "read" or "write".
+        what: &'static str,
+        /// The first page not started.
+        addr: u64,
+        /// The client's slots (max_in_flight).
+        slots: usize,
+        /// How long it waited.
+        waited: Duration,
+    },
     /// The operation did not complete in time.
     #[error("{what} of page {addr:#x} (address range {range}) timed out after {waited:?} waiting for nodes {nodes}")]
     Timeout {

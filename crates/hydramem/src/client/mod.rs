@@ -53,6 +53,7 @@ mod read;
 mod repair;
 pub(crate) mod slots;
 mod stats;
+mod submit;
 pub mod tcp;
 pub mod transport;
 mod wait;
@@ -80,6 +81,7 @@ use repair::{RegenCounters, RegenJob};
 use slots::Slots;
 use stats::ClientMetrics;
 pub use stats::ClientStats;
+pub use submit::{PendingRead, PendingWrite};
 use transport::Transport;
 
 /// A page: the unit of remote I/O.

@@ -598,6 +598,14 @@ impl Op<'_> {
     }
 }
 
+impl Op<'_> {
+    /// Makes completions wake the calling thread (an operation handed to another thread to
+    /// wait for it; its owner was the thread that took the slot).
+    pub fn wake_me(&self) {
+        *self.slot().waiter.lock() = Some(std::thread::current());
+    }
+}
+
 impl Drop for Op<'_> {
     fn drop(&mut self) {
         self.close();

@@ -454,3 +454,89 @@ fn connect_with_checks_what_the_transport_opened() {
     let mem = RemoteMemory::connect_with(&file, config("rep2"), open(3, SLAB)).unwrap();
     assert_eq!(mem.transport().nodes(), 3);
 }
+
+#[test]
+fn submissions_stay_in_flight_from_one_thread_and_end_on_any() {
+    for scheme in ["hydra-8+2-d1", "rep2"] {
+        let pages = 600u64;
+        // Fewer slots than the submissions below hold at once: submitting never waits for one.
+        let (mem, ctl) = start(scheme, 12, pages, |c| c.max_in_flight = 100);
+        // A write longer than a window and than the slots, scattered and consecutive
+        // addresses mixed.
+        let addrs: Vec<u64> = (0..300).map(|i| (i * 2 % pages) * PAGE).collect();
+        let data: Vec<(u64, Page)> = addrs.iter().map(|&a| (a, content(a, 1))).collect();
+        let w = mem.submit_write(data).unwrap();
+        assert_eq!(w.len(), 300);
+        w.wait().unwrap();
+        // Eight submissions of 16 pages from this thread: the first six take all but four
+        // slots, the seventh four, the eighth none (it starts when it is waited for).
+        let before = ctl.total().frames;
+        let mut pending: Vec<_> = (0..8)
+            .map(|k| {
+                mem.submit_read(addrs[k * 16..(k + 1) * 16].to_vec())
+                    .unwrap()
+            })
+            .collect();
+        // Posted before any is waited for, one frame per node per submission at most.
+        assert!(ctl.total().frames - before <= 8 * 12, "{scheme}");
+        let check = |k: usize, got: &[Page]| {
+            for (i, page) in got.iter().enumerate() {
+                assert!(*page == content(addrs[k * 16 + i], 1), "{scheme}: {k}/{i}");
+            }
+        };
+        std::thread::scope(|s| {
+            // The last is ended on another thread, while this one ends the others in order
+            // (freeing the slots it needs).
+            let last = pending.pop().unwrap();
+            let other = s.spawn(move || last.wait());
+            for (k, mut p) in pending.into_iter().enumerate() {
+                while k == 0 && !p.is_ready() {
+                    std::thread::yield_now();
+                }
+                check(k, &p.wait().unwrap());
+            }
+            check(7, &other.join().unwrap().unwrap());
+        });
+        // Dropped unwaited: its slots come back.
+        drop(mem.submit_read(addrs.clone()).unwrap());
+        let all = mem.submit_read(addrs.clone()).unwrap().wait().unwrap();
+        assert_eq!(all.len(), addrs.len());
+        assert!(matches!(
+            mem.submit_read(vec![PAGE + 1]),
+            Err(IoError::Unaligned { .. })
+        ));
+        assert!(matches!(
+            mem.submit_write(vec![(pages * PAGE, [0; PAGE_SIZE])]),
+            Err(IoError::OutOfRange { .. })
+        ));
+        assert!(mem
+            .submit_read(Vec::new())
+            .unwrap()
+            .wait()
+            .unwrap()
+            .is_empty());
+    }
+}
+
+#[test]
+fn a_submission_that_can_never_get_a_slot_says_so() {
+    let (mem, _ctl) = start("hydra-8+2-d1", 12, 256, |c| {
+        c.max_in_flight = 16;
+        c.op_timeout = Duration::from_millis(200);
+    });
+    let addrs: Vec<u64> = (0..16).map(|i| i * PAGE).collect();
+    mem.write_pages(0, &vec![[1u8; PAGE_SIZE]; 16]).unwrap();
+    // This thread holds every slot, then waits for a submission that needs one more.
+    let all = mem.submit_read(addrs).unwrap();
+    let more = mem.submit_read(vec![16 * PAGE]).unwrap();
+    match more.wait() {
+        Err(e @ IoError::NoSlot { slots: 16, .. }) => {
+            assert!(
+                e.to_string().contains("wait for earlier submissions first"),
+                "{e}"
+            )
+        }
+        other => panic!("expected NoSlot, got {other:?}"),
+    }
+    assert!(all.wait().unwrap().iter().all(|p| *p == [1u8; PAGE_SIZE]));
+}
