@@ -12,8 +12,8 @@
 
 use std::io::Write;
 
-use super::export::Export;
-use super::transmission::{allowed_flags, reply_error, Job, Payload, Replies};
+use super::export::{Export, SubmittedReads};
+use super::transmission::{allowed_flags, execute, reply_error, Job, Payload, Replies};
 use super::wire;
 
 /// Most bytes of page data one batch of pipelined requests carries (the client's window).
@@ -53,6 +53,17 @@ impl Batch {
             && self.jobs.first().is_none_or(|f| f.req.kind == r.kind)
             && self.jobs.len() < BATCH_REQUESTS
             && self.bytes + u64::from(r.len) <= BATCH_BYTES
+    }
+
+    /// Whether `work` is READs of whole pages that [`submit_reads`] can start without
+    /// waiting.
+    pub(super) fn submittable(work: &Work, export: &Export, structured: bool) -> bool {
+        match work {
+            Work::One(job) => {
+                Batch::default().takes(job, export, structured) && job.req.kind == wire::CMD_READ
+            }
+            Work::Batch(jobs) => jobs[0].req.kind == wire::CMD_READ,
+        }
     }
 
     pub(super) fn push(&mut self, job: Job) {
@@ -123,5 +134,53 @@ pub(super) fn execute_batch<W: Write>(jobs: Vec<Job>, export: &Export, replies: 
                 Err(e) => reply_error(replies, &job.req, e),
             }
         }
+    }
+}
+
+/// Starts the READs of `work` (see [`Batch::submittable`]) with all their pages in flight and
+/// returns at once: the connection's completer ends them ([`complete_reads`]). Gives the work
+/// back if the export cannot start them (it then runs as any other).
+pub(super) fn submit_reads(
+    work: Work,
+    export: &Export,
+) -> Result<(SubmittedReads<'_>, Vec<Job>), Work> {
+    let jobs = match work {
+        Work::One(job) => vec![job],
+        Work::Batch(jobs) => jobs,
+    };
+    let reqs: Vec<(u64, u64)> = jobs
+        .iter()
+        .map(|j| (j.req.offset, u64::from(j.req.len)))
+        .collect();
+    match export.submit_reads(&reqs) {
+        Ok(sub) => Ok((sub, jobs)),
+        Err(_) if jobs.len() == 1 => Err(Work::One(jobs.into_iter().next().expect("one"))),
+        Err(_) => Err(Work::Batch(jobs)),
+    }
+}
+
+/// Ends READs started by [`submit_reads`] and replies to each, straight from the pages read;
+/// if they failed, reads each request again on its own, so that each gets its own outcome.
+pub(super) fn complete_reads<W: Write>(
+    sub: SubmittedReads<'_>,
+    jobs: Vec<Job>,
+    export: &Export,
+    replies: &Replies<W>,
+) {
+    if jobs.len() > 1 {
+        metrics::counter!("hydramem_nbd_batches_total").increment(1);
+        metrics::counter!("hydramem_nbd_batched_requests_total").increment(jobs.len() as u64);
+    }
+    let pages = match sub.wait() {
+        Ok(pages) => pages,
+        Err(_) => return jobs.into_iter().for_each(|j| execute(j, export, replies)),
+    };
+    let mut bytes = pages.as_flattened();
+    for job in jobs {
+        let (data, rest) = bytes.split_at(job.req.len as usize);
+        bytes = rest;
+        metrics::counter!("hydramem_nbd_requests_total", "cmd" => "READ").increment(1);
+        metrics::counter!("hydramem_nbd_bytes_total", "dir" => "read").increment(data.len() as u64);
+        replies.data(job.req.cookie, job.req.offset, data);
     }
 }

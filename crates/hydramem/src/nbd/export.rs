@@ -75,10 +75,40 @@ pub trait PageStore: Send + Sync {
         }
         Ok(())
     }
+    /// Starts reading the pages at `addrs` and returns what ends the reads, without waiting
+    /// for them: a store that can keep them in flight while the caller goes on overrides this
+    /// default, which reads them at once.
+    fn submit_read<'s>(&'s self, addrs: Vec<u64>) -> Result<Box<dyn PendingPages + 's>, IoError> {
+        let mut pages = vec![[0u8; PAGE_SIZE]; addrs.len()].into_boxed_slice();
+        let mut list: Vec<(u64, &mut Page)> = addrs.into_iter().zip(pages.iter_mut()).collect();
+        self.read_list(&mut list)?;
+        Ok(Box::new(Ready(pages)))
+    }
     /// Whether the page at `addr` certainly reads as zeros without being asked (never
     /// written); `false` when unsure.
     fn known_zero(&self, _addr: u64) -> bool {
         false
+    }
+}
+
+/// Reads started with [`PageStore::submit_read`].
+pub trait PendingPages: Send {
+    /// Waits for the reads and returns the pages, in the order of the addresses given.
+    fn wait(self: Box<Self>) -> Result<Box<[Page]>, IoError>;
+}
+
+/// Pages already read.
+struct Ready(Box<[Page]>);
+
+impl PendingPages for Ready {
+    fn wait(self: Box<Self>) -> Result<Box<[Page]>, IoError> {
+        Ok(self.0)
+    }
+}
+
+impl PendingPages for crate::client::PendingRead<'_> {
+    fn wait(self: Box<Self>) -> Result<Box<[Page]>, IoError> {
+        (*self).wait()
     }
 }
 
@@ -100,6 +130,9 @@ impl PageStore for RemoteMemory {
     }
     fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
         RemoteMemory::write_list(self, list)
+    }
+    fn submit_read<'s>(&'s self, addrs: Vec<u64>) -> Result<Box<dyn PendingPages + 's>, IoError> {
+        Ok(Box::new(RemoteMemory::submit_read(self, addrs)?))
     }
     fn known_zero(&self, addr: u64) -> bool {
         // An address range is mapped on its first write; until then it reads as zeros.
@@ -284,6 +317,26 @@ impl Export {
         }
     }
 
+    /// Starts many READs at once — `(offset, len)`, each of whole pages
+    /// ([`Export::whole_pages`]) — with all their pages in flight, and returns without waiting
+    /// for them: [`SubmittedReads::wait`] gives their pages back, request after request.
+    pub fn submit_reads(&self, reqs: &[(u64, u64)]) -> Result<SubmittedReads<'_>, ExportError> {
+        if let Some(&(offset, len)) = reqs.iter().find(|(o, l)| !self.whole_pages(*o, *l)) {
+            return Err(ExportError::OutOfRange {
+                offset,
+                len,
+                size: self.size,
+            });
+        }
+        let addrs: Vec<u64> = reqs
+            .iter()
+            .flat_map(|&(offset, len)| (offset..offset + len).step_by(PAGE_SIZE))
+            .collect();
+        Ok(SubmittedReads {
+            pending: self.store.submit_read(addrs)?,
+        })
+    }
+
     /// Each request read on its own.
     fn one_by_one_read(&self, reqs: &mut [(u64, &mut [u8])]) -> Vec<Result<(), ExportError>> {
         reqs.iter_mut().map(|(o, b)| self.read(*o, b)).collect()
@@ -313,6 +366,19 @@ impl Export {
             Ok(()) => reqs.iter().map(|_| Ok(())).collect(),
             Err(_) => reqs.iter().map(|(o, d)| self.write(*o, d)).collect(),
         }
+    }
+}
+
+/// READs started with [`Export::submit_reads`].
+pub struct SubmittedReads<'e> {
+    pending: Box<dyn PendingPages + 'e>,
+}
+
+impl SubmittedReads<'_> {
+    /// Waits for the reads; returns every page of every request, in order (request i's bytes
+    /// follow request i − 1's).
+    pub fn wait(self) -> Result<Box<[Page]>, ExportError> {
+        Ok(self.pending.wait()?)
     }
 }
 
