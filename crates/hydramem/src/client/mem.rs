@@ -41,9 +41,10 @@
 //!   and a frame the node refuses as malformed loses the node, as a broken connection would.
 //!
 //! Not modelled: heartbeats (faults act on data frames; control calls see only a node that is
-//! down) and REGEN, which a node serves by connecting to its peers: [`Transport::addr`] names
-//! in-memory nodes in a form no one dials, so a repair allocates its replacement slab and
-//! writes reach it, but it stays fresh (asked last) instead of being regenerated.
+//! down) and REGEN, which a node serves by connecting to its peers, whom in-memory nodes have
+//! no address to dial: [`Transport::regen`] says it cannot, so a repair allocates its
+//! replacement slab and writes reach it, but it stays fresh (asked last) instead of being
+//! regenerated.
 
 mod delivery;
 mod faults;

@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 use super::ranges::node_views;
 use super::slots::{self};
 use super::{layout, ClientError, Group, RemoteMemory, Resilience};
-use crate::wire::{Hello, Op};
 
 /// How long a repair that found no replacement node waits before trying again.
 pub(super) const REPAIR_RETRY: Duration = Duration::from_secs(1);
@@ -66,24 +65,6 @@ pub struct RegenStats {
     pub pages: u64,
     /// Sum of their wall times.
     pub busy: Duration,
-}
-
-/// Sends REGEN to the node holding the replacement slab on a connection of its own (the node
-/// answers when the slab is rebuilt) and returns the pages it rebuilt.
-pub(super) fn send_regen(
-    target: std::net::SocketAddr,
-    req: &crate::wire::Regen,
-) -> Result<u64, crate::rpc::RpcError> {
-    let hello = Hello {
-        client: req.client,
-        flags: 0,
-    };
-    let connect = Duration::from_secs(5);
-    let mut s =
-        crate::rpc::Connection::open(target, Some(hello), connect, Duration::from_secs(3600))?;
-    let mut body = Vec::new();
-    req.put(&mut body);
-    s.call(Op::Regen, &body, crate::wire::parse_regen_reply)
 }
 
 impl RemoteMemory {
@@ -213,7 +194,6 @@ impl RemoteMemory {
             Resilience::Hydra { k, r, .. } => (k, r, false),
             Resilience::Replication { .. } => (1, (width - 1) as u8, true),
         };
-        let addr = |n: u16| self.transport.addr(n).parse::<std::net::SocketAddr>().ok();
         // Sources are named by their id in the cluster file; the regenerating node looks
         // their addresses up in its own copy of it.
         let id = |n: u16| self.node_ids.get(n as usize).copied();
@@ -245,9 +225,6 @@ impl RemoteMemory {
                 // A move's copy source is one of the k + r as well.
                 .take(width - sources.len()),
         );
-        let Some(target) = addr(job.node) else {
-            return;
-        };
         let req = crate::wire::Regen {
             client: self.config.client_id,
             k,
@@ -260,6 +237,16 @@ impl RemoteMemory {
             checksums: self.config.checksums,
             sources,
         };
+        let target = self.transport.addr(job.node);
+        let call = match self.transport.regen(job.node, &req) {
+            Ok(call) => call,
+            Err(e) => {
+                self.regen.failed.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(range = job.range, split = j, error = %e, "cannot start the slab's regeneration; the range stays degraded until a retry succeeds");
+                self.ended.lock().push((job, false));
+                return;
+            }
+        };
         let regen = self.regen.clone();
         let ended = self.ended.clone();
         let ranges = self.ranges.clone();
@@ -270,7 +257,7 @@ impl RemoteMemory {
             .name("hm-regen".into())
             .spawn(move || {
                 let t0 = Instant::now();
-                let result = send_regen(target, &req);
+                let result = call();
                 metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
                 let ok = result.is_ok();
                 match result {

@@ -36,7 +36,9 @@ use arc_swap::ArcSwapOption;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
-use super::transport::{append_write_run, Completions, RunSplit, Transport, TransportError};
+use super::transport::{
+    append_write_run, Completions, RegenCall, RunSplit, Transport, TransportError,
+};
 use crate::wire::{
     self, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, Run, Status, WireError,
     HEADER_LEN, MAX_BODY,
@@ -639,6 +641,25 @@ impl Transport for TcpTransport {
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError> {
         self.shared
             .call(node, op, body, self.shared.options.call_timeout)
+    }
+
+    /// A connection of its own, with the client's HELLO, that waits as long as the node
+    /// takes (an hour at most): a slab of gigabytes rebuilds in seconds to minutes.
+    fn regen(&self, node: u16, req: &wire::Regen) -> Result<RegenCall, TransportError> {
+        let c = self.shared.conn(node)?;
+        let (addr, hello) = (c.addr, self.shared.hello);
+        let connect = self.shared.options.connect_timeout;
+        let mut body = Vec::new();
+        req.put(&mut body);
+        Ok(Box::new(move || {
+            crate::rpc::Connection::open(addr, Some(hello), connect, Duration::from_secs(3600))
+                .and_then(|mut s| s.call(Op::Regen, &body, wire::parse_regen_reply))
+                .map_err(|source| TransportError::Regen {
+                    node,
+                    addr: addr.to_string(),
+                    source: Box::new(source),
+                })
+        }))
     }
 
     fn addr(&self, node: u16) -> String {

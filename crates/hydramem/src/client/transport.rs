@@ -16,9 +16,12 @@
 use std::time::Duration;
 
 use crate::wire::{
-    self, CorruptReport, Entry, Header, Notice, Op, OpenRuns, Run, Status, WireError,
+    self, CorruptReport, Entry, Header, Notice, Op, OpenRuns, Regen, Run, Status, WireError,
     MAX_CORRUPT_REPORTS,
 };
+
+/// A REGEN ready to run ([`Transport::regen`]): blocks until the node answers.
+pub type RegenCall = Box<dyn FnOnce() -> Result<u64, TransportError> + Send>;
 
 /// One split of a write run, as a caller hands it to [`Transport::post_write_run`].
 #[derive(Debug, Clone, Copy)]
@@ -145,6 +148,27 @@ pub enum TransportError {
         /// What is wrong with the run.
         reason: WireError,
     },
+    /// The transport has no way to do what was asked (an in-memory transport cannot have a
+    /// node regenerate a slab from other nodes: they have no addresses to dial).
+    #[error("memory node {node} ({addr}): this transport cannot {what}")]
+    Unsupported {
+        /// Node index.
+        node: u16,
+        /// Its address.
+        addr: String,
+        /// What was asked.
+        what: &'static str,
+    },
+    /// A regeneration request failed.
+    #[error("REGEN on memory node {node} ({addr}) failed: {source}")]
+    Regen {
+        /// Node index.
+        node: u16,
+        /// Its address.
+        addr: String,
+        /// What went wrong (boxed: the error stays small on the data path).
+        source: Box<crate::rpc::RpcError>,
+    },
     /// A reply could not be parsed.
     #[error("memory node {node} ({addr}) sent a malformed reply: {reason}")]
     Protocol {
@@ -236,6 +260,18 @@ pub trait Transport: Send + Sync {
         let mut body = Vec::new();
         wire::put_free(&mut body, slab);
         self.call(node, Op::Free, &body).map(drop)
+    }
+    /// Prepares REGEN `req` for `node` (the node rebuilds one of our slabs from the surviving
+    /// splits and answers when done, which can take minutes): returns the call, to run on a
+    /// thread of its own, which gives the pages rebuilt. A transport that cannot (the default)
+    /// says so.
+    fn regen(&self, node: u16, req: &Regen) -> Result<RegenCall, TransportError> {
+        let _ = req;
+        Err(TransportError::Unsupported {
+            node,
+            addr: self.addr(node),
+            what: "regenerate a slab",
+        })
     }
     /// Tells `node` about corrupted splits we read from its slabs (CORRUPT, a control
     /// request), so that its status and metrics show them: only the client can tell a split is
