@@ -243,6 +243,18 @@ fn a_straggling_node_does_not_hold_writes_and_its_splits_catch_up() {
     let group = mem.group_of(0).unwrap();
     let victim = group.nodes[3];
     c.pause(victim as usize).unwrap();
+    // SIGSTOP is delivered asynchronously: wait until the process is stopped.
+    let pid = c.pid(victim as usize).unwrap();
+    wait_until("the node is stopped", || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit(')')
+                    .next()
+                    .map(|r| r.trim_start().starts_with('T'))
+            })
+            .unwrap_or(false)
+    });
     // Every write completes without the stopped node (it would otherwise wait for it as long
     // as op_timeout), each leaving its split there behind.
     write_round(&mem, pages, 2, &mut last);
