@@ -103,7 +103,8 @@ pub(super) fn execute_batch<W: Write>(jobs: Vec<Job>, export: &Export, replies: 
         drop(reqs);
         for ((job, buf), r) in jobs.iter().zip(&bufs).zip(results) {
             let (cookie, offset) = (job.req.cookie, job.req.offset);
-            metrics::counter!("hydramem_nbd_requests_total", "cmd" => "READ").increment(1);
+            let cmd = wire::command_name(wire::CMD_READ);
+            metrics::counter!("hydramem_nbd_requests_total", "cmd" => cmd).increment(1);
             match r {
                 Ok(()) => {
                     metrics::counter!("hydramem_nbd_bytes_total", "dir" => "read")
@@ -124,7 +125,8 @@ pub(super) fn execute_batch<W: Write>(jobs: Vec<Job>, export: &Export, replies: 
             .collect();
         let results = export.write_many(&reqs);
         for ((job, (_, d)), r) in jobs.iter().zip(&reqs).zip(results) {
-            metrics::counter!("hydramem_nbd_requests_total", "cmd" => "WRITE").increment(1);
+            let cmd = wire::command_name(wire::CMD_WRITE);
+            metrics::counter!("hydramem_nbd_requests_total", "cmd" => cmd).increment(1);
             match r {
                 Ok(()) => {
                     metrics::counter!("hydramem_nbd_bytes_total", "dir" => "write")
@@ -179,7 +181,8 @@ pub(super) fn complete_reads<W: Write>(
     for job in jobs {
         let (data, rest) = bytes.split_at(job.req.len as usize);
         bytes = rest;
-        metrics::counter!("hydramem_nbd_requests_total", "cmd" => "READ").increment(1);
+        let cmd = wire::command_name(wire::CMD_READ);
+        metrics::counter!("hydramem_nbd_requests_total", "cmd" => cmd).increment(1);
         metrics::counter!("hydramem_nbd_bytes_total", "dir" => "read").increment(data.len() as u64);
         replies.data(job.req.cookie, job.req.offset, data);
     }
