@@ -225,6 +225,17 @@ impl RemoteMemory {
                 // A move's copy source is one of the k + r as well.
                 .take(width - sources.len()),
         );
+        if sources.is_empty() && width == 1 {
+            // A single copy has nothing to be rebuilt from: the new slab keeps the writes made
+            // since the loss, the pages written before are gone (reads of them fail as lost,
+            // the slab staying fresh), and a retry would only fail again, every second.
+            tracing::warn!(
+                range = job.range,
+                split = j,
+                "single copy lost: nothing to regenerate it from; the pages written before the loss are gone"
+            );
+            return;
+        }
         let req = crate::wire::Regen {
             client: self.config.client_id,
             k,

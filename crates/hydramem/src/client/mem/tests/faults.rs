@@ -29,6 +29,23 @@ fn eventually(mut done: impl FnMut() -> bool) -> bool {
 }
 
 #[test]
+fn a_lost_single_copy_is_not_regenerated_over_and_over() {
+    let pages = 8;
+    let (mem, ctl, mut model) = written("single", 2, pages, |c| {
+        c.op_timeout = Duration::from_millis(200)
+    });
+    ctl.node(members(&mem)[0]).down();
+    // The write moves the copy to the other node; nothing survives to rebuild it from.
+    model.write(&mem, 0, 1, false).unwrap();
+    for _ in 0..3 {
+        mem.maintain();
+    }
+    let r = mem.regen_stats();
+    assert_eq!((r.started, r.failed), (0, 0), "{r:?}");
+    model.read(&mem, 0, 1, false).unwrap();
+}
+
+#[test]
 fn with_r_nodes_down_reads_and_writes_go_on() {
     for (scheme, nodes, r) in [("hydra-8+2-d1", 12, 2), ("rep2", 4, 1)] {
         let pages = 64;
