@@ -2,35 +2,34 @@
 //! the heap.
 //!
 //! A counting `#[global_allocator]` counts allocations made by the current
-//! thread while a thread-local flag is set (so the test harness's own
-//! threads cannot disturb the count). After warming the decode cache with
+//! thread while a thread-local flag is set, in a thread-local counter (so
+//! neither the test harness's own threads nor another test running in
+//! parallel can disturb the count). After warming the decode cache with
 //! every loss pattern used, 10,000 rounds of encode + reconstruct must
 //! allocate nothing.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use hydramem_isal::Codec;
 
 struct Counting;
 
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
 thread_local! {
     static COUNTING: Cell<bool> = const { Cell::new(false) };
+    static ALLOCATIONS: Cell<usize> = const { Cell::new(0) };
 }
 
 fn note_allocation() {
-    // `try_with`: the flag may be gone during thread teardown.
+    // `try_with`: the thread-locals may be gone during thread teardown.
     if COUNTING.try_with(Cell::get).unwrap_or(false) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
     }
 }
 
 // SAFETY: every method forwards to the system allocator unchanged; the
-// counting touches only a const-initialised thread-local and an atomic,
-// neither of which allocates.
+// counting touches only const-initialised thread-locals, which do not
+// allocate.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         note_allocation();
@@ -61,11 +60,11 @@ static GLOBAL: Counting = Counting;
 
 /// Allocations made by `f` on this thread.
 fn allocations_in(f: impl FnOnce()) -> usize {
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = ALLOCATIONS.with(Cell::get);
     COUNTING.with(|c| c.set(true));
     f();
     COUNTING.with(|c| c.set(false));
-    ALLOCATIONS.load(Ordering::Relaxed) - before
+    ALLOCATIONS.with(Cell::get) - before
 }
 
 #[test]
