@@ -10,17 +10,10 @@ use hydramem::bench::fill_page;
 use hydramem::client::{Ablation, ClientConfig, IoError, Mode, Page, RemoteMemory, Resilience};
 use hydramem::PAGE_SIZE;
 
+use common::HYDRA;
+
 const SLAB: u64 = 1 << 20;
 const PAGE: u64 = PAGE_SIZE as u64;
-
-fn hydra() -> Resilience {
-    Resilience::Hydra {
-        k: 8,
-        r: 2,
-        delta: 1,
-        mode: Mode::FailureRecovery,
-    }
-}
 
 /// `n` pages whose contents name their page number and `seed`.
 fn pages(first: u64, n: usize, seed: u64) -> Vec<Page> {
@@ -44,7 +37,7 @@ fn assert_pages(got: &[Page], want: &[Page], what: &str) {
 fn batches_read_back_exactly_for_every_scheme() {
     let c = common::cluster(12, SLAB, 64);
     for scheme in [
-        hydra(),
+        HYDRA,
         Resilience::Hydra {
             k: 6,
             r: 3,
@@ -98,7 +91,7 @@ fn batches_read_back_exactly_for_every_scheme() {
 #[test]
 fn lists_of_scattered_pages_read_back_exactly() {
     let c = common::cluster(12, SLAB, 64);
-    for scheme in [hydra(), Resilience::Replication { copies: 2 }] {
+    for scheme in [HYDRA, Resilience::Replication { copies: 2 }] {
         let mem = RemoteMemory::connect(c.cluster(), ClientConfig::new(scheme, 4 << 20)).unwrap();
         // Scattered pages, a consecutive stretch among them, one page named twice (the later
         // entry wins), in no particular order.
@@ -160,7 +153,7 @@ fn every_design_choice_turned_off_still_reads_back_exactly() {
             ..Ablation::default()
         },
     ] {
-        let mut cfg = ClientConfig::new(hydra(), 2 << 20);
+        let mut cfg = ClientConfig::new(HYDRA, 2 << 20);
         cfg.ablation = ablation;
         let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
         let want = pages(0, 40, 3);
@@ -181,7 +174,7 @@ fn every_design_choice_turned_off_still_reads_back_exactly() {
 #[test]
 fn bad_spans_are_refused() {
     let c = common::cluster(12, SLAB, 16);
-    let mem = RemoteMemory::connect(c.cluster(), ClientConfig::new(hydra(), 1 << 20)).unwrap();
+    let mem = RemoteMemory::connect(c.cluster(), ClientConfig::new(HYDRA, 1 << 20)).unwrap();
     let mut buf = vec![[0u8; PAGE_SIZE]; 4];
     assert!(matches!(
         mem.read_pages(100, &mut buf),
@@ -203,7 +196,7 @@ fn bad_spans_are_refused() {
 #[test]
 fn batches_survive_lost_nodes() {
     let mut c = common::cluster(12, SLAB, 64);
-    let mut cfg = ClientConfig::new(hydra(), 2 << 20);
+    let mut cfg = ClientConfig::new(HYDRA, 2 << 20);
     cfg.straggler_after = Duration::from_millis(2);
     let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
     let want = pages(0, 512, 3);
@@ -227,7 +220,7 @@ fn batches_survive_lost_nodes() {
 #[test]
 fn concurrent_batches_with_fewer_slots_than_pages_do_not_deadlock() {
     let c = common::cluster(12, SLAB, 64);
-    let mut cfg = ClientConfig::new(hydra(), 4 << 20);
+    let mut cfg = ClientConfig::new(HYDRA, 4 << 20);
     // 4 threads × 200-page batches over 24 slots: every batch gets only part of its window.
     cfg.max_in_flight = 24;
     let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
