@@ -60,7 +60,6 @@ struct WriteSlot<'a> {
 pub(super) struct ReadWindow<'c> {
     items: Vec<(u64, *mut Page)>,
     live: Vec<ReadSlot<'c>>,
-    taken: usize,
     start: Instant,
     /// Pages whose splits came from different writes: read again on their own.
     again: Vec<usize>,
@@ -78,7 +77,7 @@ pub(super) struct WriteWindow<'c> {
 impl ReadWindow<'_> {
     /// Pages of the call the window took.
     pub(super) fn taken(&self) -> usize {
-        self.taken
+        self.items.len()
     }
 }
 
@@ -342,7 +341,6 @@ impl RemoteMemory {
         Ok(ReadWindow {
             items: items[..taken].to_vec(),
             live,
-            taken,
             start,
             again: Vec::new(),
             first_err: None,
@@ -397,7 +395,7 @@ impl RemoteMemory {
             let page = unsafe { &mut *page };
             self.read_page_at(page_addr, page, start)?;
         }
-        Ok(w.taken)
+        Ok(w.taken())
     }
 
     /// Concludes page `i` of window `w` (see [`RemoteMemory::conclude_read_slot`]).

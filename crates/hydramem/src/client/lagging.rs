@@ -27,7 +27,6 @@ use parking_lot::Mutex;
 use super::slots::{self, Progress};
 use super::write::{split_of, Stamp};
 use super::{Group, Layout, Page, RemoteMemory};
-use crate::wire::Entry;
 
 /// Most splits left behind at once.
 pub const MAX_LAGGING: usize = 4096;
@@ -46,7 +45,6 @@ struct LagSplit {
     split: usize,
     node: u16,
     slab: u32,
-    crc: u32,
     data: Box<[u8]>,
 }
 
@@ -110,7 +108,6 @@ impl RemoteMemory {
                 split: j,
                 node: group.nodes[j],
                 slab: group.slabs[j],
-                crc: self.split_crc(data, stamp, j),
                 data: data.into(),
             });
         }
@@ -151,13 +148,15 @@ impl RemoteMemory {
         let mut retry = Vec::new();
         let mut nodes = Vec::new();
         for s in batch {
-            let current = self.ranges[s.stamp.range].load_full();
-            if current.is_none_or(|g| g.nodes[s.split] != s.node || g.slabs[s.split] != s.slab) {
+            let current = self.ranges[s.stamp.range]
+                .load_full()
+                .filter(|g| g.nodes[s.split] == s.node && g.slabs[s.split] == s.slab);
+            let Some(group) = current else {
                 // Moved: the new slab is regenerated from the other splits.
                 self.lagging.count.fetch_sub(1, Ordering::SeqCst);
                 continue;
-            }
-            match self.post_lagging(&s) {
+            };
+            match self.post_lagging(&s, &group) {
                 Some(op) => {
                     if !nodes.contains(&s.node) {
                         nodes.push(s.node);
@@ -199,25 +198,14 @@ impl RemoteMemory {
         }
     }
 
-    /// Posts one left-behind split, unflushed, on a slot of its own; `None` when its node is
-    /// down, no slot is free or the post failed.
-    fn post_lagging(&self, s: &LagSplit) -> Option<slots::Op<'_>> {
+    /// Posts one left-behind split to `group` (still the split's node and slab), unflushed,
+    /// on a slot of its own; `None` when its node is down, no slot is free or the post failed.
+    fn post_lagging(&self, s: &LagSplit, group: &Group) -> Option<slots::Op<'_>> {
         if !self.transport.is_up(s.node) {
             return None;
         }
         let op = self.slots.try_acquire_write()?;
-        op.posting(s.split, s.node);
-        let e = Entry {
-            slab: s.slab,
-            len: s.data.len() as u32,
-            offset: self.layout.split_offset(s.stamp.pir),
-            cookie: op.cookie(s.split),
-            version: s.stamp.version,
-            crc: s.crc,
-        };
-        self.transport
-            .post_write(s.node, e, &s.data, false)
-            .is_ok()
-            .then_some(op)
+        self.post_split_write(&op, group, s.split, &s.data, s.stamp, false);
+        (op.progress().failed & (1 << s.split) == 0).then_some(op)
     }
 }

@@ -265,8 +265,7 @@ pub trait Transport: Send + Sync {
     /// splits and answers when done, which can take minutes): returns the call, to run on a
     /// thread of its own, which gives the pages rebuilt. A transport that cannot (the default)
     /// says so.
-    fn regen(&self, node: u16, req: &Regen) -> Result<RegenCall, TransportError> {
-        let _ = req;
+    fn regen(&self, node: u16, _req: &Regen) -> Result<RegenCall, TransportError> {
         Err(TransportError::Unsupported {
             node,
             addr: self.addr(node),
