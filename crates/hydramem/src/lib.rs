@@ -32,6 +32,7 @@ pub mod embedded;
 #[cfg(feature = "tools")]
 pub mod faultrun;
 pub mod integrity;
+pub mod mount;
 pub mod nbd;
 pub mod node;
 pub mod placement;

@@ -7,7 +7,9 @@
 //! flag names; defaults are shown by `--help`.
 
 mod bench_cli;
+mod client_cli;
 mod demo;
+mod mount_cli;
 mod nbd_cli;
 mod sim_cli;
 mod soak;
@@ -64,6 +66,9 @@ enum Cmd {
     Soak(soak::SoakArgs),
     /// Export a resilient remote block device over NBD (for nbd-client, nbdfuse, qemu, fio).
     Nbd(nbd_cli::NbdArgs),
+    /// Mount a file system whose files live in the cluster's memory (FUSE): scratch space,
+    /// and the fast way to swap to hydramem (scripts/swap).
+    Mount(mount_cli::MountArgs),
     /// Placement simulator: probability of data loss and load balance of CodingSets, EC-Cache
     /// and power of two choices (paper Figures 15 and 16).
     Sim(sim_cli::SimArgs),
@@ -301,7 +306,14 @@ fn main() {
         (Cmd::Demo(_), "info", None) => "error",
         (_, l, _) => l,
     };
-    let filter = tracing_subscriber::EnvFilter::try_new(log)
+    // fuser warns when it unmounts a file system that `umount` already unmounted; our own
+    // code reports what matters about a mount.
+    let log = if log.contains("fuser") {
+        log.to_string()
+    } else {
+        format!("{log},fuser=error")
+    };
+    let filter = tracing_subscriber::EnvFilter::try_new(&log)
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // Colour only for a terminal: logs sent to a file or a journal stay plain text.
     tracing_subscriber::fmt()
@@ -323,6 +335,7 @@ fn main() {
         Cmd::Demo(a) => demo::run(a),
         Cmd::Soak(a) => soak::run(a),
         Cmd::Nbd(a) => stop_flag().and_then(|stop| nbd_cli::run(a, stop)),
+        Cmd::Mount(a) => stop_flag().and_then(|stop| mount_cli::run(a, stop)),
         Cmd::Sim(a) => sim_cli::run(a),
         Cmd::Free(a) => run_free(a),
     };

@@ -13,7 +13,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use hydramem::client::{ClientConfig, RemoteMemory, Resilience};
+
+use crate::client_cli::ClientArgs;
+use hydramem::client::RemoteMemory;
 use hydramem::cluster::Cluster;
 use hydramem::nbd::{Export, ExportConfig, Listener, Shutdown};
 use hydramem::units::{human, parse_size, Size};
@@ -22,13 +24,8 @@ use hydramem::wire::ClientId;
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("endpoint").required(true).args(["listen", "socket"])))]
 pub struct NbdArgs {
-    /// The cluster file.
-    #[arg(
-        long,
-        env = "HYDRAMEM_CLUSTER",
-        default_value = "hydramem.cluster.toml"
-    )]
-    cluster: PathBuf,
+    #[command(flatten)]
+    client: ClientArgs,
     /// Size of the block device (e.g. 1GiB); any byte count works, whole pages are fastest.
     #[arg(long, env = "HYDRAMEM_SIZE", value_parser = parse_size)]
     size: Size,
@@ -47,29 +44,6 @@ pub struct NbdArgs {
     /// (docs/benchmarks.md §8).
     #[arg(long, env = "HYDRAMEM_WORKERS", default_value_t = 16)]
     workers: usize,
-    /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
-    /// corruption detection, -cor for correction), repN or single, as `bench --schemes`
-    /// takes them.
-    #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
-    scheme: Resilience,
-    /// Turn off the per-split CRC32C checksums (on by default: a split corrupted on a node or
-    /// on the wire is then read around, never returned).
-    #[arg(long, env = "HYDRAMEM_NO_CHECKSUMS")]
-    no_checksums: bool,
-    /// Share of corrupted splits from one node above which reads involving it start with
-    /// every split they may need (the paper's ErrorCorrectionLimit).
-    #[arg(long, env = "HYDRAMEM_ERROR_CORRECTION_LIMIT", default_value_t = 0.001)]
-    error_correction_limit: f64,
-    /// Share of corrupted splits from one node above which the client moves its slabs off
-    /// that node and avoids it until it restarts (the paper's SlabRegenerationLimit).
-    #[arg(long, env = "HYDRAMEM_SLAB_REGENERATION_LIMIT", default_value_t = 0.01)]
-    slab_regeneration_limit: f64,
-    /// Microseconds a waiting thread polls before it sleeps.
-    #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
-    poll_us: u64,
-    /// Seconds one page operation may take before the request fails with EIO.
-    #[arg(long, env = "HYDRAMEM_OP_TIMEOUT", default_value_t = 10.0)]
-    op_timeout: f64,
     /// Client identity (32 hex digits) that owns the remote memory. Given, the data outlives
     /// the server and a restart with the same identity serves it again; without it a random
     /// identity is used and the memory is released at exit.
@@ -86,30 +60,10 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
     if a.workers == 0 {
         bail!("--workers must be at least 1");
     }
-    if !(a.op_timeout.is_finite() && a.op_timeout > 0.0) {
-        bail!("--op-timeout must be a positive number of seconds");
-    }
-    let cluster = Cluster::load(&a.cluster)?;
-    let scheme = a.scheme;
-    let mut config = ClientConfig::new(scheme, size);
-    config.poll = Duration::from_micros(a.poll_us);
-    config.op_timeout = Duration::from_secs_f64(a.op_timeout);
-    config.checksums = !a.no_checksums;
-    for (name, v) in [
-        ("--error-correction-limit", a.error_correction_limit),
-        ("--slab-regeneration-limit", a.slab_regeneration_limit),
-    ] {
-        if !(0.0..=1.0).contains(&v) {
-            bail!("{name} {v} is not a share between 0 and 1 (e.g. 0.01 for 1 % of splits)");
-        }
-    }
-    config.error_correction_limit = a.error_correction_limit;
-    config.slab_regeneration_limit = a.slab_regeneration_limit;
-    let label = if config.checksums {
-        format!("{} with checksums", scheme.label())
-    } else {
-        scheme.label()
-    };
+    let cluster = Cluster::load(&a.client.cluster)?;
+    let scheme = a.client.scheme;
+    let mut config = a.client.config(size)?;
+    let label = a.client.label();
     let keep = a.client_id.is_some();
     if let Some(id) = &a.client_id {
         config.client_id =
@@ -118,7 +72,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
     let mem = RemoteMemory::connect(&cluster, config).with_context(|| {
         format!(
             "connecting to the memory nodes of {} as {}",
-            a.cluster.display(),
+            a.client.cluster.display(),
             scheme.label()
         )
     })?;

@@ -1,0 +1,76 @@
+//! The options of a command that connects one client to the cluster (`nbd`, `mount`): the
+//! cluster file, the scheme and the client's tuning, turned into a [`ClientConfig`] with the
+//! same checks and messages for every such command.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use hydramem::client::{ClientConfig, Resilience};
+
+#[derive(clap::Args)]
+pub struct ClientArgs {
+    /// The cluster file.
+    #[arg(
+        long,
+        env = "HYDRAMEM_CLUSTER",
+        default_value = "hydramem.cluster.toml"
+    )]
+    pub cluster: PathBuf,
+    /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
+    /// corruption detection, -cor for correction), repN or single, as `bench --schemes`
+    /// takes them.
+    #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
+    pub scheme: Resilience,
+    /// Turn off the per-split CRC32C checksums (on by default: a split corrupted on a node or
+    /// on the wire is then read around, never returned).
+    #[arg(long, env = "HYDRAMEM_NO_CHECKSUMS")]
+    pub no_checksums: bool,
+    /// Share of corrupted splits from one node above which reads involving it start with
+    /// every split they may need (the paper's ErrorCorrectionLimit).
+    #[arg(long, env = "HYDRAMEM_ERROR_CORRECTION_LIMIT", default_value_t = 0.001)]
+    pub error_correction_limit: f64,
+    /// Share of corrupted splits from one node above which the client moves its slabs off
+    /// that node and avoids it until it restarts (the paper's SlabRegenerationLimit).
+    #[arg(long, env = "HYDRAMEM_SLAB_REGENERATION_LIMIT", default_value_t = 0.01)]
+    pub slab_regeneration_limit: f64,
+    /// Microseconds a waiting thread polls before it sleeps.
+    #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
+    pub poll_us: u64,
+    /// Seconds one page operation may take before the request fails with EIO.
+    #[arg(long, env = "HYDRAMEM_OP_TIMEOUT", default_value_t = 10.0)]
+    pub op_timeout: f64,
+}
+
+impl ClientArgs {
+    /// The client configuration for an address space of `size` bytes, with a random identity.
+    pub fn config(&self, size: u64) -> Result<ClientConfig> {
+        if !(self.op_timeout.is_finite() && self.op_timeout > 0.0) {
+            bail!("--op-timeout must be a positive number of seconds");
+        }
+        for (name, v) in [
+            ("--error-correction-limit", self.error_correction_limit),
+            ("--slab-regeneration-limit", self.slab_regeneration_limit),
+        ] {
+            if !(0.0..=1.0).contains(&v) {
+                bail!("{name} {v} is not a share between 0 and 1 (e.g. 0.01 for 1 % of splits)");
+            }
+        }
+        let mut config = ClientConfig::new(self.scheme, size);
+        config.poll = Duration::from_micros(self.poll_us);
+        config.op_timeout = Duration::from_secs_f64(self.op_timeout);
+        config.checksums = !self.no_checksums;
+        config.error_correction_limit = self.error_correction_limit;
+        config.slab_regeneration_limit = self.slab_regeneration_limit;
+        Ok(config)
+    }
+
+    /// The scheme as printed, with "with checksums" when they are on.
+    pub fn label(&self) -> String {
+        if self.no_checksums {
+            self.scheme.label()
+        } else {
+            format!("{} with checksums", self.scheme.label())
+        }
+    }
+}

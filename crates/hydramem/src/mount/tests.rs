@@ -1,0 +1,371 @@
+//! Tests of the file system without a kernel: POSIX behaviour over an in-memory store, and
+//! failures of the store reaching the caller as the right errno, the rest of the file system
+//! unharmed.
+
+use std::collections::HashSet;
+use std::ffi::OsStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::*;
+use crate::client::{ClientError, IoError, Page};
+use crate::nbd::MemStore;
+
+const P: u64 = PAGE_SIZE as u64;
+
+/// A store in memory whose pages in `failing` fail (as pages on too many lost nodes do), and
+/// that fails every write of a page never written before with OutOfCapacity when `full`.
+struct FaultyStore {
+    inner: Arc<MemStore>,
+    failing: Mutex<HashSet<u64>>,
+    full: Mutex<bool>,
+    /// Every list call's addresses, in order.
+    calls: Mutex<Vec<Vec<u64>>>,
+}
+
+impl FaultyStore {
+    fn new(bytes: u64) -> Arc<FaultyStore> {
+        Arc::new(FaultyStore {
+            inner: MemStore::new(bytes, Duration::ZERO),
+            failing: Mutex::new(HashSet::new()),
+            full: Mutex::new(false),
+            calls: Mutex::new(Vec::new()),
+        })
+    }
+
+    fn check(&self, addr: u64, what: &'static str) -> Result<(), IoError> {
+        if self.failing.lock().contains(&addr) {
+            return Err(IoError::Unavailable {
+                what,
+                addr,
+                range: 0,
+                needed: 8,
+                got: 7,
+                nodes: "3 nodes down".into(),
+            });
+        }
+        if what == "write" && *self.full.lock() && self.inner.known_zero(addr) {
+            return Err(IoError::Map(ClientError::OutOfCapacity {
+                range: 0,
+                full: "every node".into(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+impl PageStore for FaultyStore {
+    fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+        self.check(addr, "read")?;
+        self.inner.read_page(addr, page)
+    }
+    fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+        self.check(addr, "write")?;
+        self.inner.write_page(addr, page)
+    }
+    fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        self.calls
+            .lock()
+            .push(list.iter().map(|(a, _)| *a).collect());
+        list.iter_mut()
+            .try_for_each(|(addr, page)| self.read_page(*addr, page))
+    }
+    fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        self.calls
+            .lock()
+            .push(list.iter().map(|(a, _)| *a).collect());
+        list.iter()
+            .try_for_each(|(addr, page)| self.write_page(*addr, page))
+    }
+}
+
+fn fs_over(store: Arc<FaultyStore>, bytes: u64) -> HydraFs {
+    HydraFs::new(store, bytes, 0, 0, None)
+}
+
+fn file(fs: &HydraFs, name: &str) -> Ino {
+    fs.create(ROOT, name.as_ref(), Kind::File, 0o644, 0, 0, OsStr::new(""))
+        .unwrap()
+        .ino
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[test]
+fn bytes_read_back_at_any_offset_with_holes_as_zeros() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = fs_over(store, 1 << 20);
+    let f = file(&fs, "f");
+    // Unaligned, across pages, then a write far beyond the end leaving a hole.
+    let a = pattern(10_000, 1);
+    fs.write(f, 1000, &a).unwrap();
+    let b = pattern(300, 2);
+    fs.write(f, 5 * P + 17, &b).unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 5 * P + 317);
+    let all = fs.read(f, 0, 1 << 20).unwrap();
+    assert_eq!(all.len() as u64, 5 * P + 317);
+    let mut want = vec![0u8; all.len()];
+    want[1000..11_000].copy_from_slice(&a);
+    want[(5 * P + 17) as usize..].copy_from_slice(&b);
+    assert_eq!(all, want);
+    // Page 3 and 4 were never touched: holes, no page of the store spent on them.
+    assert_eq!(fs.getattr(f).unwrap().pages, 4);
+    // Overwrite part of one page: its other bytes stay.
+    fs.write(f, 1500, &[9; 10]).unwrap();
+    want[1500..1510].fill(9);
+    assert_eq!(fs.read(f, 0, want.len()).unwrap(), want);
+    // Reads past the end are short, at the end empty.
+    assert_eq!(fs.read(f, 5 * P + 300, 100).unwrap().len(), 17);
+    assert!(fs.read(f, 1 << 40, 100).unwrap().is_empty());
+}
+
+#[test]
+fn a_file_written_in_order_is_one_run_of_pages_per_request() {
+    let store = FaultyStore::new(8 << 20);
+    let fs = fs_over(store.clone(), 8 << 20);
+    let other = file(&fs, "other");
+    let f = file(&fs, "f");
+    for i in 0..4u64 {
+        fs.write(f, i * 64 * P, &pattern(64 * PAGE_SIZE, i as u8))
+            .unwrap();
+        // Another file growing in between does not break this one's contiguity.
+        fs.write(other, i * P, &pattern(PAGE_SIZE, 9)).unwrap();
+    }
+    store.calls.lock().clear();
+    let bytes = fs.read(f, 0, 256 * PAGE_SIZE).unwrap();
+    assert_eq!(&bytes[..64 * PAGE_SIZE], &pattern(64 * PAGE_SIZE, 0)[..]);
+    let calls = store.calls.lock();
+    assert_eq!(calls.len(), 1, "one list call for one request");
+    let runs = calls[0].windows(2).filter(|w| w[1] != w[0] + P).count() + 1;
+    assert!(runs <= 4, "256 pages in {runs} runs");
+}
+
+#[test]
+fn truncate_and_regrow_show_zeros_and_free_pages() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = fs_over(store, 1 << 20);
+    let f = file(&fs, "f");
+    fs.write(f, 0, &pattern(3 * PAGE_SIZE, 5)).unwrap();
+    let (_, free_before) = fs.data.usage();
+    let set = |size| SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    fs.setattr(f, &set(100)).unwrap();
+    assert_eq!(fs.data.usage().1, free_before + 2);
+    fs.setattr(f, &set(2 * P)).unwrap();
+    let bytes = fs.read(f, 0, 2 * PAGE_SIZE).unwrap();
+    assert_eq!(&bytes[..100], &pattern(100, 5)[..]);
+    assert!(bytes[100..].iter().all(|&b| b == 0));
+}
+
+#[test]
+fn pages_of_a_deleted_file_read_as_zeros_in_the_next_one() {
+    let store = FaultyStore::new(64 * P);
+    let fs = fs_over(store, 64 * P);
+    let f = file(&fs, "old");
+    fs.write(f, 0, &vec![0xaa; 64 * PAGE_SIZE]).unwrap();
+    fs.unlink(ROOT, "old".as_ref()).unwrap();
+    fs.forget(f, 1);
+    assert_eq!(
+        fs.data.usage().1,
+        64,
+        "pages freed once unlinked and forgotten"
+    );
+    let g = file(&fs, "new");
+    fs.fallocate(g, 0, 8 * P, 0).unwrap();
+    assert_eq!(fs.getattr(g).unwrap().size, 8 * P);
+    assert!(fs
+        .read(g, 0, 8 * PAGE_SIZE)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    // A partial write to a reused page starts from zeros, not from the old file's bytes.
+    fs.write(g, 10, &[1, 2, 3]).unwrap();
+    let page = fs.read(g, 0, PAGE_SIZE).unwrap();
+    assert_eq!(&page[10..13], &[1, 2, 3]);
+    assert_eq!(page.iter().filter(|&&b| b != 0).count(), 3);
+}
+
+#[test]
+fn an_unlinked_file_keeps_its_pages_while_the_kernel_holds_it() {
+    let store = FaultyStore::new(16 * P);
+    let fs = fs_over(store, 16 * P);
+    let f = file(&fs, "f"); // create counts one kernel reference
+    fs.write(f, 0, &pattern(4 * PAGE_SIZE, 3)).unwrap();
+    fs.unlink(ROOT, "f".as_ref()).unwrap();
+    assert_eq!(
+        fs.read(f, 0, 4 * PAGE_SIZE).unwrap(),
+        pattern(4 * PAGE_SIZE, 3)
+    );
+    assert_eq!(fs.data.usage().1, 12);
+    fs.forget(f, 1);
+    assert_eq!(fs.data.usage().1, 16);
+    assert!(matches!(fs.getattr(f), Err(FsError::NotFound)));
+}
+
+#[test]
+fn fallocate_punches_zeroes_and_keeps_size() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = fs_over(store, 1 << 20);
+    let f = file(&fs, "f");
+    let data = pattern(4 * PAGE_SIZE, 7);
+    fs.write(f, 0, &data).unwrap();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(f, 100, 2 * P, punch).unwrap();
+    let mut want = data.clone();
+    want[100..100 + 2 * PAGE_SIZE].fill(0);
+    assert_eq!(fs.read(f, 0, 4 * PAGE_SIZE).unwrap(), want);
+    // Page 1 was covered whole: freed.
+    assert_eq!(fs.getattr(f).unwrap().pages, 3);
+    fs.fallocate(f, 3 * P, P, libc::FALLOC_FL_ZERO_RANGE)
+        .unwrap();
+    want[3 * PAGE_SIZE..].fill(0);
+    assert_eq!(fs.read(f, 0, 4 * PAGE_SIZE).unwrap(), want);
+    fs.fallocate(f, 8 * P, P, libc::FALLOC_FL_KEEP_SIZE)
+        .unwrap();
+    assert_eq!(fs.getattr(f).unwrap().size, 4 * P);
+    assert!(matches!(
+        fs.fallocate(f, 0, P, libc::FALLOC_FL_PUNCH_HOLE),
+        Err(FsError::Unsupported)
+    ));
+    assert!(matches!(
+        fs.fallocate(f, 0, P, libc::FALLOC_FL_COLLAPSE_RANGE),
+        Err(FsError::Unsupported)
+    ));
+}
+
+#[test]
+fn concurrent_partial_writes_to_one_page_are_all_kept() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = Arc::new(fs_over(store, 1 << 20));
+    let f = file(&fs, "f");
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let fs = fs.clone();
+            s.spawn(move || {
+                for i in 0..64u64 {
+                    // Thread t owns bytes t*8..t*8+8 of every 64-byte slot of page 0 and 1.
+                    let at = (i * 64 + t * 8) % (2 * P);
+                    fs.write(f, at, &[t as u8 + 1; 8]).unwrap();
+                }
+            });
+        }
+    });
+    let bytes = fs.read(f, 0, 2 * PAGE_SIZE).unwrap();
+    for i in 0..64u64 {
+        for t in 0..8u64 {
+            let at = ((i * 64 + t * 8) % (2 * P)) as usize;
+            assert_eq!(&bytes[at..at + 8], &[t as u8 + 1; 8], "slot {i} thread {t}");
+        }
+    }
+}
+
+#[test]
+fn lost_pages_fail_their_requests_with_eio_and_nothing_else() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = fs_over(store.clone(), 1 << 20);
+    let f = file(&fs, "f");
+    let g = file(&fs, "g");
+    fs.write(f, 0, &pattern(2 * PAGE_SIZE, 1)).unwrap();
+    fs.write(g, 0, &pattern(2 * PAGE_SIZE, 2)).unwrap();
+    // The pages of f are lost (more nodes down than the scheme tolerates).
+    store.failing.lock().extend([0, P]);
+    let e = fs.read(f, 0, 10).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO);
+    assert_eq!(fs.write(f, 5, &[1]).unwrap_err().errno(), libc::EIO);
+    // The rest of the file system goes on.
+    assert_eq!(
+        fs.read(g, 0, 2 * PAGE_SIZE).unwrap(),
+        pattern(2 * PAGE_SIZE, 2)
+    );
+    let h = file(&fs, "h");
+    fs.write(h, 0, b"still works").unwrap();
+    assert_eq!(fs.read(h, 0, 11).unwrap(), b"still works");
+    // A failed write is not marked written: once the pages are back, f is as it was.
+    store.failing.lock().clear();
+    assert_eq!(
+        fs.read(f, 0, 2 * PAGE_SIZE).unwrap(),
+        pattern(2 * PAGE_SIZE, 1)
+    );
+}
+
+#[test]
+fn out_of_space_is_enospc_from_the_address_space_and_from_the_cluster() {
+    let store = FaultyStore::new(8 * P);
+    let fs = fs_over(store.clone(), 8 * P);
+    let f = file(&fs, "f");
+    fs.write(f, 0, &vec![1; 6 * PAGE_SIZE]).unwrap();
+    let e = fs.write(f, 6 * P, &vec![1; 4 * PAGE_SIZE]).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    // Nothing was allocated by the refused write.
+    assert_eq!(fs.data.usage().1, 2);
+    *store.full.lock() = true;
+    let e = fs.write(f, 6 * P, &[1; 10]).unwrap_err();
+    assert_eq!(e.errno(), libc::ENOSPC);
+    // Pages already held are still written.
+    fs.write(f, 0, &[2; 10]).unwrap();
+    assert_eq!(fs.read(f, 0, 10).unwrap(), [2; 10]);
+}
+
+#[test]
+fn statfs_counts_free_pages_and_the_clusters_capacity() {
+    let store = FaultyStore::new(1 << 20);
+    let cap: Capacity = Box::new(|| Some(10 * P));
+    let fs = HydraFs::new(store, 1 << 20, 0, 0, Some(cap));
+    let f = file(&fs, "f");
+    fs.write(f, 0, &[1; 10]).unwrap();
+    assert_eq!(
+        fs.space(),
+        Space {
+            blocks: 256,
+            free: 10,
+            files: 2
+        }
+    );
+    let fs = fs_over(FaultyStore::new(1 << 20), 1 << 20);
+    assert_eq!(fs.space().free, 256);
+}
+
+#[test]
+fn directories_symlinks_and_links_through_the_file_system() {
+    let fs = fs_over(FaultyStore::new(1 << 20), 1 << 20);
+    let d = fs
+        .create(ROOT, "d".as_ref(), Kind::Dir, 0o755, 0, 0, OsStr::new(""))
+        .unwrap();
+    let l = fs
+        .create(
+            d.ino,
+            "l".as_ref(),
+            Kind::Symlink,
+            0o777,
+            0,
+            0,
+            "../f".as_ref(),
+        )
+        .unwrap();
+    assert_eq!(fs.readlink(l.ino).unwrap(), "../f");
+    assert_eq!(l.size, 4);
+    let f = file(&fs, "f");
+    fs.link(f, d.ino, "hard".as_ref()).unwrap();
+    fs.write(f, 0, b"x").unwrap();
+    assert_eq!(fs.getattr(f).unwrap().nlink, 2);
+    let names: Vec<_> = fs
+        .entries(d.ino)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.2)
+        .collect();
+    assert_eq!(names, [".", "..", "hard", "l"]);
+    assert!(matches!(fs.read(d.ino, 0, 1), Err(FsError::IsDir)));
+    assert!(matches!(
+        fs.rmdir(ROOT, "d".as_ref()),
+        Err(FsError::NotEmpty)
+    ));
+}
