@@ -3,7 +3,9 @@
 //! gets SIGINT/SIGTERM (then it unmounts DIR itself, once nothing uses it).
 //!
 //! The metadata lives in this process, so the files are gone when it stops, and the remote
-//! memory is released then (memory semantics). `--in-memory` serves the same file system from
+//! memory is released then (memory semantics) — unless `--client-id` keeps the identity: then
+//! the metadata is saved into the cluster at unmount, and the next mount with the same
+//! identity, scheme and size finds the files again. `--in-memory` serves the same file system from
 //! this process's memory instead of a cluster: the ceiling of the FUSE path, which no remote
 //! memory behind it can beat.
 
@@ -20,6 +22,7 @@ use hydramem::mount::{Capacity, HydraFs};
 use hydramem::nbd::{MemStore, PageStore};
 use hydramem::status::{self, StatusResult};
 use hydramem::units::{human, parse_size, Size};
+use hydramem::wire::ClientId;
 use parking_lot::Mutex;
 
 use crate::client_cli::ClientArgs;
@@ -42,6 +45,12 @@ pub struct MountArgs {
     /// once (a loop device or fio at queue depth 16 needs 16).
     #[arg(long, env = "HYDRAMEM_THREADS", default_value_t = 16)]
     threads: usize,
+    /// Client identity (32 hex digits) that owns the files' memory. Given, the files outlive
+    /// the mount: the metadata is saved into the cluster when it stops cleanly and the next
+    /// mount with the same identity (and --scheme, --size) finds them; `hydramem free`
+    /// releases them. Without it, the files are gone when the mount stops.
+    #[arg(long, env = "HYDRAMEM_CLIENT_ID", requires = "size")]
+    client_id: Option<String>,
     /// Let other users than the one mounting use the file system (non-root mounts need
     /// user_allow_other in /etc/fuse.conf).
     #[arg(long)]
@@ -94,6 +103,9 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
         Some(Size::Percent(_)) => bail!("--size takes a byte count (e.g. 8GiB), not a percentage"),
         None => None,
     };
+    if a.in_memory && a.client_id.is_some() {
+        bail!("--client-id keeps files in a cluster; --in-memory has none to keep them in");
+    }
     let (fs, mem, what) = if a.in_memory {
         let Some(size) = size else {
             bail!("--in-memory needs --size (e.g. --size 4GiB): the memory it may use");
@@ -126,7 +138,11 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
                 ),
             },
         };
-        let config = a.client.config(size)?;
+        let mut config = a.client.config(size)?;
+        if let Some(id) = &a.client_id {
+            config.client_id =
+                ClientId::from_hex(id).map_err(|e| anyhow::anyhow!("--client-id {id:?}: {e}"))?;
+        }
         let mem = RemoteMemory::connect(&cluster, config).with_context(|| {
             format!(
                 "connecting to the memory nodes of {} as {}",
@@ -136,7 +152,14 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
         })?;
         let nodes = cluster.nodes.len();
         let store: Arc<dyn PageStore> = mem.clone();
-        let fs = HydraFs::new(store, size, uid(), gid(), Some(capacity(cluster, k, width)));
+        let cap = Some(capacity(cluster, k, width));
+        let fs = if a.client_id.is_some() {
+            HydraFs::open(store, size, uid(), gid(), cap).context(
+                "loading the files kept for this --client-id (the cluster holds its memory)",
+            )?
+        } else {
+            HydraFs::new(store, size, uid(), gid(), cap)
+        };
         let what = format!(
             "{} as {} on {} memory nodes",
             human(size),
@@ -150,16 +173,34 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
         allow_other: a.allow_other,
         fsname: "hydramem".into(),
     };
+    let fate = if a.client_id.is_some() {
+        let n = fs.files() - 1;
+        format!("{n} files and directories kept for this --client-id; they stay when it stops")
+    } else {
+        "the files are gone when it stops".to_string()
+    };
     println!(
-        "mounted {}: {what} (umount it or press Ctrl-C to stop; the files are gone then)",
+        "mounted {}: {what}; umount it or press Ctrl-C to stop ({fate})",
         a.dir.display()
     );
+    let fs = Arc::new(fs);
     let watch = stop.clone();
-    serve(Arc::new(fs), &a.dir, &opts, move || {
+    serve(fs.clone(), &a.dir, &opts, move || {
         watch.load(Ordering::Relaxed)
     })
     .with_context(|| format!("mounting and serving {}", a.dir.display()))?;
-    if let Some(mem) = mem {
+    if a.client_id.is_some() {
+        fs.save().context(
+            "saving the files' metadata into the cluster at unmount: the files cannot be found again",
+        )?;
+        println!(
+            "unmounted {}; {} files and directories stay on the memory nodes for this \
+             --client-id: mount it again with the same --client-id, --scheme and --size to \
+             find them (hydramem free releases them)",
+            a.dir.display(),
+            fs.files() - 1
+        );
+    } else if let Some(mem) = mem {
         mem.free_all()
             .context("releasing the remote memory at exit (the nodes keep it until restarted)")?;
         println!("unmounted {}; remote memory released", a.dir.display());

@@ -20,7 +20,7 @@ use std::sync::Arc;
 
 use parking_lot::{Mutex, RwLockReadGuard, RwLockWriteGuard};
 
-use super::alloc::PageAllocator;
+use super::alloc::{NoSpace, PageAllocator};
 use super::namespace::Inode;
 use super::table::{Entry, PageTable};
 use super::FsError;
@@ -49,12 +49,25 @@ fn span(offset: u64, len: u64) -> (u64, u64) {
 
 impl Data {
     /// File data in `store`, whose address space holds `pages` pages.
+    /// Page 0 is kept for the superblock ([`super::snapshot`]) and never given to a file.
     pub fn new(store: Arc<dyn PageStore>, pages: u64) -> Data {
+        let mut alloc = PageAllocator::new(pages);
+        alloc.reserve(0, 1);
         Data {
             store,
-            alloc: Mutex::new(PageAllocator::new(pages)),
+            alloc: Mutex::new(alloc),
             locks: PageLocks::new(),
         }
+    }
+
+    /// The store the pages are in.
+    pub fn store(&self) -> &dyn PageStore {
+        &*self.store
+    }
+
+    /// Takes `n` free pages (for the metadata snapshot), as extents.
+    pub fn take(&self, n: u64) -> Result<Vec<(u64, u64)>, NoSpace> {
+        self.alloc.lock().alloc(n, None)
     }
 
     /// (pages in the address space, pages free).

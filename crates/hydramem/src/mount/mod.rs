@@ -27,6 +27,7 @@ pub mod alloc;
 pub mod data;
 pub mod fuse;
 pub mod namespace;
+pub mod snapshot;
 pub mod table;
 
 use std::ffi::{OsStr, OsString};
@@ -175,6 +176,8 @@ pub struct HydraFs {
     ns: RwLock<Namespace>,
     data: Data,
     capacity: Option<Capacity>,
+    /// Bytes of the address space.
+    bytes: u64,
 }
 
 impl HydraFs {
@@ -191,7 +194,54 @@ impl HydraFs {
             ns: RwLock::new(Namespace::new(0o755, uid, gid)),
             data: Data::new(store, bytes / PAGE_SIZE as u64),
             capacity,
+            bytes,
         }
+    }
+
+    /// The file system a kept identity saved in `store` at its last clean unmount
+    /// ([`snapshot`]), or a new empty one (see [`HydraFs::new`]) if there is none; either way
+    /// the saved metadata is marked stale until [`HydraFs::save`].
+    pub fn open(
+        store: Arc<dyn PageStore>,
+        bytes: u64,
+        uid: u32,
+        gid: u32,
+        capacity: Option<Capacity>,
+    ) -> Result<HydraFs, snapshot::SnapshotError> {
+        let mut fs = HydraFs::new(store, bytes, uid, gid, capacity);
+        match snapshot::load(fs.data.store(), bytes)? {
+            Some(snap) => {
+                let ns = Namespace::restore(&snap)?;
+                for inode in ns.inodes() {
+                    if !fs.data.adopt(&inode.table.read()) {
+                        return Err(snapshot::SnapshotError::Damaged(format!(
+                            "pages of inode {} overlap others or lie outside the space",
+                            inode.ino
+                        )));
+                    }
+                }
+                fs.ns = RwLock::new(ns);
+            }
+            None => snapshot::mark_open(fs.data.store(), bytes)?,
+        }
+        Ok(fs)
+    }
+
+    /// Saves the metadata into the store (after the last request: at unmount), so that
+    /// [`HydraFs::open`] with the same identity finds the files again.
+    pub fn save(&self) -> Result<(), snapshot::SnapshotError> {
+        let snap = self.ns.read().save();
+        let pages = snapshot::pages_for(&snap)?;
+        let extents = self
+            .data
+            .take(pages)
+            .map_err(|_| snapshot::SnapshotError::NoRoom { pages })?;
+        snapshot::save(self.data.store(), self.bytes, &snap, &extents)
+    }
+
+    /// Files and directories (inodes, the root included).
+    pub fn files(&self) -> u64 {
+        self.ns.read().count()
     }
 
     fn attr(inode: &Inode) -> Attr {

@@ -18,6 +18,7 @@ use std::time::SystemTime;
 
 use parking_lot::{Mutex, RwLock};
 
+use super::snapshot::{self, SavedInode, Snapshot, SnapshotError};
 use super::table::PageTable;
 use super::FsError;
 
@@ -450,6 +451,88 @@ impl Namespace {
     /// Every inode, for a snapshot or to free everything.
     pub fn inodes(&self) -> impl Iterator<Item = &Arc<Inode>> {
         self.inodes.values()
+    }
+}
+
+impl Namespace {
+    /// The whole namespace as saved: every inode still named by a directory, with its
+    /// written pages.
+    pub fn save(&self) -> Snapshot {
+        let mut inodes: Vec<SavedInode> = self
+            .inodes
+            .values()
+            .filter(|i| i.ino == ROOT || i.meta.lock().nlink > 0)
+            .map(|i| {
+                let m = i.meta.lock().clone();
+                let table = i.table.read();
+                let mut s = snapshot::save_inode(i.ino, i.kind, &m, &i.target, table.entries());
+                if let Some(d) = self.dirs.get(&i.ino) {
+                    s.parent = self.parents.get(&i.ino).copied();
+                    s.entries = d
+                        .iter()
+                        .map(|(n, &c)| (n.as_encoded_bytes().to_vec(), c))
+                        .collect();
+                }
+                s
+            })
+            .collect();
+        inodes.sort_by_key(|i| i.ino);
+        Snapshot {
+            next_ino: self.next,
+            inodes,
+        }
+    }
+
+    /// The namespace a snapshot saved, checked for consistency (the pages are the caller's
+    /// to adopt).
+    pub fn restore(snap: &Snapshot) -> Result<Namespace, SnapshotError> {
+        let damaged = |what: String| SnapshotError::Damaged(what);
+        let mut ns = Namespace {
+            inodes: HashMap::new(),
+            dirs: HashMap::new(),
+            parents: HashMap::new(),
+            next: snap.next_ino,
+        };
+        for s in &snap.inodes {
+            let kind = snapshot::kind_of(s.kind)?;
+            if s.ino == 0 || s.ino >= snap.next_ino {
+                return Err(damaged(format!("inode {} out of range", s.ino)));
+            }
+            let mut table = PageTable::new();
+            for &(fp, at, n) in &s.extents {
+                for i in 0..n {
+                    table.map(fp + i, at + i);
+                    table.mark_written(fp + i);
+                }
+            }
+            let inode = Arc::new(Inode {
+                ino: s.ino,
+                kind,
+                meta: Mutex::new(snapshot::meta_of(s)),
+                table: RwLock::new(table),
+                target: snapshot::name(&s.target),
+                lookups: AtomicU64::new(u64::from(s.ino == ROOT)),
+            });
+            if ns.inodes.insert(s.ino, inode).is_some() {
+                return Err(damaged(format!("inode {} saved twice", s.ino)));
+            }
+            if kind == Kind::Dir {
+                let entries = s.entries.iter().map(|(n, c)| (snapshot::name(n), *c));
+                ns.dirs.insert(s.ino, entries.collect());
+                ns.parents.insert(s.ino, s.parent.unwrap_or(ROOT));
+            }
+        }
+        let root_ok = ns.inodes.get(&ROOT).is_some_and(|r| r.kind == Kind::Dir);
+        let dangling = ns
+            .dirs
+            .values()
+            .flat_map(|d| d.values())
+            .chain(ns.parents.values())
+            .any(|c| !ns.inodes.contains_key(c));
+        if !root_ok || dangling {
+            return Err(damaged("the directory tree names missing inodes".into()));
+        }
+        Ok(ns)
     }
 }
 

@@ -167,8 +167,9 @@ fn truncate_and_regrow_show_zeros_and_free_pages() {
 
 #[test]
 fn pages_of_a_deleted_file_read_as_zeros_in_the_next_one() {
-    let store = FaultyStore::new(64 * P);
-    let fs = fs_over(store, 64 * P);
+    // 64 pages for files, and page 0 for the superblock.
+    let store = FaultyStore::new(65 * P);
+    let fs = fs_over(store, 65 * P);
     let f = file(&fs, "old");
     fs.write(f, 0, &vec![0xaa; 64 * PAGE_SIZE]).unwrap();
     fs.unlink(ROOT, "old".as_ref()).unwrap();
@@ -195,8 +196,8 @@ fn pages_of_a_deleted_file_read_as_zeros_in_the_next_one() {
 
 #[test]
 fn an_unlinked_file_keeps_its_pages_while_the_kernel_holds_it() {
-    let store = FaultyStore::new(16 * P);
-    let fs = fs_over(store, 16 * P);
+    let store = FaultyStore::new(17 * P);
+    let fs = fs_over(store, 17 * P);
     let f = file(&fs, "f"); // create counts one kernel reference
     fs.write(f, 0, &pattern(4 * PAGE_SIZE, 3)).unwrap();
     fs.unlink(ROOT, "f".as_ref()).unwrap();
@@ -298,8 +299,8 @@ fn lost_pages_fail_their_requests_with_eio_and_nothing_else() {
 
 #[test]
 fn out_of_space_is_enospc_from_the_address_space_and_from_the_cluster() {
-    let store = FaultyStore::new(8 * P);
-    let fs = fs_over(store.clone(), 8 * P);
+    let store = FaultyStore::new(9 * P);
+    let fs = fs_over(store.clone(), 9 * P);
     let f = file(&fs, "f");
     fs.write(f, 0, &vec![1; 6 * PAGE_SIZE]).unwrap();
     let e = fs.write(f, 6 * P, &vec![1; 4 * PAGE_SIZE]).unwrap_err();
@@ -330,7 +331,7 @@ fn statfs_counts_free_pages_and_the_clusters_capacity() {
         }
     );
     let fs = fs_over(FaultyStore::new(1 << 20), 1 << 20);
-    assert_eq!(fs.space().free, 256);
+    assert_eq!(fs.space().free, 255, "all but the superblock's page");
 }
 
 #[test]
@@ -368,4 +369,112 @@ fn directories_symlinks_and_links_through_the_file_system() {
         fs.rmdir(ROOT, "d".as_ref()),
         Err(FsError::NotEmpty)
     ));
+}
+
+fn kept(store: &Arc<FaultyStore>, bytes: u64) -> HydraFs {
+    HydraFs::open(store.clone(), bytes, 0, 0, None).unwrap()
+}
+
+#[test]
+fn a_kept_identity_finds_its_files_after_a_clean_unmount() {
+    let store = FaultyStore::new(4 << 20);
+    let fs = kept(&store, 4 << 20);
+    let d = fs
+        .create(ROOT, "dir".as_ref(), Kind::Dir, 0o700, 5, 6, OsStr::new(""))
+        .unwrap();
+    let f = fs
+        .create(
+            d.ino,
+            "data".as_ref(),
+            Kind::File,
+            0o600,
+            5,
+            6,
+            OsStr::new(""),
+        )
+        .unwrap()
+        .ino;
+    let bytes = pattern(300_000, 4);
+    fs.write(f, 123, &bytes).unwrap();
+    fs.fallocate(f, 1 << 20, 8 * P, 0).unwrap();
+    fs.create(
+        ROOT,
+        "link".as_ref(),
+        Kind::Symlink,
+        0o777,
+        0,
+        0,
+        "dir/data".as_ref(),
+    )
+    .unwrap();
+    let before = fs.getattr(f).unwrap();
+    let free = fs.data.usage().1;
+    fs.save().unwrap();
+    drop(fs);
+
+    let fs = kept(&store, 4 << 20);
+    let d2 = fs.lookup(ROOT, "dir".as_ref()).unwrap();
+    assert_eq!((d2.perm, d2.uid, d2.gid, d2.nlink), (0o700, 5, 6, 2));
+    let f2 = fs.lookup(d2.ino, "data".as_ref()).unwrap();
+    assert_eq!(f2.ino, f);
+    assert_eq!((f2.size, f2.mtime), (before.size, before.mtime));
+    assert_eq!(fs.read(f, 123, bytes.len()).unwrap(), bytes);
+    assert!(fs
+        .read(f, 1 << 20, 8 * PAGE_SIZE)
+        .unwrap()
+        .iter()
+        .all(|&b| b == 0));
+    let l = fs.lookup(ROOT, "link".as_ref()).unwrap();
+    assert_eq!(fs.readlink(l.ino).unwrap(), "dir/data");
+    // The kept pages are the files' again (the unwritten ones are free), so new files
+    // cannot overwrite them.
+    assert_eq!(fs.data.usage().1, free + 8);
+    let g = file(&fs, "new");
+    fs.write(g, 0, &vec![0xee; 900 * PAGE_SIZE]).unwrap();
+    assert_eq!(fs.read(f, 123, bytes.len()).unwrap(), bytes);
+}
+
+#[test]
+fn a_mount_that_died_leaves_no_snapshot_to_load() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = kept(&store, 1 << 20);
+    let f = file(&fs, "f");
+    fs.write(f, 0, b"saved").unwrap();
+    fs.save().unwrap();
+    drop(fs);
+    // The next mount loads it and marks it stale; it dies without saving.
+    let fs = kept(&store, 1 << 20);
+    let g = file(&fs, "g");
+    fs.write(g, 0, &vec![1; 64 * PAGE_SIZE]).unwrap();
+    drop(fs);
+    // Its pages may have been reused: the old snapshot is never loaded again.
+    let fs = kept(&store, 1 << 20);
+    assert!(matches!(
+        fs.lookup(ROOT, "f".as_ref()),
+        Err(FsError::NotFound)
+    ));
+    assert_eq!(fs.files(), 1);
+}
+
+#[test]
+fn a_kept_file_system_refuses_another_size_and_a_damaged_snapshot() {
+    let store = FaultyStore::new(2 << 20);
+    let fs = kept(&store, 1 << 20);
+    let f = file(&fs, "f");
+    fs.write(f, 0, b"x").unwrap();
+    fs.save().unwrap();
+    drop(fs);
+    let e = HydraFs::open(store.clone(), 2 << 20, 0, 0, None)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("mount with --size 1048576"), "{e}");
+    // Flip a byte of the snapshot (the page after the file's).
+    let mut page = [0u8; PAGE_SIZE];
+    store.inner.read_page(2 * P, &mut page).unwrap();
+    page[3] ^= 1;
+    store.inner.write_page(2 * P, &page).unwrap();
+    let e = HydraFs::open(store.clone(), 1 << 20, 0, 0, None)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("damaged"), "{e}");
 }
