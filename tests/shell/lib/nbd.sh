@@ -24,6 +24,22 @@ skip() {
   exit 0
 }
 
+# interrupt PID: Ctrl-C for a script started in the background under job control (set -m),
+# which then receives SIGINT as from a terminal. A process started in the background by a
+# non-interactive shell (as some CI runners start the tests) inherits SIGINT ignored, and an
+# ignored signal cannot be trapped: there it is interrupted with SIGTERM, which the scripts
+# handle alike.
+interrupt() {
+  local ignored
+  ignored=$(awk '/^SigIgn:/ {print $2}' "/proc/$1/status")
+  if (((16#$ignored & 2) != 0)); then
+    echo "SIGINT is ignored in this environment; interrupting with SIGTERM"
+    kill -TERM "$1"
+  else
+    kill -INT "$1"
+  fi
+}
+
 # need TOOL PACKAGE: TOOL on PATH, installing the Debian PACKAGE if it is missing.
 need() {
   command -v "$1" >/dev/null 2>&1 && return 0
