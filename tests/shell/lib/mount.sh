@@ -105,7 +105,8 @@ mount_cleanup() {
     }
     wait "$mount_pid" 2>/dev/null
   fi
-  mountpoint -q "$MNT" && umount -l "$MNT"
+  # Also a mount whose server died, which mountpoint(1) cannot stat.
+  awk -v m="$MNT" '$2 == m {found = 1} END {exit !found}' /proc/mounts && umount -l "$MNT"
   nbd_cleanup
 }
 trap mount_cleanup EXIT
