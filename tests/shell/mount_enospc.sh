@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Out of space on rep2 over 3 memory nodes of 64 MiB: mounted without --size (as large as the
 # nodes can hold) and with a --size larger than they can hold (the cluster runs out first), a
-# writer ends with "No space left on device" within a bounded time, never hangs; the files
+# writer ends with "No space left on device" within a bounded time, never hangs, and so does
+# one after it (once the nodes' heartbeats said they are full); the files
 # written before still read back exactly, and deleting a file lets writes succeed again.
 set -euo pipefail
 . "$(dirname "$0")/lib/mount.sh"
@@ -23,6 +24,13 @@ fill_and_free() {
   sync
   echo 3 >/proc/sys/vm/drop_caches
   cmp -s "$MNT/before" "$src" || fail "$1: a file written before the file system filled up reads back wrong"
+  # Another writer, now that the nodes have told the mount in their heartbeats that they are
+  # full: ENOSPC again, not EIO.
+  status=0
+  timeout 120 dd if=/dev/zero of="$MNT/more" bs=1M count=4 status=none 2>"$dir/dd.err" || status=$?
+  [ "$status" -ne 0 ] && grep -q 'No space left on device' "$dir/dd.err" ||
+    fail "$1: a second writer ended with status $status and not with ENOSPC: $(cat "$dir/dd.err")"
+  rm "$MNT/more"
   rm "$MNT/fill"
   timeout 120 cp "$src" "$MNT/after" || fail "$1: writing after a delete failed"
   sync
