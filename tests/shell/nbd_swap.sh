@@ -32,16 +32,7 @@ pid=$!
 for _ in $(seq 300); do grep -q '^3\. running' "$dir/int.log" && break; sleep 0.1; done
 grep -q '^3\. running' "$dir/int.log" || { echo "FAIL: the program never started"; cat "$dir/int.log"; exit 1; }
 sleep 2
-# SIGINT, as Ctrl-C would send. A process started in the background by a non-interactive
-# shell (as some CI runners start the tests) inherits SIGINT ignored, and an ignored signal
-# cannot be trapped: there the script is interrupted with SIGTERM, which it handles alike.
-ignored=$(awk '/^SigIgn:/ {print $2}' "/proc/$pid/status")
-if (((16#$ignored & 2) != 0)); then
-  echo "SIGINT is ignored in this environment; interrupting with SIGTERM"
-  kill -TERM "$pid"
-else
-  kill -INT "$pid"
-fi
+interrupt "$pid" # SIGINT, as Ctrl-C would send (SIGTERM where SIGINT is ignored)
 status=0
 wait "$pid" || status=$?
 set +m

@@ -295,3 +295,29 @@ fn a_reclaimed_slab_that_cannot_move_is_dropped_at_its_deadline_and_repaired() {
     kill_two_of(&mut c, &mem, 0, &[spare, x]);
     check(&mem, &last.into_inner().unwrap());
 }
+
+#[test]
+fn a_full_cluster_refuses_a_new_range_as_out_of_capacity_also_once_its_nodes_said_so() {
+    // 10 nodes of 2 slabs: two ranges fill them. A third is refused by the nodes' allocation
+    // at first, and once their heartbeats say they take no new slabs, by the placement: both
+    // must say the cluster is out of capacity (the file front end's ENOSPC), not that nodes
+    // are missing.
+    let c = common::cluster_with(10, SLAB, 2, &[]);
+    let ppr = SLAB / 512;
+    let mem = connect(&c, 3 * ppr);
+    let last = Mutex::new(HashMap::new());
+    write_pages(&mem, 0..1, 1, &last);
+    write_pages(&mem, ppr..ppr + 1, 1, &last);
+    let page = [7u8; PAGE_SIZE];
+    let deadline = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < deadline {
+        match mem.write_page(2 * ppr * PAGE_SIZE as u64, &page) {
+            Err(hydramem::client::IoError::Map(hydramem::client::ClientError::OutOfCapacity {
+                ..
+            })) => {}
+            r => panic!("a write to a range the full cluster cannot map: {r:?}"),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    check(&mem, &last.into_inner().unwrap());
+}

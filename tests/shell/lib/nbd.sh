@@ -1,4 +1,4 @@
-# Sourced by the tests/shell/nbd_*.sh scripts: memory node processes (started one by one,
+# Sourced by the tests/shell/nbd_*.sh scripts (and by lib/mount.sh): memory node processes (started one by one,
 # so that a script holds each one's pid and can kill some) and `hydramem nbd` serving an
 # export on a Unix socket, all stopped on exit; and the real NBD clients the scripts drive,
 # installed from Debian when missing (a script is skipped, with the reason, only when a tool
@@ -22,6 +22,22 @@ trap nbd_cleanup EXIT
 skip() {
   echo "SKIP $(basename "$0"): $1"
   exit 0
+}
+
+# interrupt PID: Ctrl-C for a script started in the background under job control (set -m),
+# which then receives SIGINT as from a terminal. A process started in the background by a
+# non-interactive shell (as some CI runners start the tests) inherits SIGINT ignored, and an
+# ignored signal cannot be trapped: there it is interrupted with SIGTERM, which the scripts
+# handle alike.
+interrupt() {
+  local ignored
+  ignored=$(awk '/^SigIgn:/ {print $2}' "/proc/$1/status")
+  if (((16#$ignored & 2) != 0)); then
+    echo "SIGINT is ignored in this environment; interrupting with SIGTERM"
+    kill -TERM "$1"
+  else
+    kill -INT "$1"
+  fi
 }
 
 # need TOOL PACKAGE: TOOL on PATH, installing the Debian PACKAGE if it is missing.
@@ -65,23 +81,30 @@ need_nbdsh() {
   skip "no python3 with the libnbd bindings (Debian package python3-libnbd)"
 }
 
-# start_export SIZE [hydramem nbd options...]: starts $NODES (default 10) memory nodes and the
-# NBD server; sets URI (an NBD URI of the export over its Unix socket) and SOCK.
-start_export() {
-  local size=$1
-  shift
-  local i addr
+# start_nodes: starts $NODES (default 10) memory nodes one by one, each donating
+# $NODE_CAPACITY (default 1GiB) in slabs of $NODE_SLAB (default 4MiB), and writes their cluster
+# file $dir/cluster.toml; NODE_PIDS[i] is node i's pid.
+start_nodes() {
+  local i addr slab=${NODE_SLAB:-4MiB}
   # Nodes read the cluster file (their membership) only when asked to regenerate, by then whole.
-  printf 'slab_size = 4194304\n' >"$dir/cluster.toml"
+  printf 'slab_size = %d\n' $((${slab%MiB} << 20)) >"$dir/cluster.toml"
   for i in $(seq 0 $((${NODES:-10} - 1))); do
-    "$BIN" node --listen 127.0.0.1:0 --id "$i" --cluster "$dir/cluster.toml" --slab-size 4MiB --capacity 1GiB --announce \
-      --log warn >"$dir/node$i.out" 2>>"$dir/nodes.log" &
+    "$BIN" node --listen 127.0.0.1:0 --id "$i" --cluster "$dir/cluster.toml" --slab-size "$slab" \
+      --capacity "${NODE_CAPACITY:-1GiB}" --announce --log warn >"$dir/node$i.out" 2>>"$dir/nodes.log" &
     NODE_PIDS+=($!)
     for _ in $(seq 100); do grep -q listening "$dir/node$i.out" 2>/dev/null && break; sleep 0.05; done
     addr=$(sed -n 's/^listening //p' "$dir/node$i.out")
     [ -n "$addr" ] || { echo "FAIL: memory node $i did not start"; cat "$dir/nodes.log"; exit 1; }
     printf '\n[[node]]\nid = %d\naddr = "%s"\n' "$i" "$addr" >>"$dir/cluster.toml"
   done
+}
+
+# start_export SIZE [hydramem nbd options...]: starts the memory nodes (start_nodes) and the
+# NBD server; sets URI (an NBD URI of the export over its Unix socket) and SOCK.
+start_export() {
+  local size=$1
+  shift
+  start_nodes
   SOCK="$dir/nbd.sock"
   "$BIN" nbd --cluster "$dir/cluster.toml" --size "$size" --socket "$SOCK" --log warn "$@" \
     >"$dir/nbd.out" 2>"$dir/nbd.err" &

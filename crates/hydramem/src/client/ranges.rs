@@ -116,7 +116,23 @@ impl RemoteMemory {
             }
             let chosen = match pl.placer.place(&views) {
                 Ok(c) => c,
-                Err(_) if !full.is_empty() => {
+                Err(source) => {
+                    if full.is_empty() {
+                        // Nodes that said in a heartbeat that they take no new slabs (out of
+                        // budget, or draining) were not offered to the placer: the cluster is
+                        // full just as when they refuse an allocation.
+                        full = (0..self.transport.nodes() as u16)
+                            .filter(|&n| {
+                                self.transport.is_up(n) && self.transport.notice(n).refusing
+                            })
+                            .collect();
+                    }
+                    if full.is_empty() {
+                        return Err(ClientError::Placement {
+                            range: range as u64,
+                            source,
+                        });
+                    }
                     return Err(ClientError::OutOfCapacity {
                         range: range as u64,
                         full: full
@@ -124,13 +140,7 @@ impl RemoteMemory {
                             .map(|n| self.node_label(*n))
                             .collect::<Vec<_>>()
                             .join(", "),
-                    })
-                }
-                Err(source) => {
-                    return Err(ClientError::Placement {
-                        range: range as u64,
-                        source,
-                    })
+                    });
                 }
             };
             let mut g = Group {

@@ -497,6 +497,7 @@ pub fn serve(
     config.clone_fd = true;
     let mut session = fuser::Session::new(Fuse { fs }, dir, &config)?;
     let mut unmounter = session.unmount_callable();
+    let path = std::ffi::CString::new(dir.canonicalize()?.into_os_string().into_encoded_bytes())?;
     let done = Arc::new(AtomicBool::new(false));
     let watcher = {
         let done = done.clone();
@@ -510,9 +511,25 @@ pub fn serve(
                     if !stop() {
                         continue;
                     }
-                    match unmounter.unmount() {
-                        Ok(()) => break,
-                        Err(e) if !warned => {
+                    // umount2 itself, not fuser's unmounter: that one gives up its mount on
+                    // the first attempt, so after an EBUSY every later call is a no-op that
+                    // reports success and the file system would never be unmounted.
+                    // SAFETY: `path` is a NUL-terminated string that outlives the call.
+                    let e = match unsafe { libc::umount2(path.as_ptr(), 0) } {
+                        0 => break,
+                        _ => std::io::Error::last_os_error(),
+                    };
+                    match e.raw_os_error() {
+                        // Not mounted any more: someone unmounted it, the session is ending.
+                        Some(libc::EINVAL) | Some(libc::ENOENT) => break,
+                        // Not root: fuser's way (fusermount -u).
+                        Some(libc::EPERM) => {
+                            if let Err(e) = unmounter.unmount() {
+                                tracing::warn!("cannot unmount {}: {e}", dir.display());
+                            }
+                            break;
+                        }
+                        _ if !warned => {
                             warned = true;
                             tracing::warn!(
                                 "cannot unmount {}: {e}; still serving it, and it unmounts \
@@ -521,7 +538,7 @@ pub fn serve(
                                 dir.display()
                             );
                         }
-                        Err(_) => {}
+                        _ => {}
                     }
                 }
             })?
