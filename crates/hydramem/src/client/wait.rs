@@ -17,7 +17,7 @@ pub(super) fn describe_mask(mask: u32) -> String {
 }
 
 /// How an owner waits between two looks at its operations: it polls (spinning, yielding the
-/// core every few spins) until `poll` has passed since the start, then parks until a
+/// core every few spins) until `poll` has passed since polling began, then parks until a
 /// completion unparks it — but at most one straggler interval, because a stalled node sends no
 /// completion and the read must re-ask past it.
 pub(super) struct Pacer {
@@ -31,8 +31,13 @@ pub(super) struct Pacer {
 impl Pacer {
     /// A pacer for operations that started at `start` (their deadline runs from there).
     pub(super) fn new(config: &ClientConfig, start: Instant) -> Pacer {
+        Pacer::polling_from(config, start, start)
+    }
+
+    /// A pacer whose deadline runs from `start` but whose polling runs from `poll_from`.
+    pub(super) fn polling_from(config: &ClientConfig, start: Instant, poll_from: Instant) -> Pacer {
         Pacer {
-            poll_until: start + config.poll,
+            poll_until: poll_from + config.poll,
             deadline: start + config.op_timeout,
             straggler_after: config.straggler_after,
             spins: 0,
@@ -73,9 +78,22 @@ impl RemoteMemory {
         &self,
         op: &slots::Op<'_>,
         start: Instant,
+        check: impl FnMut(Progress) -> Option<T>,
+    ) -> Option<T> {
+        self.wait_polling_from(op, start, start, check)
+    }
+
+    /// [`RemoteMemory::wait`], polling from `poll_from` on: a caller whose deadline runs from
+    /// an earlier `start` (before encoding and posting, say) still polls its whole
+    /// [`ClientConfig::poll`] for the replies, instead of parking at once and paying a wake-up.
+    pub(super) fn wait_polling_from<T>(
+        &self,
+        op: &slots::Op<'_>,
+        start: Instant,
+        poll_from: Instant,
         mut check: impl FnMut(Progress) -> Option<T>,
     ) -> Option<T> {
-        let mut pacer = Pacer::new(&self.config, start);
+        let mut pacer = Pacer::polling_from(&self.config, start, poll_from);
         loop {
             if let Some(v) = check(op.progress()) {
                 return Some(v);

@@ -268,13 +268,17 @@ impl RemoteMemory {
         };
         let mut op = self.slots.acquire_write();
         self.post_page_write(&mut op, &group, page, stamp, true);
+        // The deadline and the straggler clock run from `start`, but posting the splits can
+        // take longer than the poll interval on its own: poll for the replies from here, or
+        // nearly every write would park right after posting and pay a wake-up.
+        let posted = Instant::now();
         let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
             let data = split_of(l, page, op.write_side(), j);
             self.post_split_write(op, group, j, data, stamp, true);
         };
         let mut reroutes = 0;
         let result = loop {
-            let result = self.wait(&op, start, |p| {
+            let result = self.wait_polling_from(&op, start, posted, |p| {
                 let acked = p.landed.count_ones() as usize;
                 if acked >= l.write_need {
                     Some(Ok(()))
