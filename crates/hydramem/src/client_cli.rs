@@ -5,8 +5,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{bail, Result};
-use hydramem::client::{ClientConfig, Resilience};
+use std::sync::Arc;
+
+use anyhow::{bail, Context, Result};
+use hydramem::client::{ClientConfig, RemoteMemory, Resilience};
+use hydramem::cluster::Cluster;
+use hydramem::wire::ClientId;
 
 #[derive(clap::Args)]
 pub struct ClientArgs {
@@ -72,5 +76,27 @@ impl ClientArgs {
         } else {
             format!("{} with checksums", self.scheme.label())
         }
+    }
+
+    /// Connects a client with an address space of `size` bytes to `cluster`, as `client_id`
+    /// (32 hex digits) or a random identity.
+    pub fn connect(
+        &self,
+        cluster: &Cluster,
+        size: u64,
+        client_id: Option<&str>,
+    ) -> Result<Arc<RemoteMemory>> {
+        let mut config = self.config(size)?;
+        if let Some(id) = client_id {
+            config.client_id =
+                ClientId::from_hex(id).map_err(|e| anyhow::anyhow!("--client-id {id:?}: {e}"))?;
+        }
+        RemoteMemory::connect(cluster, config).with_context(|| {
+            format!(
+                "connecting to the memory nodes of {} as {}",
+                self.cluster.display(),
+                self.scheme.label()
+            )
+        })
     }
 }

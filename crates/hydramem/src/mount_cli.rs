@@ -15,14 +15,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hydramem::client::RemoteMemory;
 use hydramem::cluster::Cluster;
 use hydramem::mount::fuse::{serve, MountOptions};
 use hydramem::mount::{Capacity, HydraFs};
 use hydramem::nbd::{MemStore, PageStore};
 use hydramem::status::{self, StatusResult};
 use hydramem::units::{human, parse_size, Size};
-use hydramem::wire::ClientId;
 use parking_lot::Mutex;
 
 use crate::client_cli::ClientArgs;
@@ -138,18 +136,7 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
                 ),
             },
         };
-        let mut config = a.client.config(size)?;
-        if let Some(id) = &a.client_id {
-            config.client_id =
-                ClientId::from_hex(id).map_err(|e| anyhow::anyhow!("--client-id {id:?}: {e}"))?;
-        }
-        let mem = RemoteMemory::connect(&cluster, config).with_context(|| {
-            format!(
-                "connecting to the memory nodes of {} as {}",
-                a.client.cluster.display(),
-                a.client.scheme.label()
-            )
-        })?;
+        let mem = a.client.connect(&cluster, size, a.client_id.as_deref())?;
         let nodes = cluster.nodes.len();
         let store: Arc<dyn PageStore> = mem.clone();
         let cap = Some(capacity(cluster, k, width));

@@ -1,6 +1,6 @@
 //! `hydramem nbd`: export a resilient remote block device over the NBD protocol.
 //!
-//! The command connects one client ([`RemoteMemory`]) to the cluster, wraps it in an
+//! The command connects one client ([`RemoteMemory`](hydramem::client::RemoteMemory)) to the cluster, wraps it in an
 //! [`Export`] and serves it with [`hydramem::nbd::run`] on a TCP address or a Unix socket until
 //! SIGINT/SIGTERM; then it stops accepting, replies to every request already read, and exits 0.
 //! Without `--client-id` the identity is random, so nothing could find the data again: the
@@ -15,11 +15,9 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::client_cli::ClientArgs;
-use hydramem::client::RemoteMemory;
 use hydramem::cluster::Cluster;
 use hydramem::nbd::{Export, ExportConfig, Listener, Shutdown};
 use hydramem::units::{human, parse_size, Size};
-use hydramem::wire::ClientId;
 
 #[derive(clap::Args)]
 #[command(group(clap::ArgGroup::new("endpoint").required(true).args(["listen", "socket"])))]
@@ -61,21 +59,9 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
         bail!("--workers must be at least 1");
     }
     let cluster = Cluster::load(&a.client.cluster)?;
-    let scheme = a.client.scheme;
-    let mut config = a.client.config(size)?;
     let label = a.client.label();
     let keep = a.client_id.is_some();
-    if let Some(id) = &a.client_id {
-        config.client_id =
-            ClientId::from_hex(id).map_err(|e| anyhow::anyhow!("--client-id {id:?}: {e}"))?;
-    }
-    let mem = RemoteMemory::connect(&cluster, config).with_context(|| {
-        format!(
-            "connecting to the memory nodes of {} as {}",
-            a.client.cluster.display(),
-            scheme.label()
-        )
-    })?;
+    let mem = a.client.connect(&cluster, size, a.client_id.as_deref())?;
     let listener = match (&a.listen, &a.socket) {
         (Some(addr), _) => Listener::tcp(addr).with_context(|| {
             format!("cannot listen on {addr}: is another server using it? pick another --listen")
