@@ -61,6 +61,8 @@ pub(super) struct ReadWindow<'c> {
     items: Vec<(u64, *mut Page)>,
     live: Vec<ReadSlot<'c>>,
     start: Instant,
+    /// When its splits were posted: its owner polls for the replies from here.
+    posted: Instant,
     /// Pages whose splits came from different writes: read again on their own.
     again: Vec<usize>,
     first_err: Option<IoError>,
@@ -72,6 +74,8 @@ pub(super) struct WriteWindow<'c> {
     items: Vec<(u64, *const Page)>,
     live: Vec<WriteSlot<'c>>,
     start: Instant,
+    /// When its splits were posted: its owner polls for the acknowledgements from here.
+    posted: Instant,
 }
 
 impl ReadWindow<'_> {
@@ -342,6 +346,7 @@ impl RemoteMemory {
             items: items[..taken].to_vec(),
             live,
             start,
+            posted: Instant::now(),
             again: Vec::new(),
             first_err: None,
         })
@@ -372,9 +377,9 @@ impl RemoteMemory {
         for s in w.live.iter().filter(|s| !s.decided) {
             s.op.wake_me();
         }
-        let start = w.start;
+        let (start, posted) = (w.start, w.posted);
         let mut live = std::mem::take(&mut w.live);
-        self.wait_all(&mut live, start, |s, p| {
+        self.wait_all(&mut live, (start, posted), |s, p| {
             let r = s.plan.check(self, &s.op, p)?;
             self.conclude_read_slot(&w.items, &mut w.again, &mut w.first_err, s, Some(r), start);
             Some(())
@@ -513,6 +518,7 @@ impl RemoteMemory {
             items: items[..taken].to_vec(),
             live,
             start,
+            posted: Instant::now(),
         })
     }
 
@@ -525,6 +531,7 @@ impl RemoteMemory {
             items,
             mut live,
             start,
+            posted,
         } = w;
         for s in live.iter().filter(|s| !s.decided) {
             s.op.wake_me();
@@ -553,7 +560,7 @@ impl RemoteMemory {
                 again.push(s.i);
             }
         };
-        self.wait_all(&mut live, start, |s, p| {
+        self.wait_all(&mut live, (start, posted), |s, p| {
             let acked = p.landed.count_ones() as usize;
             if acked >= l.write_need {
                 settle(s, true);
@@ -676,15 +683,17 @@ impl RemoteMemory {
     }
 
     /// Looks at every undecided operation of a window until `decide` has decided them all
-    /// (`Some`), pacing like [`RemoteMemory::wait`]; returns at the deadline with the rest
-    /// undecided.
+    /// (`Some`), pacing like [`RemoteMemory::wait_polling_from`] (the deadline from `start`,
+    /// the polling from `posted`: posting the splits of a hydra page takes about a whole poll
+    /// window here, and a window that parked at once would pay a wake-up per call); returns
+    /// at the deadline with the rest undecided.
     fn wait_all<S: Decided>(
         &self,
         live: &mut [S],
-        start: Instant,
+        (start, posted): (Instant, Instant),
         mut decide: impl FnMut(&mut S, Progress) -> Option<()>,
     ) {
-        let mut pacer = Pacer::new(&self.config, start);
+        let mut pacer = Pacer::polling_from(&self.config, &self.pollers, start, posted);
         // What each operation looked like at its last undecided look: while the owner polls,
         // an operation whose splits have not moved since is looked at again only every
         // REVISIT passes (its time-based decisions — stragglers — run on milliseconds, a

@@ -57,7 +57,7 @@ impl RemoteMemory {
             // Replies that came while the slot was closed for the check were dropped: ask
             // those splits again (a reply that still comes lands once, first claim wins).
             post_more(op, 0, first.before.outstanding());
-            self.wait(op, first.start, |p| {
+            self.wait_polling_from(op, first.start, Instant::now(), |p| {
                 let got = op.of_version(p.landed, l.width, version).count_ones() as usize;
                 if got >= target {
                     return Some(());

@@ -35,6 +35,10 @@ pub struct ClientConfig {
     pub client_id: ClientId,
     /// How long a waiting thread polls before it sleeps.
     pub poll: Duration,
+    /// Threads that may poll at once; a thread that waits while this many poll parks at
+    /// once (threads spinning together take the cores the nodes and the transport need).
+    /// Default: half the CPUs, at least one.
+    pub pollers: usize,
     /// How long one page operation may take before it fails.
     pub op_timeout: Duration,
     /// A read still short of k splits after this long asks the splits it has not asked yet
@@ -81,6 +85,7 @@ impl ClientConfig {
             size,
             client_id: ClientId::random(),
             poll: Duration::from_micros(50),
+            pollers: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             op_timeout: Duration::from_secs(10),
             straggler_after: Duration::from_millis(5),
             write_straggler_after: Duration::from_millis(20),

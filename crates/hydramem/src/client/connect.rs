@@ -7,7 +7,7 @@
 //! [`RemoteMemory::connect`] opens TCP, tests open the in-memory transport.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -175,6 +175,7 @@ impl RemoteMemory {
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
             lagging: Default::default(),
+            pollers: AtomicUsize::new(0),
             stuck: Mutex::new(Vec::new()),
             ended: Arc::new(Mutex::new(Vec::new())),
             retry: Mutex::new((Instant::now(), Vec::new())),

@@ -13,8 +13,10 @@
 //!   in the caller's page (data) or the side buffer (parity); once k are in, close the operation
 //!   (late splits are dropped, see [`slots`]) and decode the missing data splits in place. If
 //!   requests fail, ask the splits not asked yet; fail only when fewer than k can arrive.
-//! - waiting: the calling thread polls its operation for a bounded time (`poll`), yielding the
-//!   core between checks, then parks until a completion wakes it (run-to-completion, 4.1.3).
+//! - waiting: the calling thread polls its operation for a bounded time (`poll`) from when its
+//!   splits are posted, yielding the core between checks, then parks until a completion wakes
+//!   it (run-to-completion, 4.1.3); at most `pollers` threads poll at once, the others park
+//!   at once.
 //!
 //! Replication and single copy use the same path with width n, one "split" of 4096 bytes per
 //! copy, a write waiting for all n copies and a read taking the first copy that arrives.
@@ -59,7 +61,7 @@ pub mod transport;
 mod wait;
 mod write;
 
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -129,6 +131,8 @@ pub struct RemoteMemory {
     repair_after: Mutex<Instant>,
     /// Write splits left behind by a straggling node, resent in the background.
     lagging: lagging::Lagging,
+    /// Owners polling for their operations now (at most [`ClientConfig::pollers`]).
+    pollers: AtomicUsize,
 }
 
 impl RemoteMemory {

@@ -334,7 +334,9 @@ impl RemoteMemory {
         let mut plan = ReadPlan::new(self, group, range, pir);
         op.bind(range as u64, pir);
         plan.start(self, &op, true);
-        let result = self.wait(&op, start, |p| plan.check(self, &op, p));
+        // Polled from here, not from `start`: posting k + Δ splits takes most of a poll window.
+        let posted = Instant::now();
+        let result = self.wait_polling_from(&op, start, posted, |p| plan.check(self, &op, p));
         self.conclude_read(&mut plan, &mut op, page, addr, start, result)
     }
 
