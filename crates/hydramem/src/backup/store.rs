@@ -302,7 +302,7 @@ impl BackedStore {
             .unwrap_or_else(|| "the remote memory".into());
         if self.shared.warned.lock().insert(at.clone()) {
             tracing::warn!(location = %at, file = %self.path().display(), error = %e,
-                "the remote copy failed: its pages are read from and written to the backup file from now on (logged once per node)");
+                "the remote copy failed: reads and writes of its pages fall back to the backup file (logged once per node)");
         }
     }
 
