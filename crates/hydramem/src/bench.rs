@@ -1,6 +1,7 @@
 //! The data-path benchmark behind `hydramem bench` (and the figures of `hydramem demo`).
 //!
-//! Every scheme gets its own client (fresh identity) against the same nodes, and the phases are
+//! Every scheme gets its own client (fresh identity) against the same nodes — `ssd-backup`
+//! a `single` one behind its backup file, which every page operation goes through — and the phases are
 //! interleaved across schemes so that the machine's noise falls on all of them alike:
 //! 1. populate: each scheme writes its whole working set with `depth` threads (write
 //!    throughput), then the nodes' per-slab counters (`touched`) give the bytes they hold for it
@@ -20,8 +21,10 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use serde::Serialize;
 
+use crate::backup::{BackupConfig, BackupError, FrontStore};
 use crate::client::{ClientConfig, IoError, Page, RemoteMemory, Resilience};
 use crate::cluster::Cluster;
+use crate::nbd::PageStore;
 use crate::PAGE_SIZE;
 use crate::{rpc, status};
 
@@ -54,6 +57,8 @@ pub struct BenchOptions {
     /// fail or return wrong bytes in corrupted rounds are counted, not fatal; the throughput
     /// phase stays clean.
     pub corrupt_ppm: u32,
+    /// The backup file of the `ssd-backup` scheme.
+    pub backup: BackupConfig,
 }
 
 /// Latency percentiles in microseconds.
@@ -199,6 +204,14 @@ pub enum BenchError {
         /// Why.
         source: IoError,
     },
+    /// The backup file of `ssd-backup` could not be created or closed.
+    #[error("{scheme}: {source}")]
+    Backup {
+        /// Scheme.
+        scheme: String,
+        /// Why.
+        source: BackupError,
+    },
     /// Corruption could not be injected.
     #[error("injecting corruption: {0}")]
     Inject(crate::rpc::RpcError),
@@ -216,7 +229,7 @@ fn corrupt_all(cluster: &Cluster, c: Option<crate::wire::Corruption>) -> Result<
 
 /// Populates the working set of one scheme with `depth` threads; returns the throughput.
 fn populate(
-    mem: &RemoteMemory,
+    mem: &dyn PageStore,
     o: &BenchOptions,
     label: &str,
     progress: Progress<'_>,
@@ -271,7 +284,7 @@ fn populate(
 
 /// Reads random pages with `depth` threads for `duration`; returns (pages, wall s, cpu s).
 fn read_load(
-    mem: &RemoteMemory,
+    mem: &dyn PageStore,
     o: &BenchOptions,
     duration: Duration,
     salt: u64,
@@ -332,7 +345,9 @@ fn read_load(
 /// Per-scheme state while the interleaved phases run.
 struct Run {
     scheme: String,
-    mem: std::sync::Arc<RemoteMemory>,
+    front: FrontStore,
+    /// What the scheme's page operations go through.
+    store: std::sync::Arc<dyn PageStore>,
     write_throughput: Throughput,
     remote_bytes_per_data_byte: f64,
     node_rss_max: u64,
@@ -358,7 +373,7 @@ pub fn run(
     let mut runs = Vec::new();
     for s in schemes {
         let scheme = s.label();
-        let mut cfg = ClientConfig::new(s.resilience, o.pages * PAGE_SIZE as u64);
+        let mut cfg = ClientConfig::new(s.store.resilience(), o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
         cfg.checksums = s.checksums;
         cfg.ablation = s.ablation;
@@ -374,8 +389,14 @@ pub fn run(
             scheme: scheme.clone(),
             source,
         })?;
+        let front =
+            FrontStore::new(mem, s.store, &o.backup).map_err(|source| BenchError::Backup {
+                scheme: scheme.clone(),
+                source,
+            })?;
+        let store = front.store();
         let write_throughput =
-            populate(&mem, o, &scheme, progress).map_err(|source| BenchError::Io {
+            populate(&*store, o, &scheme, progress).map_err(|source| BenchError::Io {
                 scheme: scheme.clone(),
                 source,
             })?;
@@ -399,7 +420,8 @@ pub fn run(
         }
         runs.push(Run {
             scheme,
-            mem,
+            front,
+            store,
             write_throughput,
             remote_bytes_per_data_byte: held as f64 / (o.pages * PAGE_SIZE as u64) as f64,
             node_rss_max,
@@ -454,13 +476,15 @@ pub fn run(
                     let p = next() % o.pages;
                     fill_page(&mut page, o.seed, p, 0);
                     let t = Instant::now();
-                    r.mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
+                    r.store
+                        .write_page(p * PAGE_SIZE as u64, &page)
+                        .map_err(err)?;
                     wh.record(t.elapsed().as_nanos() as u64).ok();
                 }
                 for _ in 0..per_round {
                     let p = next() % o.pages;
                     let t = Instant::now();
-                    let res = r.mem.read_page(p * PAGE_SIZE as u64, &mut page);
+                    let res = r.store.read_page(p * PAGE_SIZE as u64, &mut page);
                     rh.record(t.elapsed().as_nanos() as u64).ok();
                     match res {
                         Err(_) if corrupted => {
@@ -489,7 +513,7 @@ pub fn run(
                 total,
             );
             let (n, wall, cpu) =
-                read_load(&r.mem, o, slice, round, &r.verify_errors, &r.read_errors).map_err(
+                read_load(&*r.store, o, slice, round, &r.verify_errors, &r.read_errors).map_err(
                     |source| BenchError::Io {
                         scheme: r.scheme.clone(),
                         source,
@@ -502,8 +526,13 @@ pub fn run(
     let mut out = Vec::new();
     for r in runs {
         let (n, wall, cpu) = r.reads;
-        let decodes = r.mem.stats().decodes.load(Ordering::Relaxed);
-        r.mem.free_all().map_err(|source| BenchError::Client {
+        let mem = r.front.mem();
+        let decodes = mem.stats().decodes.load(Ordering::Relaxed);
+        r.front.close().map_err(|source| BenchError::Backup {
+            scheme: r.scheme.clone(),
+            source,
+        })?;
+        mem.free_all().map_err(|source| BenchError::Client {
             scheme: r.scheme.clone(),
             source,
         })?;
@@ -522,14 +551,14 @@ pub fn run(
             node_overhead_max: r.node_overhead_max,
             verify_errors: r.verify_errors.load(Ordering::Relaxed),
             read_errors: r.read_errors.load(Ordering::Relaxed),
-            corrupt_splits: r.mem.corrupt_splits().iter().sum(),
+            corrupt_splits: mem.corrupt_splits().iter().sum(),
             decodes,
             corrupted: (o.corrupt_ppm > 0).then(|| CorruptedLatency {
                 write_latency: Latency::from(&r.cwh),
                 read_latency: Latency::from(&r.crh),
             }),
-            corrected: r.mem.stats().corrected.load(Ordering::Relaxed),
-            wide_reads: r.mem.stats().wide_reads.load(Ordering::Relaxed),
+            corrected: mem.stats().corrected.load(Ordering::Relaxed),
+            wide_reads: mem.stats().wide_reads.load(Ordering::Relaxed),
         });
     }
     Ok(out)
@@ -602,7 +631,7 @@ pub fn failure_scenarios(
         let mut cfg = ClientConfig::new(s, o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
         let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(client_err(&s.label()))?;
-        populate(&mem, o, &s.label(), progress).map_err(|source| BenchError::Io {
+        populate(&*mem, o, &s.label(), progress).map_err(|source| BenchError::Io {
             scheme: s.label(),
             source,
         })?;
@@ -823,7 +852,7 @@ pub fn regeneration(
             })?;
         let fill = BenchOptions { pages, ..o.clone() };
         let phase = format!("fill a {} MiB-slab range", slab >> 20);
-        populate(&mem, &fill, &phase, progress).map_err(|source| BenchError::Io {
+        populate(&*mem, &fill, &phase, progress).map_err(|source| BenchError::Io {
             scheme: label.clone(),
             source,
         })?;

@@ -1,4 +1,5 @@
-//! `hydramem bench`: every resilience scheme side by side against the same nodes, in one run.
+//! `hydramem bench`: every resilience scheme (and the `ssd-backup` baseline) side by side
+//! against the same nodes, in one run.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -48,7 +49,9 @@ pub struct BenchArgs {
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
     /// Schemes to run (comma separated): hydra-K+R-dD (suffix -ec for EC-only, -det for
-    /// corruption detection, -cor for correction), repN, single; each may end in +crc for
+    /// corruption detection, -cor for correction), repN, single, ssd-backup (one remote copy
+    /// plus a local backup file in --backup-dir: the paper's Infiniswap baseline, e.g.
+    /// hydra-8+2-d1,rep2,single,ssd-backup side by side); each may end in +crc for
     /// per-split checksums, then in /encode-first, /bounce or /unbatched to turn off one of
     /// the data path's design choices (asynchronously encoded write, in-place coding,
     /// batching: paper Fig. 10), e.g. hydra-8+2-d1,hydra-8+2-d1/unbatched.
@@ -79,6 +82,8 @@ pub struct BenchArgs {
     /// Seed of page contents and access order.
     #[arg(long, env = "HYDRAMEM_SEED", default_value_t = 42)]
     seed: u64,
+    #[command(flatten)]
+    backup: crate::client_cli::BackupArgs,
 }
 
 impl BenchArgs {
@@ -100,6 +105,7 @@ impl BenchArgs {
             poll: Duration::from_micros(self.poll_us),
             seed: self.seed,
             corrupt_ppm: self.corrupt_ppm,
+            backup: self.backup.config()?,
         })
     }
 }

@@ -1,6 +1,7 @@
 //! The options of a command that connects one client to the cluster (`nbd`, `mount`): the
 //! cluster file, the scheme and the client's tuning, turned into a [`ClientConfig`] with the
-//! same checks and messages for every such command.
+//! same checks and messages for every such command, and the `ssd-backup` scheme's backup file
+//! ([`BackupArgs`], which `bench` takes too).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -8,9 +9,40 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
-use hydramem::client::{ClientConfig, RemoteMemory, Resilience};
+use hydramem::backup::{BackupConfig, FrontStore, StoreScheme};
+use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::cluster::Cluster;
+use hydramem::units::{parse_size, Size};
 use hydramem::wire::ClientId;
+
+/// Where the `ssd-backup` scheme keeps its local copy.
+#[derive(clap::Args)]
+pub struct BackupArgs {
+    /// Directory of the ssd-backup scheme's local copy: a file hydramem-backup-<pid>-... is
+    /// created there and removed at exit. It needs room for every page written; give a
+    /// local disk, not a tmpfs such as /tmp often is (that would keep the copy in memory).
+    #[arg(long, env = "HYDRAMEM_BACKUP_DIR", default_value = hydramem::backup::DEFAULT_DIR)]
+    pub backup_dir: PathBuf,
+    /// Pages the ssd-backup scheme may hold acknowledged but not yet written to its file;
+    /// writers wait while it is full.
+    #[arg(long, env = "HYDRAMEM_BACKUP_QUEUE", default_value = "64MiB", value_parser = parse_size)]
+    pub backup_queue: Size,
+}
+
+impl BackupArgs {
+    /// The backup store's configuration.
+    pub fn config(&self) -> Result<BackupConfig> {
+        match self.backup_queue {
+            Size::Bytes(queue_bytes) => Ok(BackupConfig {
+                dir: self.backup_dir.clone(),
+                queue_bytes,
+            }),
+            Size::Percent(_) => {
+                bail!("--backup-queue takes a byte count (e.g. 64MiB), not a percentage")
+            }
+        }
+    }
+}
 
 #[derive(clap::Args)]
 pub struct ClientArgs {
@@ -22,10 +54,11 @@ pub struct ClientArgs {
     )]
     pub cluster: PathBuf,
     /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
-    /// corruption detection, -cor for correction), repN or single, as `bench --schemes`
-    /// takes them.
+    /// corruption detection, -cor for correction), repN, single, or ssd-backup (one remote
+    /// copy plus a local backup file in --backup-dir, the paper's Infiniswap baseline), as
+    /// `bench --schemes` takes them.
     #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
-    pub scheme: Resilience,
+    pub scheme: StoreScheme,
     /// Turn off the per-split CRC32C checksums (on by default: a split corrupted on a node or
     /// on the wire is then read around, never returned).
     #[arg(long, env = "HYDRAMEM_NO_CHECKSUMS")]
@@ -44,6 +77,8 @@ pub struct ClientArgs {
     /// Seconds one page operation may take before the request fails with EIO.
     #[arg(long, env = "HYDRAMEM_OP_TIMEOUT", default_value_t = 10.0)]
     pub op_timeout: f64,
+    #[command(flatten)]
+    pub backup: BackupArgs,
 }
 
 impl ClientArgs {
@@ -60,7 +95,7 @@ impl ClientArgs {
                 bail!("{name} {v} is not a share between 0 and 1 (e.g. 0.01 for 1 % of splits)");
             }
         }
-        let mut config = ClientConfig::new(self.scheme, size);
+        let mut config = ClientConfig::new(self.scheme.resilience(), size);
         config.poll = Duration::from_micros(self.poll_us);
         config.op_timeout = Duration::from_secs_f64(self.op_timeout);
         config.checksums = !self.no_checksums;
@@ -79,8 +114,27 @@ impl ClientArgs {
     }
 
     /// Connects a client with an address space of `size` bytes to `cluster`, as `client_id`
+    /// (32 hex digits) or a random identity, and wraps it as the scheme says.
+    pub fn open(
+        &self,
+        cluster: &Cluster,
+        size: u64,
+        client_id: Option<&str>,
+    ) -> Result<FrontStore> {
+        if self.scheme == StoreScheme::SsdBackup && client_id.is_some() {
+            bail!(
+                "--client-id keeps the data on the memory nodes past this process, but the \
+                 ssd-backup scheme's local copy goes with it: use another scheme with --client-id"
+            );
+        }
+        let backup = self.backup.config()?;
+        let mem = self.connect(cluster, size, client_id)?;
+        FrontStore::new(mem, self.scheme, &backup).context("starting the ssd-backup scheme")
+    }
+
+    /// Connects a client with an address space of `size` bytes to `cluster`, as `client_id`
     /// (32 hex digits) or a random identity.
-    pub fn connect(
+    fn connect(
         &self,
         cluster: &Cluster,
         size: u64,

@@ -104,7 +104,7 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
     if a.in_memory && a.client_id.is_some() {
         bail!("--client-id keeps files in a cluster; --in-memory has none to keep them in");
     }
-    let (fs, mem, what) = if a.in_memory {
+    let (fs, front, what) = if a.in_memory {
         let Some(size) = size else {
             bail!("--in-memory needs --size (e.g. --size 4GiB): the memory it may use");
         };
@@ -136,9 +136,9 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
                 ),
             },
         };
-        let mem = a.client.connect(&cluster, size, a.client_id.as_deref())?;
+        let front = a.client.open(&cluster, size, a.client_id.as_deref())?;
         let nodes = cluster.nodes.len();
-        let store: Arc<dyn PageStore> = mem.clone();
+        let store = front.store();
         let cap = Some(capacity(cluster, k, width));
         let fs = if a.client_id.is_some() {
             HydraFs::open(store, size, uid(), gid(), cap).context(
@@ -153,7 +153,7 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
             a.client.label(),
             nodes
         );
-        (fs, Some(mem), what)
+        (fs, Some(front), what)
     };
     let opts = MountOptions {
         threads: a.threads,
@@ -187,8 +187,11 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
             a.dir.display(),
             fs.files() - 1
         );
-    } else if let Some(mem) = mem {
-        mem.free_all()
+    } else if let Some(front) = front {
+        front.close()?;
+        front
+            .mem()
+            .free_all()
             .context("releasing the remote memory at exit (the nodes keep it until restarted)")?;
         println!("unmounted {}; remote memory released", a.dir.display());
     } else {

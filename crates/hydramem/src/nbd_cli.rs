@@ -1,7 +1,7 @@
 //! `hydramem nbd`: export a resilient remote block device over the NBD protocol.
 //!
 //! The command connects one client ([`RemoteMemory`](hydramem::client::RemoteMemory)) to the cluster, wraps it in an
-//! [`Export`] and serves it with [`hydramem::nbd::run`] on a TCP address or a Unix socket until
+//! [`Export`] (through the backup file of `--scheme ssd-backup`) and serves it with [`hydramem::nbd::run`] on a TCP address or a Unix socket until
 //! SIGINT/SIGTERM; then it stops accepting, replies to every request already read, and exits 0.
 //! Without `--client-id` the identity is random, so nothing could find the data again: the
 //! remote memory is released at exit. With it, the data stays on the memory nodes and the next
@@ -61,7 +61,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
     let cluster = Cluster::load(&a.client.cluster)?;
     let label = a.client.label();
     let keep = a.client_id.is_some();
-    let mem = a.client.connect(&cluster, size, a.client_id.as_deref())?;
+    let front = a.client.open(&cluster, size, a.client_id.as_deref())?;
     let listener = match (&a.listen, &a.socket) {
         (Some(addr), _) => Listener::tcp(addr).with_context(|| {
             format!("cannot listen on {addr}: is another server using it? pick another --listen")
@@ -78,7 +78,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
         Listener::Tcp(_) => format!("nbd://{}/{}", listener.describe(), a.name),
         Listener::Unix(..) => format!("nbd+unix:///{}?socket={}", a.name, listener.describe()),
     };
-    let export = Arc::new(Export::new(mem.clone(), size));
+    let export = Arc::new(Export::new(front.store(), size));
     let config = ExportConfig {
         name: a.name.clone(),
         description: format!(
@@ -111,13 +111,16 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
             .context("starting the signal watcher thread")?;
     }
     hydramem::nbd::run(listener, export, config, shutdown).context("serving NBD")?;
+    front.close()?;
     if keep {
         println!(
             "stopped; the data stays on the memory nodes for this --client-id ({} of remote address space)",
             human(size)
         );
     } else {
-        mem.free_all()
+        front
+            .mem()
+            .free_all()
             .context("releasing the remote memory at exit (the nodes keep it until restarted)")?;
         println!("stopped; remote memory released");
     }

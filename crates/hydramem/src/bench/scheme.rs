@@ -1,22 +1,24 @@
-//! A scheme as `hydramem bench` names and runs it: a resilience scheme, with per-split
-//! checksums or without, with design choices of the data path turned off or not.
+//! A scheme as `hydramem bench` names and runs it: a store scheme (a resilience scheme, or
+//! `ssd-backup`), with per-split checksums or without, with design choices of the data path
+//! turned off or not.
 //!
-//! Its name is the resilience scheme's name ([`Resilience`]'s `FromStr`: `hydra-8+2-d1`,
-//! `rep2`, `single`, ...) followed by `+crc` when the client keeps checksums, then by any of
+//! Its name is the store scheme's name ([`StoreScheme`]'s `FromStr`: `hydra-8+2-d1`,
+//! `rep2`, `single`, `ssd-backup`, ...) followed by `+crc` when the client keeps checksums, then by any of
 //! `/encode-first`, `/bounce`, `/unbatched` ([`Ablation`], paper Fig. 10), each at most once;
 //! parsing a name that [`Display`](fmt::Display) wrote gives the same scheme back.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::client::layout::SchemeError;
-use crate::client::{Ablation, Resilience};
+use crate::backup::{StoreScheme, StoreSchemeError};
+use crate::client::Ablation;
 
 /// One scheme as the benchmark runs it: `hydra-8+2-d1`, `hydra-8+2-d1+crc`, `rep2+crc`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BenchScheme {
-    /// The resilience scheme.
-    pub resilience: Resilience,
+    /// The store scheme (the client's resilience scheme is its
+    /// [`resilience`](StoreScheme::resilience)).
+    pub store: StoreScheme,
     /// Whether the client keeps per-split checksums.
     pub checksums: bool,
     /// Design choices turned off.
@@ -39,9 +41,9 @@ const CHECKSUMS_SUFFIX: &str = "+crc";
 /// A benchmark scheme's name that does not parse.
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum BenchSchemeError {
-    /// The resilience scheme's name.
+    /// The store scheme's name.
     #[error("{0}; each may end in {CHECKSUMS_SUFFIX} for per-split checksums, then in /encode-first, /bounce or /unbatched to turn a design choice off")]
-    Scheme(SchemeError),
+    Scheme(StoreSchemeError),
     /// A design-choice switch.
     #[error("{switch:?} in {name:?} is not a design choice to turn off (once each): use /encode-first, /bounce or /unbatched")]
     Switch {
@@ -76,7 +78,7 @@ impl FromStr for BenchScheme {
             *flag = true;
         }
         Ok(BenchScheme {
-            resilience: name.parse().map_err(BenchSchemeError::Scheme)?,
+            store: name.parse().map_err(BenchSchemeError::Scheme)?,
             checksums,
             ablation,
         })
@@ -86,7 +88,7 @@ impl FromStr for BenchScheme {
 impl fmt::Display for BenchScheme {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let suffix = if self.checksums { CHECKSUMS_SUFFIX } else { "" };
-        write!(f, "{}{suffix}", self.resilience)?;
+        write!(f, "{}{suffix}", self.store)?;
         for name in self.switches() {
             write!(f, "/{name}")?;
         }
@@ -98,8 +100,8 @@ impl BenchScheme {
     /// The label of its results: "hydra 8+2 Δ=1", "hydra 8+2 Δ=1 +crc".
     pub fn label(&self) -> String {
         let mut label = match self.checksums {
-            true => format!("{} {CHECKSUMS_SUFFIX}", self.resilience.label()),
-            false => self.resilience.label(),
+            true => format!("{} {CHECKSUMS_SUFFIX}", self.store.label()),
+            false => self.store.label(),
         };
         for name in self.switches() {
             label.push_str(&format!(" /{name}"));
@@ -119,7 +121,7 @@ impl BenchScheme {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::Mode;
+    use crate::client::{Mode, Resilience};
 
     #[test]
     fn names_with_and_without_checksums_read_back() {
@@ -130,16 +132,22 @@ mod tests {
             mode: Mode::FailureRecovery,
         };
         let single = Resilience::Replication { copies: 1 };
-        for (name, resilience, checksums, label) in [
-            ("hydra-8+2-d1", hydra, false, "hydra 8+2 Δ=1"),
-            ("hydra-8+2-d1+crc", hydra, true, "hydra 8+2 Δ=1 +crc"),
-            ("single+crc", single, true, "single copy +crc"),
+        for (name, store, checksums, label) in [
+            ("hydra-8+2-d1", hydra.into(), false, "hydra 8+2 Δ=1"),
+            ("hydra-8+2-d1+crc", hydra.into(), true, "hydra 8+2 Δ=1 +crc"),
+            ("single+crc", single.into(), true, "single copy +crc"),
+            (
+                "ssd-backup",
+                StoreScheme::SsdBackup,
+                false,
+                "single copy + SSD backup",
+            ),
         ] {
             let s: BenchScheme = name.parse().unwrap();
             assert_eq!(
                 s,
                 BenchScheme {
-                    resilience,
+                    store,
                     checksums,
                     ablation: Ablation::default(),
                 }
@@ -171,7 +179,7 @@ mod tests {
     fn other_names_are_refused_with_every_form_that_works() {
         for name in ["raid5", "hydra-8+2-d1+crc+crc", "+crc", "hydra-8+2-d1 +crc"] {
             let text = name.parse::<BenchScheme>().unwrap_err().to_string();
-            for form in ["hydra-K+R-dD", "repN", "single", "+crc"] {
+            for form in ["hydra-K+R-dD", "repN", "single", "ssd-backup", "+crc"] {
                 assert!(text.contains(form), "{form:?} missing from {text:?}");
             }
         }

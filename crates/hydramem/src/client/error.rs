@@ -193,6 +193,11 @@ pub enum IoError {
     /// The range could not be mapped.
     #[error(transparent)]
     Map(#[from] ClientError),
+    /// A store layered over the remote memory could not serve the page from its own copy
+    /// either (the local file of the `ssd-backup` scheme, `crate::backup`); the error says
+    /// which copy failed how, and what to do.
+    #[error("{0}")]
+    Store(Box<dyn std::error::Error + Send + Sync + 'static>),
 }
 
 pub(super) fn protocol(t: &dyn Transport, node: u16, e: wire::WireError) -> ClientError {

@@ -89,6 +89,11 @@ pub trait PageStore: Send + Sync {
     fn known_zero(&self, _addr: u64) -> bool {
         false
     }
+    /// Where the page at `addr` lives, for messages ("node 3"); `None` when the store cannot
+    /// tell (nothing written there yet, or no nodes behind it).
+    fn location(&self, _addr: u64) -> Option<String> {
+        None
+    }
 }
 
 /// Reads started with [`PageStore::submit_read`].
@@ -98,7 +103,7 @@ pub trait PendingPages: Send {
 }
 
 /// Pages already read.
-struct Ready(Box<[Page]>);
+pub(crate) struct Ready(pub(crate) Box<[Page]>);
 
 impl PendingPages for Ready {
     fn wait(self: Box<Self>) -> Result<Box<[Page]>, IoError> {
@@ -137,6 +142,15 @@ impl PageStore for RemoteMemory {
     fn known_zero(&self, addr: u64) -> bool {
         // An address range is mapped on its first write; until then it reads as zeros.
         self.group_of(addr).is_none()
+    }
+    fn location(&self, addr: u64) -> Option<String> {
+        let g = self.group_of(addr)?;
+        let nodes: Vec<String> = g.nodes[..self.layout().width]
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        let noun = if nodes.len() == 1 { "node" } else { "nodes" };
+        Some(format!("{noun} {}", nodes.join(", ")))
     }
 }
 
