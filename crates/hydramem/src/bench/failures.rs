@@ -1,0 +1,194 @@
+//! Paper Fig. 12's failure scenarios for `hydramem bench --failures`: queue-depth-1 latency of
+//! hydra 8+2 Δ=1 and replication ×2 side by side on an embedded cluster of their own, healthy,
+//! with one shared node slowed, and after that node is killed (a remap and a background
+//! regeneration running). Every page read is checked against the bytes written.
+
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+use super::{fill_page, hist, populate, xorshift, BenchError, BenchOptions, Latency, Progress};
+use crate::client::{ClientConfig, RemoteMemory, Resilience};
+use crate::PAGE_SIZE;
+
+/// Queue-depth-1 latency of one scheme in one failure scenario (paper Fig. 12).
+#[derive(Debug, Clone, Serialize)]
+pub struct ScenarioResult {
+    /// Scheme label.
+    pub scheme: String,
+    /// "healthy", "one node slow (+1 ms per reply)", or "one node killed" while a regeneration
+    /// runs or not.
+    pub scenario: String,
+    /// Page write latency.
+    pub write_latency: Latency,
+    /// Page read latency.
+    pub read_latency: Latency,
+}
+
+/// Runs the failure scenarios of paper Fig. 12 on an embedded cluster of its own (nodes with
+/// fault injection enabled): hydra 8+2 Δ=1 and replication ×2 side by side, QD1 latency while
+/// all nodes are healthy, while one node that holds a split of both schemes' first range
+/// answers every request 1 ms late, and after that node is killed (which starts a remap and a
+/// background regeneration, whose cost the killed phase includes).
+pub fn failure_scenarios(
+    binary: std::path::PathBuf,
+    o: &BenchOptions,
+    progress: Progress<'_>,
+) -> Result<Vec<ScenarioResult>, BenchError> {
+    use crate::embedded::{EmbeddedCluster, EmbeddedOptions};
+    let client_err = |scheme: &str| {
+        let scheme = scheme.to_string();
+        move |source| BenchError::Client {
+            scheme: scheme.clone(),
+            source,
+        }
+    };
+    // 11 nodes: hydra's group takes 10, so replication's least-loaded pair takes the spare and
+    // one of hydra's nodes, which becomes the victim both schemes share. Slabs of 64 MiB keep
+    // each scheme's working set in one address range (up to 16384 pages).
+    let slab = 64u64 << 20;
+    let nodes = 11u16;
+    let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
+        binary,
+        nodes: nodes as usize,
+        slab_size: slab,
+        capacity: 64 * slab,
+        extra_args: vec![
+            "--log".into(),
+            "error".into(),
+            "--allow-fault-injection".into(),
+        ],
+        cluster_file: None,
+    })
+    .map_err(|e| BenchError::Client {
+        scheme: "cluster".into(),
+        source: crate::client::ClientError::Io(std::io::Error::other(e.to_string())),
+    })?;
+    let schemes = [
+        Resilience::Hydra {
+            k: 8,
+            r: 2,
+            delta: 1,
+            mode: crate::client::Mode::FailureRecovery,
+        },
+        Resilience::Replication { copies: 2 },
+    ];
+    let mut mems = Vec::new();
+    for s in schemes {
+        let mut cfg = ClientConfig::new(s, o.pages * PAGE_SIZE as u64);
+        cfg.poll = o.poll;
+        let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(client_err(&s.label()))?;
+        populate(&*mem, o, &s.label(), progress).map_err(|source| BenchError::Io {
+            scheme: s.label(),
+            source,
+        })?;
+        mems.push((s.label(), mem));
+    }
+    // The victim holds a split of the first range of every scheme.
+    let groups: Vec<_> = mems
+        .iter()
+        .map(|(_, m)| m.group_of(0).expect("populated"))
+        .collect();
+    let widths = [10usize, 2];
+    let victim = (0..nodes)
+        .find(|n| {
+            groups
+                .iter()
+                .zip(widths)
+                .all(|(g, w)| g.nodes[..w].contains(n))
+        })
+        .unwrap_or(groups[1].nodes[0]) as usize;
+    tracing::info!(victim, "failure scenarios: the slow and then killed node");
+    let mut out = Vec::new();
+    let mut x = o.seed | 1;
+    let rounds = o.rounds.max(1);
+    let per_round = o.latency_ops.div_ceil(rounds);
+    for (phase, scenario) in [
+        "healthy",
+        "one node slow (+1 ms per reply)",
+        "one node killed",
+    ]
+    .iter()
+    .enumerate()
+    {
+        match phase {
+            1 => {
+                let _ = cluster.inject(victim, crate::wire::Fault::DelayReplies(1000));
+            }
+            2 => {
+                let _ = cluster.inject(victim, crate::wire::Fault::Clear);
+                let _ = cluster.kill(victim);
+            }
+            _ => {}
+        }
+        // Index 0: steady; index 1 (killed phase only): while a regeneration is running.
+        let mut hists: Vec<[(Histogram<u64>, Histogram<u64>); 2]> = mems
+            .iter()
+            .map(|_| [(hist(), hist()), (hist(), hist())])
+            .collect();
+        let mut page = [0u8; PAGE_SIZE];
+        let regenerating = |mem: &RemoteMemory| {
+            let st = mem.regen_stats();
+            st.started > st.done + st.failed
+        };
+        let phase_start = Instant::now();
+        let mut round = 0;
+        loop {
+            // The killed phase goes on past its rounds while a regeneration has not started
+            // or not finished (up to 20 s), so that both windows are measured.
+            let extra = phase == 2
+                && phase_start.elapsed() < Duration::from_secs(20)
+                && mems.iter().any(|(_, m)| {
+                    let st = m.regen_stats();
+                    m.layout().coded() && (st.started == 0 || regenerating(m))
+                });
+            if round >= rounds && !extra {
+                break;
+            }
+            progress(scenario, round.min(rounds), rounds);
+            for (i, (label, mem)) in mems.iter().enumerate() {
+                let err = |source| BenchError::Io {
+                    scheme: label.clone(),
+                    source,
+                };
+                for _ in 0..per_round {
+                    let p = xorshift(&mut x) % o.pages;
+                    fill_page(&mut page, o.seed, p, 0);
+                    let w = (phase == 2 && regenerating(mem)) as usize;
+                    let t = Instant::now();
+                    mem.write_page(p * PAGE_SIZE as u64, &page).map_err(err)?;
+                    hists[i][w].0.record(t.elapsed().as_nanos() as u64).ok();
+                }
+                for _ in 0..per_round {
+                    let p = xorshift(&mut x) % o.pages;
+                    let w = (phase == 2 && regenerating(mem)) as usize;
+                    let t = Instant::now();
+                    mem.read_page(p * PAGE_SIZE as u64, &mut page)
+                        .map_err(err)?;
+                    hists[i][w].1.record(t.elapsed().as_nanos() as u64).ok();
+                }
+            }
+            round += 1;
+        }
+        for ((label, _), h) in mems.iter().zip(&hists) {
+            for (w, (wh, rh)) in h.iter().enumerate() {
+                if wh.is_empty() || rh.is_empty() {
+                    continue;
+                }
+                let name = match (phase, w) {
+                    (2, 0) => format!("{scenario}, not regenerating"),
+                    (2, _) => format!("{scenario}, while regenerating"),
+                    _ => scenario.to_string(),
+                };
+                out.push(ScenarioResult {
+                    scheme: label.clone(),
+                    scenario: name,
+                    write_latency: Latency::from(wh),
+                    read_latency: Latency::from(rh),
+                });
+            }
+        }
+    }
+    Ok(out)
+}
