@@ -16,6 +16,23 @@ use crate::client::Page;
 /// Files this process has created, for unique names.
 static CREATED: AtomicU64 = AtomicU64::new(0);
 
+/// Whether `file` lies on a file system held in RAM (tmpfs, ramfs); `false` when unsure.
+fn in_memory(file: &File) -> bool {
+    use std::os::fd::AsRawFd;
+    const TMPFS_MAGIC: i64 = 0x0102_1994;
+    const RAMFS_MAGIC: i64 = 0x8584_58f6;
+    // SAFETY: fstatfs writes one `statfs` to the pointer, which points to a zeroed value of
+    // that type owned by this frame; the descriptor is `file`'s, open for this whole call.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstatfs(file.as_raw_fd(), &mut st) } != 0 {
+        return false;
+    }
+    #[allow(clippy::unnecessary_cast)] // f_type's width differs between architectures
+    let kind = st.f_type as i64;
+    kind == TMPFS_MAGIC || kind == RAMFS_MAGIC
+}
+
 /// An open backup file.
 pub(super) struct BackupFile {
     file: File,
@@ -46,6 +63,14 @@ impl BackupFile {
                 path: path.clone(),
                 source,
             })?;
+        if in_memory(&file) {
+            tracing::warn!(
+                dir = %dir.display(),
+                "the backup directory is on tmpfs or ramfs: the backup copies take this \
+                 machine's RAM, which remote memory is meant to spare; pass --backup-dir on a \
+                 local disk"
+            );
+        }
         Ok(BackupFile {
             file,
             path,
@@ -95,5 +120,17 @@ impl BackupFile {
                 source,
             }),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_on_tmpfs_is_seen_as_in_memory() {
+        // /dev/shm is tmpfs on every Linux this runs on.
+        let f = tempfile::tempfile_in("/dev/shm").expect("a file in /dev/shm");
+        assert!(in_memory(&f));
     }
 }
