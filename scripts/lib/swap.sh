@@ -1,6 +1,7 @@
-# Sourced by scripts/swap and scripts/nbd-swap: sizes, the default program, and running a
-# program in a memory cgroup (v1) limited to half its working set while following how much of
-# it lives on the swap device.
+# Sourced by scripts/swap, scripts/nbd-swap and scripts/bench-apps (and wait_until by the
+# shell tests): sizes, waiting for an event, the default program, and running a program in a
+# memory cgroup (v1) limited to half its working set while following how much of it lives on
+# the swap device.
 
 # bytes SIZE: SIZE (a count with an optional K, M, G or T suffix, KiB/KB alike) in bytes; fails
 # on anything else.
@@ -15,6 +16,16 @@ bytes() {
     t | tb | tib) echo $((n << 40)) ;;
     *) return 1 ;;
   esac
+}
+
+# wait_until SECONDS CMD...: polls CMD every 0.1 s until it succeeds; false after SECONDS.
+wait_until() {
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@"; do
+    [ "$SECONDS" -lt "$deadline" ] || return 1
+    sleep 0.1
+  done
 }
 
 # default_program WORKING_SET_BYTES: sets `program` to plain python3 filling an array of that

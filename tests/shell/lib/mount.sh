@@ -3,6 +3,7 @@
 # script sets up on the mount — loop devices, swap, the mount process — torn down on exit,
 # whatever state the script stopped in. The scripts run from the repository root.
 . "$(dirname "${BASH_SOURCE[0]}")/nbd.sh"
+. scripts/lib/swap.sh # wait_until
 
 MNT="$dir/mnt"
 mount_pid=""
@@ -15,15 +16,6 @@ fail() {
   exit 1
 }
 
-# wait_until SECONDS CMD...: polls CMD every 0.1 s until it succeeds; false after SECONDS.
-wait_until() {
-  local deadline=$((SECONDS + $1))
-  shift
-  until "$@"; do
-    [ "$SECONDS" -lt "$deadline" ] || return 1
-    sleep 0.1
-  done
-}
 
 # need_mount: what every mount test needs (root, FUSE, the built binary), or a skip.
 need_mount() {

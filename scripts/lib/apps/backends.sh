@@ -1,0 +1,141 @@
+# Sourced by scripts/bench-apps: the swap backends. start_backend NAME sets up NAME's swap
+# device and turns it on (none for local); stop_backend turns it off and removes everything it
+# set up. Uses $BIN, $dir (the run's scratch directory), $swapsize and $cluster_pid; sets
+# $swapdev (the device as /proc/swaps names it).
+
+ALL_BACKENDS=local,disk,zram,nbdkit-memory,hydra,rep2,single,ssd-backup,ram-mount,hydra-mount,rep2-mount,single-mount,ssd-backup-mount
+bk_pids=() loop="" swapdev="" zram=""
+
+# backend_scheme NAME: the `--scheme` (and its options) of a hydramem backend, one per line;
+# nothing for the others.
+backend_scheme() {
+  case "${1%-mount}" in
+    hydra) echo --scheme; echo hydra-8+2-d1 ;;
+    rep2 | single) echo --scheme; echo "${1%-mount}" ;;
+    ssd-backup) printf '%s\n' --scheme ssd-backup --backup-dir "$dir/backup" ;;
+  esac
+}
+
+# backend_unavailable NAME: why NAME cannot run on this machine (empty: it can).
+backend_unavailable() {
+  case "$1" in
+    zram)
+      [ -w /sys/class/zram-control/hot_add ] || [ -e /sys/module/zram ] || command -v modprobe >/dev/null ||
+        echo "this kernel has no zram (no /sys/class/zram-control, no modprobe)" ;;
+    nbdkit-memory | hydra | rep2 | single | ssd-backup)
+      for c in nbdkit nbdfuse; do command -v "$c" >/dev/null || echo "$c is missing (scripts/setup)"; done ;;
+  esac
+  case "$1" in
+    ssd-backup*) "$BIN" nbd --help | grep -q ssd-backup || echo "this hydramem has no ssd-backup scheme yet" ;;
+  esac
+  case "$1" in
+    *-mount | hydra | rep2 | single | ssd-backup | nbdkit-memory) [ -e /dev/fuse ] || echo "no /dev/fuse" ;;
+  esac
+}
+
+# backend_needs_cluster NAME: whether NAME keeps its memory on the nodes of `hydramem up`.
+backend_needs_cluster() { [ -n "$(backend_scheme "$1")" ]; }
+
+# wait_no_swap: waits (up to 30 minutes) until no swap device is active: each backend's must be
+# the only one, and the machine may be shared.
+no_swap() { [ "$(awk 'NR > 1' /proc/swaps | wc -l)" -eq 0 ]; }
+wait_no_swap() {
+  no_swap && return 0
+  echo "bench-apps: another swap device is active; waiting for it to go: $(awk 'NR > 1 {print $1}' /proc/swaps | tr '\n' ' ')" >&2
+  wait_until 1800 no_swap || die "another swap device stayed active for 30 minutes"
+}
+
+# Serves NBD on $dir/nbd.sock for backend $1 and puts it behind nbdfuse and a loop device.
+nbd_swap() {
+  local opts=()
+  if [ "$1" = nbdkit-memory ]; then
+    nbdkit --exit-with-parent -f -U "$dir/nbd.sock" memory "${swapsize%iB}" &
+    bk_pids+=($!)
+    wait_until 10 test -S "$dir/nbd.sock" || die "nbdkit did not start"
+  else
+    mapfile -t opts < <(backend_scheme "$1")
+    mkdir -p "$dir/backup"
+    "$BIN" nbd --cluster "$dir/cluster.toml" "${opts[@]}" --size "$swapsize" \
+      --socket "$dir/nbd.sock" --log warn >"$dir/nbd.out" 2>"$dir/nbd.err" &
+    bk_pids+=($!)
+    wait_until 10 grep -q '^serving' "$dir/nbd.out" || die "hydramem nbd did not start: $(cat "$dir/nbd.err")"
+  fi
+  mkdir -p "$dir/fuse"
+  nbdfuse -P "$dir/nbdfuse.pid" "$dir/fuse/swap" "nbd+unix:///?socket=$dir/nbd.sock" &
+  bk_pids+=($!)
+  wait_until 10 test -e "$dir/fuse/swap" || die "nbdfuse did not mount the export of $1"
+  loop=$(losetup --find --show "$dir/fuse/swap")
+  swapdev=$loop
+}
+
+# Mounts `hydramem mount` for backend $1 and puts a file in it behind a loop device with direct
+# I/O, as scripts/swap does.
+mount_swap() {
+  local how=(--in-memory)
+  [ "$1" = ram-mount ] || { mapfile -t how < <(backend_scheme "$1"); how+=(--cluster "$dir/cluster.toml"); }
+  mkdir -p "$dir/mnt" "$dir/backup"
+  # One MiB more than the swap file: the mount keeps a page for its superblock.
+  "$BIN" mount "$dir/mnt" --size $(($(bytes "$swapsize") + (1 << 20))) "${how[@]}" --log warn \
+    >"$dir/mount.out" 2>"$dir/mount.err" &
+  bk_pids+=($!)
+  wait_until 10 mountpoint -q "$dir/mnt" || die "hydramem mount did not start: $(cat "$dir/mount.err")"
+  fallocate -l "$swapsize" "$dir/mnt/swap"
+  loop=$(losetup --find --show --direct-io=on "$dir/mnt/swap")
+  swapdev=$loop
+}
+
+# A zram device of our own (hot_add), $swapsize, lz4 when the kernel has it.
+zram_swap() {
+  [ -w /sys/class/zram-control/hot_add ] || modprobe zram num_devices=0 ||
+    die "zram is not available"
+  zram=$(cat /sys/class/zram-control/hot_add)
+  grep -q lz4 "/sys/block/zram$zram/comp_algorithm" && echo lz4 >"/sys/block/zram$zram/comp_algorithm"
+  bytes "$swapsize" >"/sys/block/zram$zram/disksize"
+  swapdev=/dev/zram$zram
+}
+
+# start_backend NAME: sets up backend NAME's swap device (none for local) and turns it on.
+start_backend() {
+  [ "$1" = local ] && return
+  wait_no_swap
+  case "$1" in
+    disk)
+      fallocate -l "$swapsize" "$dir/swapfile"
+      chmod 600 "$dir/swapfile"
+      swapdev="$dir/swapfile" ;;
+    zram) zram_swap ;;
+    *-mount) mount_swap "$1" ;;
+    *) nbd_swap "$1" ;;
+  esac
+  mkswap -q "$swapdev"
+  swapon "$swapdev"
+}
+
+# stop_backend: swap off, then everything under it, in reverse order.
+stop_backend() {
+  set +e
+  [ -n "$swapdev" ] && grep -q "^$swapdev " /proc/swaps && swapoff "$swapdev"
+  swapdev=""
+  [ -n "$loop" ] && losetup -d "$loop"
+  loop=""
+  if [ -n "$zram" ]; then
+    echo 1 >"/sys/block/zram$zram/reset"
+    echo "$zram" >/sys/class/zram-control/hot_remove
+    zram=""
+  fi
+  mountpoint -q "$dir/fuse" && umount "$dir/fuse"
+  mountpoint -q "$dir/mnt" && umount "$dir/mnt"
+  local p
+  for p in "${bk_pids[@]}"; do kill -TERM "$p" 2>/dev/null; wait "$p" 2>/dev/null; done
+  bk_pids=()
+  rm -rf "$dir/swapfile" "$dir"/*.sock "$dir/backup"
+  set -e
+}
+
+# start_cluster: the memory nodes the hydramem backends share (12 on this machine).
+start_cluster() {
+  "$BIN" up --nodes 12 --slab-size 64MiB --capacity "$swapsize" --cluster "$dir/cluster.toml" \
+    --log warn >"$dir/up.log" 2>&1 &
+  cluster_pid=$!
+  wait_until 20 test -f "$dir/cluster.toml" || die "hydramem up did not start: $(cat "$dir/up.log")"
+}
