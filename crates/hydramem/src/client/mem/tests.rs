@@ -351,6 +351,12 @@ fn the_transport_refuses_what_it_cannot_post_and_serves_the_rest() {
     assert_eq!(got[0], Event::Write(0, 1, Status::Ok, 5));
     assert_eq!(got[2], Event::Read(0, 3, Status::Ok, data.to_vec()));
     assert_eq!(got[4], Event::Read(0, 5, Status::NoSuchSlab, Vec::new()));
+    // The delivery thread counts a reply frame after handing its events over: wait for the
+    // count to move (bounded) rather than read it the moment the last event arrives.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while ctl.counts(0).delivered < 2 && std::time::Instant::now() < deadline {
+        std::thread::yield_now();
+    }
     let c = ctl.counts(0);
     assert_eq!((c.frames, c.runs, c.splits, c.delivered), (2, 3, 6, 2));
     // Control calls: refused with the node's status; a body too large is not sent.
