@@ -36,6 +36,13 @@ redis_run() {
   t1=$(date +%s.%N)
   [[ $loaded == *"errors: 0, replies: $r_keys" ]] || die "redis load failed: $loaded"
   record load "$(awk -v n="$r_keys" -v a="$t0" -v b="$t1" 'BEGIN { printf "%.0f", n / (b - a) }')" keys/s "" ""
+  if [ "$failover" = 1 ]; then
+    # kv.py's driver: GETs and SETs with every value checked, counted per second.
+    kv_verdict "$(python3 "$LIB_APPS/kv.py" redis --port "$port" --keys "$r_keys" --value "$r_value" \
+      --seconds "$fo_seconds" --timeline "$wdir/timeline.json" --started "$wdir/started")" MIX
+    redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+    return
+  fi
   # The digest of the whole data set, after it went out to swap and back in, and again after
   # the GETs; the unlimited run's is the reference.
   before=$(redis-cli -p "$port" debug digest)
@@ -60,13 +67,25 @@ memcached_needs() { command -v memcached >/dev/null || echo memcached; }
 memcached_run() { # MIX KEYS
   start_in_cgroup memcached -p "$port" -l 127.0.0.1 -U 0 -t 2 -m 2048 -u nobody
   wait_until 20 bash -c "exec 3<>/dev/tcp/127.0.0.1/$port" 2>/dev/null || die "memcached did not start"
-  local json
-  json=$(python3 "$LIB_APPS/kv.py" memcached --port "$port" --keys "$2" --mix "$1" --popularity "$popularity" \
-    --seconds "$m_seconds")
-  read -r load_s ops p50 p99 checked wrong < <(python3 -c 'import json, sys; j = json.loads(sys.argv[1]); print(j["load_s"], j["ops_per_s"], j["p50_ms"], j["p99_ms"], j["checked"], j["wrong"])' "$json")
-  record load "$(awk -v n="$2" -v s="$load_s" 'BEGIN { printf "%.0f", n / s }')" keys/s "" ""
-  record "${1^^}" "$ops" op/s "$p50" "$p99"
-  if [ "$wrong" -eq 0 ]; then verdict ok "$checked keys re-read, all as last set"; else verdict FAIL "$wrong wrong values ($checked keys re-read)"; fi
+  local timed=(--seconds "$m_seconds")
+  [ "$failover" = 1 ] && timed=(--seconds "$fo_seconds" --timeline "$wdir/timeline.json" --started "$wdir/started")
+  kv_verdict "$(python3 "$LIB_APPS/kv.py" memcached --port "$port" --keys "$2" --mix "$1" --popularity "$popularity" \
+    "${timed[@]}")" "${1^^}" "$2"
+}
+# kv_verdict JSON OP [KEYS]: records kv.py's result (the load rate when KEYS is given) and its
+# verdict: ok when every value read was one that was set and the server never failed.
+kv_verdict() {
+  local load_s ops p50 p99 checked wrong errors
+  read -r load_s ops p50 p99 checked wrong errors < <(python3 -c 'import json, sys; j = json.loads(sys.argv[1]); print(j["load_s"], j["ops_per_s"], j["p50_ms"], j["p99_ms"], j["checked"], j["wrong"], "; ".join(j.get("errors", [])) or "-")' "$1")
+  [ -n "${3:-}" ] && record load "$(awk -v n="$3" -v s="$load_s" 'BEGIN { printf "%.0f", n / s }')" keys/s "" ""
+  record "$2" "$ops" op/s "$p50" "$p99"
+  if [ "$errors" != - ]; then
+    verdict FAIL "the server failed mid-run ($errors); $wrong wrong values before"
+  elif [ "$wrong" -eq 0 ]; then
+    verdict ok "$checked keys re-read, all as last set"
+  else
+    verdict FAIL "$wrong wrong values ($checked keys re-read)"
+  fi
 }
 memcached_etc_size() { memcached_size; }
 memcached_sys_size() { memcached_size >/dev/null; }
@@ -144,5 +163,36 @@ pagerank_run() {
     verdict ok "ranks within $diff of the unlimited run's"
   else
     verdict FAIL "ranks differ from the unlimited run's by up to $diff"
+  fi
+}
+
+# --- pagein: hydramem-fault-probe, 4 KiB major faults as a program sees them (paper Fig. 9a) --
+PROBE=${HYDRAMEM_PROBE:-$(dirname "$BIN")/hydramem-fault-probe}
+pagein_size() {
+  if [ "$small" = 1 ]; then p_mib=96 p_accesses=5000; else p_mib=384 p_accesses=20000; fi
+  echo "pagein: hydramem-fault-probe writes $p_mib MiB of incompressible pages, then times $p_accesses random page reads (major faults: the swap-in latency) and checks every page"
+}
+pagein_needs() { [ -x "$PROBE" ] || echo "$PROBE (cargo build --release -p hydramem-fault-probe)"; }
+pagein_run() {
+  in_cgroup "$PROBE" --mib "$p_mib" --accesses "$p_accesses" --seed 7 --json "$wdir/probe.json" \
+    >"$wdir/probe.out" 2>"$wdir/probe.err" || true
+  if [ ! -s "$wdir/probe.json" ]; then
+    verdict FAIL "the probe ended without a report: $(tail -n 2 "$wdir/probe.err" | tr '\n' ' ')"
+    return
+  fi
+  # Each run's report, with its CDFs, for plots (the probe's JSON as written).
+  [ "$calibrating" = 1 ] || cp "$wdir/probe.json" "$out/pagein-$b-$f-r$r.json"
+  local faults p50 p99 writes_p99 sweep wrong
+  read -r faults p50 p99 writes_p99 sweep wrong < <(python3 -c 'import json, sys
+j = json.load(open(sys.argv[1]))
+m = j["major_faults"]
+print(m["count"], round(m["p50_us"] / 1000, 3), round(m["p99_us"] / 1000, 3), round(j["page_writes"]["p99_us"] / 1000, 3), round(j["sweep_mib_per_s"], 1), j["wrong_pages"])' "$wdir/probe.json")
+  record major-fault "$faults" faults "$p50" "$p99"
+  record page-write "$(awk -v m="$p_mib" -v p="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["populate_seconds"])' "$wdir/probe.json")" 'BEGIN { printf "%.1f", m / p }')" MiB/s "" "$writes_p99"
+  record read-back "$sweep" MiB/s "" ""
+  if [ "$wrong" -eq 0 ]; then
+    verdict ok "every page read back as written"
+  else
+    verdict FAIL "$wrong pages read back wrong"
   fi
 }
