@@ -14,6 +14,8 @@ import os
 import statistics
 import sys
 
+from plotting import pyplot
+
 
 def load(path):
     with open(path) as f:
@@ -57,12 +59,8 @@ def main():
                   f"{verdict} (node {victim} killed)")
         if not runs:
             continue
-        try:
-            import matplotlib
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("failover.py: no matplotlib (python3-matplotlib): no plot", file=sys.stderr)
+        plt = pyplot("failover.py")
+        if plt is None:
             continue
         fig, ax = plt.subplots(figsize=(8, 4))
         for b, r in runs.items():

@@ -12,6 +12,8 @@ import os
 import re
 import sys
 
+from plotting import pyplot
+
 
 def main():
     out = sys.argv[1]
@@ -27,12 +29,8 @@ def main():
             runs[label] = cdf
     if not runs:
         return
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("pagein_cdf.py: no matplotlib (python3-matplotlib): no plot", file=sys.stderr)
+    plt = pyplot("pagein_cdf.py")
+    if plt is None:
         return
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, cdf in runs.items():
