@@ -42,6 +42,17 @@ pub(super) struct Shared {
     drain_failed: AtomicBool,
 }
 
+impl Shared {
+    /// The file now holds the latest bytes of `addr`: counted, and no longer stale.
+    fn in_file(&self, addr: u64) {
+        metrics::counter!("hydramem_backup_written_bytes_total").increment(PAGE_SIZE as u64);
+        let mut stale = self.stale.lock();
+        if !stale.is_empty() {
+            stale.remove(&addr);
+        }
+    }
+}
+
 /// A [`PageStore`] with a write-behind backup file (see [`crate::backup`]).
 pub struct BackedStore {
     inner: Arc<dyn PageStore>,
@@ -166,13 +177,7 @@ fn drain_one(shared: &Shared, (addr, seq, bytes): Queued) {
         return;
     }
     match shared.file.write(addr, &bytes) {
-        Ok(()) => {
-            metrics::counter!("hydramem_backup_written_bytes_total").increment(PAGE_SIZE as u64);
-            let mut stale = shared.stale.lock();
-            if !stale.is_empty() {
-                stale.remove(&addr);
-            }
-        }
+        Ok(()) => shared.in_file(addr),
         Err(e) => {
             metrics::counter!("hydramem_backup_write_errors_total").increment(1);
             if !shared.drain_failed.swap(true, Ordering::Relaxed) {
@@ -229,13 +234,9 @@ impl BackedStore {
                     source,
                     remote: remote.map(|e| e.to_string()),
                 })?;
-            metrics::counter!("hydramem_backup_written_bytes_total").increment(PAGE_SIZE as u64);
+            sh.in_file(addr);
             sh.file_auth.write().insert(addr);
             sh.queue.remove(addr);
-            let mut stale = sh.stale.lock();
-            if !stale.is_empty() {
-                stale.remove(&addr);
-            }
         }
         Ok(())
     }
