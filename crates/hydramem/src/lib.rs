@@ -43,6 +43,7 @@ pub mod rpc;
 pub mod shutdown;
 #[cfg(feature = "tools")]
 pub mod sim;
+pub mod span;
 #[cfg(feature = "tools")]
 pub mod status;
 pub mod supervisor;

@@ -171,12 +171,7 @@ fn a_lost_slab_is_regenerated_while_writes_go_on() {
     common::wait_regenerated(&mem, 1);
     let g2 = mem.group_of(0).unwrap();
     // Two more of the original members die: with the regenerated slab, 8 splits remain.
-    let others: Vec<u16> = g2.nodes[..10]
-        .iter()
-        .copied()
-        .filter(|n| g.nodes[..10].contains(n))
-        .take(2)
-        .collect();
+    let others = common::original_members(&g, &g2, 10, 2);
     for n in &others {
         c.kill(*n as usize).unwrap();
     }

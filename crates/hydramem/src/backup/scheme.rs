@@ -12,6 +12,7 @@ use super::{BackedStore, BackupConfig, BackupError};
 use crate::client::layout::SCHEME_FORMS;
 use crate::client::{RemoteMemory, Resilience};
 use crate::nbd::PageStore;
+use crate::span::SpanStore;
 
 /// The name of the SSD-backup scheme.
 pub const SSD_BACKUP: &str = "ssd-backup";
@@ -84,6 +85,7 @@ impl From<Resilience> for StoreScheme {
 pub struct FrontStore {
     mem: Arc<RemoteMemory>,
     backed: Option<Arc<BackedStore>>,
+    span: Option<Arc<SpanStore>>,
 }
 
 impl FrontStore {
@@ -98,15 +100,23 @@ impl FrontStore {
             StoreScheme::Remote(_) => None,
             StoreScheme::SsdBackup => Some(Arc::new(BackedStore::new(mem.clone(), backup)?)),
         };
-        Ok(FrontStore { mem, backed })
+        // Span coding's pages live in rows that only its page map knows.
+        let span = mem.layout().span().then(|| SpanStore::new(mem.clone()));
+        Ok(FrontStore { mem, backed, span })
     }
 
     /// What the front end reads and writes.
     pub fn store(&self) -> Arc<dyn PageStore> {
-        match &self.backed {
-            Some(b) => b.clone(),
-            None => self.mem.clone(),
+        match (&self.backed, &self.span) {
+            (Some(b), _) => b.clone(),
+            (None, Some(s)) => s.clone(),
+            (None, None) => self.mem.clone(),
         }
+    }
+
+    /// The span store, for span schemes (its memory cost and compaction).
+    pub fn span(&self) -> Option<&Arc<SpanStore>> {
+        self.span.as_ref()
     }
 
     /// The client (its statistics, releasing its memory).

@@ -243,6 +243,12 @@ impl RemoteMemory {
 
     /// Checks that `n` pages from `addr` are page aligned and inside the address space.
     fn check_span(&self, addr: u64, n: usize) -> Result<(), IoError> {
+        if self.layout.span() {
+            return Err(IoError::SpanPages {
+                what: "access",
+                addr,
+            });
+        }
         if !addr.is_multiple_of(PAGE_SIZE as u64) {
             return Err(IoError::Unaligned { addr });
         }

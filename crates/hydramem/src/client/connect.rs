@@ -189,7 +189,7 @@ impl RemoteMemory {
 /// The Reed-Solomon codec of a coded layout, its decode tables built (none for replicas).
 fn codec(layout: &Layout) -> Result<Option<Codec>, ClientError> {
     match layout.resilience {
-        Resilience::Hydra { k, r, .. } => {
+        Resilience::Hydra { k, r, .. } | Resilience::Span { k, r } => {
             let codec = Codec::new(k as usize, r as usize)?;
             prepare_decode_tables(&codec, layout);
             Ok(Some(codec))
@@ -259,7 +259,7 @@ fn empty_ranges(
     config: &ClientConfig,
     layout: &Layout,
 ) -> Result<Box<[ArcSwapOption<Group>]>, ClientError> {
-    let n_ranges = config.size.div_ceil(layout.range_bytes());
+    let n_ranges = layout.space(config.size).div_ceil(layout.range_bytes());
     let n_ranges = u32::try_from(n_ranges)
         .ok()
         .and_then(|n| usize::try_from(n).ok())

@@ -190,6 +190,15 @@ pub enum IoError {
         /// The largest valid version.
         max: u64,
     },
+    /// A page call on a span-coded client: its address space is rows of whole pages, which
+    /// only [`crate::span::SpanStore`] reads and writes (it maps pages to rows).
+    #[error("{what} of page {addr:#x} asked of a span-coded client directly: span schemes keep pages in rows that only the span store maps (hydramem::span::SpanStore, which every front end builds through FrontStore); use it")]
+    SpanPages {
+        /// "read" or "write".
+        what: &'static str,
+        /// The page.
+        addr: u64,
+    },
     /// The range could not be mapped.
     #[error(transparent)]
     Map(#[from] ClientError),

@@ -24,6 +24,9 @@ pub(super) struct NodeHealth {
     pub(super) suspect: AtomicBool,
     /// Above the SlabRegenerationLimit: slabs moved away, no new placements.
     pub(super) avoided: AtomicBool,
+    /// Recent latency of one-split reads from the node (span coding's healthy reads), in
+    /// nanoseconds, a moving average (0 before the first): what a read's hedge waits for.
+    pub(super) piece_ns: AtomicU64,
 }
 
 /// One node's integrity as this client sees it.
@@ -58,7 +61,7 @@ impl RemoteMemory {
         self.metrics.corrupt.increment(n);
         // The slab of each split, for the report to its node (unless the split moved since).
         let group = self
-            .locate(addr)
+            .locate_unit(addr)
             .ok()
             .and_then(|(r, _)| self.ranges[r].load_full());
         for j in 0..self.layout.width {

@@ -63,6 +63,16 @@ pub enum Resilience {
         /// Number of copies (1 = single copy, no redundancy).
         copies: u8,
     },
+    /// Span coding (Carbink): pages stay whole, each on one node; k pages written together
+    /// form a *row* with r parity pages over them, on k + r distinct nodes. A healthy read is
+    /// one request to the page's node. The client side lives in [`crate::span`]; at this
+    /// layer a row is one unit of k + r whole-page splits with one version.
+    Span {
+        /// Data pages per row.
+        k: u8,
+        /// Parity pages per row.
+        r: u8,
+    },
 }
 
 impl Resilience {
@@ -80,13 +90,14 @@ impl Resilience {
             }
             Resilience::Replication { copies: 1 } => "single copy".into(),
             Resilience::Replication { copies } => format!("replication ×{copies}"),
+            Resilience::Span { k, r } => format!("span {k}+{r}"),
         }
     }
 }
 
 /// The forms a scheme's name takes (see [`Resilience`]'s `FromStr`), for help texts and errors.
 pub const SCHEME_FORMS: &str = "hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for \
-     corruption detection, -cor for correction), repN or single";
+     corruption detection, -cor for correction), span-K+R (e.g. span-8+2), repN or single";
 
 /// A scheme name that is none of [`SCHEME_FORMS`].
 #[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
@@ -117,6 +128,7 @@ impl fmt::Display for Resilience {
             }
             Resilience::Replication { copies: 1 } => f.write_str("single"),
             Resilience::Replication { copies } => write!(f, "rep{copies}"),
+            Resilience::Span { k, r } => write!(f, "span-{k}+{r}"),
         }
     }
 }
@@ -148,11 +160,23 @@ impl FromStr for Resilience {
                 mode,
             })
         };
+        let span = |rest: &str| {
+            let (k, r) = rest.split_once('+')?;
+            Some(Resilience::Span {
+                k: number(k)?,
+                r: number(r)?,
+            })
+        };
         let parsed = match s {
             "single" => Some(Resilience::Replication { copies: 1 }),
-            _ => match (s.strip_prefix("rep"), s.strip_prefix("hydra-")) {
-                (Some(n), _) => number(n).map(|copies| Resilience::Replication { copies }),
-                (_, Some(rest)) => hydra(rest),
+            _ => match (
+                s.strip_prefix("rep"),
+                s.strip_prefix("hydra-"),
+                s.strip_prefix("span-"),
+            ) {
+                (Some(n), _, _) => number(n).map(|copies| Resilience::Replication { copies }),
+                (_, Some(rest), _) => hydra(rest),
+                (_, _, Some(rest)) => span(rest),
                 _ => None,
             },
         };
@@ -264,6 +288,18 @@ impl Layout {
                 }
                 (n, 1, PAGE_SIZE, n, 1, 1)
             }
+            Resilience::Span { k, r } => {
+                let (k, r) = (k as usize, r as usize);
+                if k == 0 {
+                    return Err(bad("k must be at least 1".into()));
+                }
+                if k + r > MAX_WIDTH {
+                    return Err(bad(format!("k + r must be at most {MAX_WIDTH}")));
+                }
+                // A row is written whole (every split acknowledged); a healthy read asks the
+                // one split that is the page.
+                (k + r, k, PAGE_SIZE, k + r, 1, 1)
+            }
         };
         if slab_size < split_len as u64 {
             return Err(bad(format!(
@@ -272,6 +308,9 @@ impl Layout {
         }
         let full_data = if matches!(resilience, Resilience::Replication { .. }) {
             1
+        } else if matches!(resilience, Resilience::Span { .. }) {
+            // Every piece of a row lands in the side buffer: the caller's page is one of them.
+            0
         } else {
             (0..k)
                 .take_while(|j| (j + 1) * split_len <= PAGE_SIZE)
@@ -291,9 +330,35 @@ impl Layout {
         })
     }
 
-    /// Whether pages are erasure coded (as opposed to replicated).
+    /// Whether pages are erasure coded (as opposed to replicated): per page (Hydra) or
+    /// across the pages of a row (span).
     pub fn coded(&self) -> bool {
-        matches!(self.resilience, Resilience::Hydra { .. })
+        matches!(
+            self.resilience,
+            Resilience::Hydra { .. } | Resilience::Span { .. }
+        )
+    }
+
+    /// Whether this is span coding: the units of this layer are rows of whole pages
+    /// ([`crate::span`] maps pages to them), not pages split k ways.
+    pub fn span(&self) -> bool {
+        matches!(self.resilience, Resilience::Span { .. })
+    }
+
+    /// The bytes of this layer's address space for a client of `size` bytes: `size` itself,
+    /// or for span the row space, one 4096-byte unit per row. Rows are written whole and never
+    /// in place, so the row space has room for every page alone in a row (k times what full
+    /// rows need) plus an eighth: a write always finds a free row, even before compaction.
+    /// Unused rows cost nothing: a range's slabs are allocated when a row of it is written.
+    pub fn space(&self, size: u64) -> u64 {
+        if !self.span() {
+            return size;
+        }
+        let pages = size.div_ceil(PAGE_SIZE as u64);
+        pages
+            .saturating_add(pages / 8)
+            .saturating_add(256)
+            .saturating_mul(PAGE_SIZE as u64)
     }
 
     /// Bytes of client address space one address range covers.
@@ -328,14 +393,17 @@ impl Layout {
     pub fn delta(&self) -> usize {
         match self.resilience {
             Resilience::Hydra { delta, .. } => delta as usize,
-            Resilience::Replication { .. } => 0,
+            Resilience::Replication { .. } | Resilience::Span { .. } => 0,
         }
     }
 
     /// Size of the per-operation side buffer: padded tail and parity splits, then (detection)
     /// room to re-encode the parity of a read page.
     pub fn side_len(&self) -> usize {
-        if self.coded() {
+        if self.span() {
+            // Parity pieces of a row write; every piece of a degraded read.
+            self.width * self.split_len
+        } else if self.coded() {
             let check = if self.detects() {
                 (self.width - self.k) * self.split_len
             } else {
@@ -383,6 +451,7 @@ impl Layout {
         match self.resilience {
             Resilience::Hydra { k, r, .. } => (k as u16) << 8 | r as u16,
             Resilience::Replication { copies } => 0x8000 | copies as u16,
+            Resilience::Span { k, r } => 0x4000 | (k as u16) << 8 | r as u16,
         }
     }
 }

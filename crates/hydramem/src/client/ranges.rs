@@ -80,15 +80,25 @@ impl RemoteMemory {
         self.placement.lock().loads.clone()
     }
 
+    /// The range of the page at `addr` and its index in the range (its split slot).
     pub(super) fn locate(&self, addr: u64) -> Result<(usize, u64), IoError> {
+        if self.layout.span() {
+            return Err(IoError::SpanPages {
+                what: "access",
+                addr,
+            });
+        }
+        self.locate_unit(addr)
+    }
+
+    /// [`RemoteMemory::locate`] for any layout: for span, `addr` is a row's (row × 4096).
+    pub(super) fn locate_unit(&self, addr: u64) -> Result<(usize, u64), IoError> {
         if !addr.is_multiple_of(PAGE_SIZE as u64) {
             return Err(IoError::Unaligned { addr });
         }
-        if addr >= self.config.size {
-            return Err(IoError::OutOfRange {
-                addr,
-                size: self.config.size,
-            });
+        let space = self.layout.space(self.config.size);
+        if addr >= space {
+            return Err(IoError::OutOfRange { addr, size: space });
         }
         let rb = self.layout.range_bytes();
         Ok(((addr / rb) as usize, (addr % rb) / PAGE_SIZE as u64))

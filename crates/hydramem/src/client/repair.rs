@@ -191,7 +191,7 @@ impl RemoteMemory {
     pub(super) fn regenerate(&self, job: RegenJob, g: &Group) {
         let width = self.layout.width;
         let (k, r, copies) = match self.layout.resilience {
-            Resilience::Hydra { k, r, .. } => (k, r, false),
+            Resilience::Hydra { k, r, .. } | Resilience::Span { k, r } => (k, r, false),
             Resilience::Replication { .. } => (1, (width - 1) as u8, true),
         };
         // Sources are named by their id in the cluster file; the regenerating node looks

@@ -313,13 +313,17 @@ impl Slots {
     /// an owner that needs more than that minimum is woken by each later split, and time-based
     /// decisions (stragglers, deadlines) never wait for a wake ([`super::wait::Pacer`]).
     fn leave(&self, s: &Slot) {
-        let landed = s.landed.load(SeqCst).count_ones() as usize;
+        let landed_mask = s.landed.load(SeqCst);
+        let landed = landed_mask.count_ones() as usize;
         let least = if s.kind.load(SeqCst) == Kind::Write as u8 {
             self.layout.write_need
         } else {
             self.layout.k
         };
-        let wake = if landed >= least || s.failed.load(SeqCst) != 0 {
+        // Nothing outstanding: an owner that asked fewer splits than the least (a span read
+        // of the one split that is its page) decides now too.
+        let all_in = s.posted.load(SeqCst) & !landed_mask == 0;
+        let wake = if landed >= least || all_in || s.failed.load(SeqCst) != 0 {
             s.waiter.lock().clone()
         } else {
             None

@@ -33,6 +33,8 @@ pub(super) struct Pacer<'m> {
     straggler_after: Duration,
     spins: u32,
     parked: bool,
+    /// A time the owner must look again by, even without a completion (a hedge).
+    wake_at: Option<Instant>,
     /// The count of polling owners, while this pacer holds a place in it.
     polling: Option<&'m AtomicUsize>,
 }
@@ -62,8 +64,14 @@ impl<'m> Pacer<'m> {
             straggler_after: config.straggler_after,
             spins: 0,
             parked: false,
+            wake_at: None,
             polling,
         }
+    }
+
+    /// Parks no later than `at` (the owner has a decision due then: a hedged read).
+    pub(super) fn wake_at(&mut self, at: Instant) {
+        self.wake_at = Some(at);
     }
 
     /// Whether the last pause parked (so time may have passed: time-based decisions are due).
@@ -95,7 +103,11 @@ impl<'m> Pacer<'m> {
             }
         } else {
             self.stop_polling();
-            std::thread::park_timeout((self.deadline - now).min(self.straggler_after));
+            let mut until = (self.deadline - now).min(self.straggler_after);
+            if let Some(at) = self.wake_at.filter(|at| *at > now) {
+                until = until.min(at - now);
+            }
+            std::thread::park_timeout(until);
         }
         true
     }

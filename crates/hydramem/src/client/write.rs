@@ -12,7 +12,7 @@ use hydramem_isal::Codec;
 
 use super::layout::MAX_WIDTH;
 use super::repair::MoveReason;
-use super::slots::{self};
+use super::slots::{self, Progress};
 use super::{ClientError, Group, IoError, Layout, Page, RemoteMemory};
 use crate::integrity;
 use crate::wire::{self, Entry, Status};
@@ -256,7 +256,7 @@ impl RemoteMemory {
         version: u64,
         start: Instant,
     ) -> Result<Written, IoError> {
-        let mut group = match self.ranges[range].load_full() {
+        let group = match self.ranges[range].load_full() {
             Some(g) => g,
             None => self.map_range(range)?,
         };
@@ -276,16 +276,85 @@ impl RemoteMemory {
             let data = split_of(l, page, op.write_side(), j);
             self.post_split_write(op, group, j, data, stamp, true);
         };
+        let lag = |op: &slots::Op<'_>, group: &Group, p: Progress| {
+            self.leave_behind(op, group, page, stamp, (p, start))
+        };
+        let result = self.drive_write(&op, group, range, (start, posted), &post, &lag)?;
+        self.conclude_write(&mut op, result, ("write", addr, range), start)
+    }
+
+    /// Ends a write attempt that [`RemoteMemory::drive_write`] decided (`result`; `None`: it
+    /// timed out): closes its slot, moves the clock past a version a node refused it for
+    /// (`Stale`, to be written again) and counts it; an error names `what` ("write", or
+    /// "write of row"), the unit's address and its range.
+    pub(super) fn conclude_write(
+        &self,
+        op: &mut slots::Op<'_>,
+        result: Option<Result<(), ()>>,
+        (what, addr, range): (&'static str, u64, usize),
+        start: Instant,
+    ) -> Result<Written, IoError> {
+        let p = op.close();
+        let held = op.stale_version();
+        if held != 0 {
+            // Versions only grow: whatever this attempt's outcome, the clock moves past it.
+            self.clock.fetch_max(held, Ordering::SeqCst);
+            if !matches!(result, Some(Ok(()))) && start.elapsed() < self.config.op_timeout {
+                return Ok(Written::Stale(held));
+            }
+        }
+        self.stats.writes.fetch_add(1, Ordering::Relaxed);
+        self.metrics
+            .write_seconds
+            .record(start.elapsed().as_secs_f64());
+        if !matches!(result, Some(Ok(()))) {
+            self.metrics.write_errors.increment(1);
+        }
+        match result {
+            Some(Ok(())) => Ok(Written::Done),
+            Some(Err(())) => Err(IoError::Unavailable {
+                what,
+                addr,
+                range: range as u64,
+                needed: self.layout.write_need,
+                got: p.landed.count_ones() as usize,
+                nodes: self.describe(op, p.failed),
+            }),
+            None => Err(IoError::Timeout {
+                what,
+                addr,
+                range: range as u64,
+                waited: start.elapsed(),
+                nodes: self.describe(op, p.outstanding()),
+            }),
+        }
+    }
+
+    /// Waits for a write attempt's acknowledgements (posted at `posted`, the operation started
+    /// at `start`) and re-routes, with the same version, the splits whose node was lost and
+    /// those whose slab moved meanwhile: what every write of a unit — a page, or a span row —
+    /// does once its splits are posted. `post` posts split `j` of the unit to a group; `lag`
+    /// may complete a write still waiting for a straggler (and says whether it did). Returns
+    /// the decision (`None`: timed out) or the error of a failed re-route.
+    pub(super) fn drive_write(
+        &self,
+        op: &slots::Op<'_>,
+        mut group: Arc<Group>,
+        range: usize,
+        (start, posted): (Instant, Instant),
+        post: &dyn Fn(&slots::Op<'_>, &Group, usize),
+        lag: &dyn Fn(&slots::Op<'_>, &Group, Progress) -> bool,
+    ) -> Result<Option<Result<(), ()>>, IoError> {
         let mut reroutes = 0;
+        let l = &self.layout;
         let result = loop {
-            let result = self.wait_polling_from(&op, start, posted, |p| {
+            let result = self.wait_polling_from(op, start, posted, |p| {
                 let acked = p.landed.count_ones() as usize;
                 if acked >= l.write_need {
                     Some(Ok(()))
                 } else if acked + p.outstanding().count_ones() as usize >= l.write_need {
                     // A straggler: complete without it once it is late enough.
-                    self.leave_behind(&op, &group, page, stamp, (p, start))
-                        .then_some(Ok(()))
+                    lag(op, &group, p).then_some(Ok(()))
                 } else {
                     Some(Err(()))
                 }
@@ -300,7 +369,7 @@ impl RemoteMemory {
                         for j in 0..l.width {
                             if cur.nodes[j] != group.nodes[j] || cur.slabs[j] != group.slabs[j] {
                                 op.retry(j);
-                                post(&op, &cur, j);
+                                post(op, &cur, j);
                                 moved += 1;
                             }
                         }
@@ -346,7 +415,7 @@ impl RemoteMemory {
                     }
                 };
                 op.retry(j);
-                post(&op, &group, j);
+                post(op, &group, j);
                 moved += 1;
                 reroutes += 1;
             }
@@ -358,39 +427,6 @@ impl RemoteMemory {
                 .fetch_add(moved as u64, Ordering::Relaxed);
             self.metrics.rerouted.increment(moved as u64);
         };
-        let p = op.close();
-        let held = op.stale_version();
-        if held != 0 {
-            // Versions only grow: whatever this attempt's outcome, the clock moves past it.
-            self.clock.fetch_max(held, Ordering::SeqCst);
-            if !matches!(result, Some(Ok(()))) && start.elapsed() < self.config.op_timeout {
-                return Ok(Written::Stale(held));
-            }
-        }
-        self.stats.writes.fetch_add(1, Ordering::Relaxed);
-        self.metrics
-            .write_seconds
-            .record(start.elapsed().as_secs_f64());
-        if !matches!(result, Some(Ok(()))) {
-            self.metrics.write_errors.increment(1);
-        }
-        match result {
-            Some(Ok(())) => Ok(Written::Done),
-            Some(Err(())) => Err(IoError::Unavailable {
-                what: "write",
-                addr,
-                range: range as u64,
-                needed: l.write_need,
-                got: p.landed.count_ones() as usize,
-                nodes: self.describe(&op, p.failed),
-            }),
-            None => Err(IoError::Timeout {
-                what: "write",
-                addr,
-                range: range as u64,
-                waited: start.elapsed(),
-                nodes: self.describe(&op, p.outstanding()),
-            }),
-        }
+        Ok(result)
     }
 }

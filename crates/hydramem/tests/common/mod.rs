@@ -75,6 +75,23 @@ pub fn wait_regenerated(mem: &hydramem::client::RemoteMemory, at_least: u64) {
     }
 }
 
+/// `n` nodes of a range's group now (`after`) that were already members before a slab of it
+/// moved (`before`): the original members a test kills next, leaving the moved slab's
+/// regenerated copy among the survivors.
+pub fn original_members(
+    before: &hydramem::client::Group,
+    after: &hydramem::client::Group,
+    width: usize,
+    n: usize,
+) -> Vec<u16> {
+    after.nodes[..width]
+        .iter()
+        .copied()
+        .filter(|m| before.nodes[..width].contains(m))
+        .take(n)
+        .collect()
+}
+
 /// A raw protocol connection for tests that speak to a node directly.
 pub struct Raw {
     pub s: TcpStream,

@@ -1,0 +1,609 @@
+//! Rows of span coding: the unit of a span-coded client's address space, below the page map
+//! of [`crate::span`]. A row is k whole pages and r parity pages over them, piece j in slab j
+//! of its range's coding group at slot `row in range`; all k + r pieces of a row carry one
+//! version, so the rest of the client — versions, re-routing, repair and regeneration, drain —
+//! treats a row as it treats a Hydra page whose splits are 4096 bytes long.
+//!
+//! - **Writing** ([`RemoteMemory::write_rows`]): each row's parity is encoded into its slot's
+//!   side buffer and its k + r pieces are posted, the data straight from the caller's pages
+//!   (positions without a page carry a zero page, so that every piece of a row has the row's
+//!   version and any k of them decode); the rows of a call are all posted before any node is
+//!   flushed, so each node gets one frame. A row completes only when every piece is
+//!   acknowledged (lost pieces are re-routed with the same version, as for a page write): so
+//!   an acknowledged row survives any r lost nodes.
+//! - **Reading** ([`RemoteMemory::read_piece`]): one request, for the piece that is the page,
+//!   expecting the version the span map recorded. If the node is down or regenerating, the
+//!   reply fails or carries another version, or it has not come within the hedge delay (a
+//!   multiple of that node's recent piece latency), the read also asks every other piece of
+//!   the row and decodes the page from k that carry the version: whichever completes first
+//!   wins. A piece with a newer version means the row was reused after the caller looked the
+//!   page up — the page moved — and the caller looks again ([`PieceRead::Moved`]). A read never
+//!   combines pieces of two versions.
+
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use super::layout::MAX_WIDTH;
+use super::slots::{self, Progress};
+use super::wait::Pacer;
+use super::write::{Stamp, Written};
+use super::{Group, IoError, Page, RemoteMemory};
+use crate::wire::{self, Entry};
+use crate::PAGE_SIZE;
+
+/// What stands for a row position that has no page.
+static ZERO_PAGE: Page = [0; PAGE_SIZE];
+
+/// The shortest hedge delay: below it, the degraded read's k requests would cost more than
+/// the wait they save.
+const MIN_HEDGE: Duration = Duration::from_micros(300);
+/// The hedge delay in multiples of the node's recent piece latency.
+const HEDGE_FACTOR: u64 = 4;
+
+/// One row of a [`RemoteMemory::write_rows`] call.
+#[derive(Debug, Clone, Copy)]
+pub struct RowWrite<'a> {
+    /// The row's index in the row space.
+    pub row: u64,
+    /// Its data pages by position (at most k; the positions after them hold zero pages).
+    pub pages: &'a [&'a Page],
+}
+
+/// How a [`RemoteMemory::read_piece`] ended, when it did not fail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PieceRead {
+    /// The page is in the caller's buffer (from its piece, or decoded from k others).
+    Done {
+        /// Whether it was decoded (its node was down, slow or regenerating).
+        decoded: bool,
+    },
+    /// The row holds a newer version than the caller expected: it was reused after the page
+    /// moved. Look the page up again.
+    Moved,
+}
+
+/// A page to read as a piece of a row ([`RemoteMemory::read_pieces`]).
+#[derive(Debug, Clone, Copy)]
+pub struct PieceWant {
+    /// The page's address (for messages).
+    pub addr: u64,
+    /// Its row.
+    pub row: u64,
+    /// Its position in the row.
+    pub pos: usize,
+    /// The version its row was written with.
+    pub version: u64,
+}
+
+/// A piece read in flight.
+struct PieceOp<'m> {
+    op: slots::Op<'m>,
+    group: std::sync::Arc<Group>,
+    want: PieceWant,
+    rir: u64,
+    range: usize,
+    node: u16,
+    degraded: bool,
+    start: Instant,
+    posted: Instant,
+}
+
+/// What one look at a piece read decided.
+enum Look {
+    /// The page's own piece arrived with the version.
+    Piece,
+    /// k pieces of the version arrived (this mask): decode the page.
+    Decode(u32),
+    /// A piece carries a newer version: the row was reused.
+    Moved,
+}
+
+impl RemoteMemory {
+    /// Writes `rows`, each whole under one version; returns each row's version (in order).
+    /// Either every row is acknowledged by all its k + r nodes, or the call fails (rows
+    /// acknowledged before the failure are intact, the others may be partly written: the
+    /// caller must not point pages at them).
+    ///
+    /// # Errors
+    /// A row that cannot be written (more nodes lost than replacements found, a timeout),
+    /// or a row index outside the row space.
+    pub fn write_rows(&self, rows: &[RowWrite<'_>]) -> Result<Vec<u64>, IoError> {
+        let k = self.layout.k;
+        if let Some(bad) = rows.iter().find(|r| r.pages.len() > k) {
+            return Err(IoError::Store(
+                format!(
+                    "row {} was given {} pages, but a span {k}+{} row holds {k}",
+                    bad.row,
+                    bad.pages.len(),
+                    self.layout.width - k
+                )
+                .into(),
+            ));
+        }
+        let start = Instant::now();
+        let mut versions = vec![0; rows.len()];
+        let mut done = 0;
+        while done < rows.len() {
+            done += self.write_row_window(&rows[done..], &mut versions[done..], start)?;
+        }
+        Ok(versions)
+    }
+
+    /// Writes the first rows of `rows` that free slots allow (at least one; the first slot
+    /// may wait, the others are taken only if free); returns how many, their versions in
+    /// `versions`.
+    fn write_row_window(
+        &self,
+        rows: &[RowWrite<'_>],
+        versions: &mut [u64],
+        start: Instant,
+    ) -> Result<usize, IoError> {
+        let l = &self.layout;
+        let first = rows[0].row.saturating_mul(PAGE_SIZE as u64);
+        let version = self.next_version(first, 0)?;
+        let mut ops = vec![self.slots.acquire_write()];
+        while ops.len() < rows.len().min(super::batch::WINDOW) {
+            match self.slots.try_acquire_write() {
+                Some(op) => ops.push(op),
+                None => break,
+            }
+        }
+        let mut touched = vec![false; self.transport.nodes()];
+        let mut posted_rows = Vec::with_capacity(ops.len());
+        for (op, row) in ops.iter_mut().zip(rows) {
+            let (range, rir) = self.locate_unit(row.row.saturating_mul(PAGE_SIZE as u64))?;
+            let group = match self.ranges[range].load_full() {
+                Some(g) => g,
+                None => self.map_range(range)?,
+            };
+            let stamp = Stamp {
+                range,
+                pir: rir,
+                version,
+            };
+            self.encode_row(op, row);
+            for j in 0..l.width {
+                let data = row_piece(l.k, row, op.write_side(), j);
+                self.post_split_write(op, &group, j, data, stamp, false);
+                if let Some(t) = touched.get_mut(group.nodes[j] as usize) {
+                    *t = true;
+                }
+            }
+            posted_rows.push((group, stamp));
+        }
+        for (node, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+            // A node that cannot be flushed fails its queued splits through `node_down`.
+            let _ = self.transport.flush(node as u16);
+        }
+        let posted = Instant::now();
+        let n = ops.len();
+        for ((mut op, (group, stamp)), (row, v)) in ops
+            .into_iter()
+            .zip(posted_rows)
+            .zip(rows.iter().zip(versions.iter_mut()))
+        {
+            let (range, addr) = (stamp.range, row.row.saturating_mul(PAGE_SIZE as u64));
+            let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
+                let data = row_piece(l.k, row, op.write_side(), j);
+                self.post_split_write(op, group, j, data, stamp, true);
+            };
+            let mut outcome = self.end_row_write(&mut op, group, addr, (start, posted), &post)?;
+            let mut stamp = stamp;
+            // A node holds a newer version of a piece (a clock that stepped back): write the
+            // row again, past it, on a fresh slot so replies to this attempt cannot count.
+            while let Written::Stale(held) = outcome {
+                drop(op);
+                stamp.version = self.next_version(addr, held)?;
+                self.stats.stale_rewrites.fetch_add(1, Ordering::Relaxed);
+                op = self.slots.acquire_write();
+                let group = match self.ranges[range].load_full() {
+                    Some(g) => g,
+                    None => self.map_range(range)?,
+                };
+                self.encode_row(&mut op, row);
+                let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
+                    let data = row_piece(l.k, row, op.write_side(), j);
+                    self.post_split_write(op, group, j, data, stamp, true);
+                };
+                for j in 0..l.width {
+                    post(&op, &group, j);
+                }
+                let posted = Instant::now();
+                outcome = self.end_row_write(&mut op, group, addr, (start, posted), &post)?;
+            }
+            *v = stamp.version;
+        }
+        Ok(n)
+    }
+
+    /// Encodes row `row`'s r parity pieces into the side buffer of its write, piece j at
+    /// `j × 4096` (where [`row_piece`] finds it).
+    fn encode_row(&self, op: &mut slots::Op<'_>, row: &RowWrite<'_>) {
+        let Some(codec) = &self.codec else { return };
+        let (k, width) = (self.layout.k, self.layout.width);
+        let mut data: [&[u8]; MAX_WIDTH] = [&ZERO_PAGE[..]; MAX_WIDTH];
+        for (d, p) in data.iter_mut().zip(row.pages) {
+            *d = &p[..];
+        }
+        let side = op.side();
+        let (_, parity) = side.split_at_mut(k * PAGE_SIZE);
+        let mut out: [&mut [u8]; MAX_WIDTH] = std::array::from_fn(|_| &mut [][..]);
+        for (o, chunk) in out.iter_mut().zip(parity.chunks_exact_mut(PAGE_SIZE)) {
+            *o = chunk;
+        }
+        codec
+            .encode(&data[..k], &mut out[..width - k])
+            .expect("a span layout's codec takes k pages of 4096 bytes");
+    }
+
+    /// Waits for a row write's acknowledgements (every piece: no straggler is left behind,
+    /// since a degraded read needs k pieces of the row's version from any k + r − 1), closes
+    /// it and says how it ended.
+    fn end_row_write(
+        &self,
+        op: &mut slots::Op<'_>,
+        group: std::sync::Arc<Group>,
+        addr: u64,
+        times: (Instant, Instant),
+        post: &dyn Fn(&slots::Op<'_>, &Group, usize),
+    ) -> Result<Written, IoError> {
+        let range = self.locate_unit(addr)?.0;
+        let no_lag = |_: &slots::Op<'_>, _: &Group, _: Progress| false;
+        let result = self.drive_write(op, group, range, times, post, &no_lag)?;
+        self.conclude_write(op, result, ("write of row", addr, range), times.0)
+    }
+
+    /// Reads page `addr` (for messages), stored as piece `j` of row `row` at `version`, into
+    /// `page`: one request to the piece's node, or a degraded read of the row when that node
+    /// is down, fails, regenerates or is slow (see the module doc).
+    ///
+    /// # Errors
+    /// Fewer than k pieces of the version can be read (more than r of the row's nodes lost),
+    /// or the read timed out.
+    pub fn read_piece(
+        &self,
+        addr: u64,
+        (row, j): (u64, usize),
+        version: u64,
+        page: &mut Page,
+    ) -> Result<PieceRead, IoError> {
+        let want = PieceWant {
+            addr,
+            row,
+            pos: j,
+            version,
+        };
+        // SAFETY: `page` is exclusively borrowed for this whole call, and the operation is
+        // ended (its slot closed and dropped) before it returns.
+        let read = unsafe { self.begin_piece(want, page.as_mut_ptr(), true, None)? };
+        let read = read.expect("a single read waits for its slot");
+        self.end_piece(read, page)
+    }
+
+    /// Reads many pages, each stored as a piece of a row (see [`RemoteMemory::read_piece`]),
+    /// with their requests in flight together: every piece of a window is posted before any
+    /// node is flushed, so each node gets one frame. Returns each page's outcome, in order.
+    pub fn read_pieces(
+        &self,
+        list: &mut [(PieceWant, &mut Page)],
+    ) -> Vec<Result<PieceRead, IoError>> {
+        let mut out = Vec::with_capacity(list.len());
+        let mut rest = &mut list[..];
+        while !rest.is_empty() {
+            let mut touched = vec![false; self.transport.nodes()];
+            let mut begun = Vec::new();
+            for (i, (want, page)) in rest.iter_mut().enumerate() {
+                let may_wait = i == 0;
+                if i >= super::batch::WINDOW {
+                    break;
+                }
+                // SAFETY: each page is exclusively borrowed for this whole call through
+                // `list`, and every operation begun here is ended below, before returning.
+                let b = unsafe {
+                    self.begin_piece(
+                        *want,
+                        page.as_mut_ptr(),
+                        false,
+                        Some((may_wait, &mut touched)),
+                    )
+                };
+                match b {
+                    Ok(Some(read)) => begun.push(Ok(read)),
+                    Ok(None) => break,
+                    Err(e) => begun.push(Err(e)),
+                }
+            }
+            for (node, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
+                let _ = self.transport.flush(node as u16);
+            }
+            let n = begun.len();
+            for (b, (_, page)) in begun.into_iter().zip(rest.iter_mut()) {
+                out.push(b.and_then(|read| self.end_piece(read, page)));
+            }
+            rest = &mut rest[n..];
+        }
+        out
+    }
+
+    /// Takes a slot for a piece read and posts the page's own piece (or, when its node
+    /// cannot serve it, every other piece of the row). `batch`: `None` for a single read
+    /// (waits for a slot, flushes at once); `Some((may_wait, touched))` for one of a batch,
+    /// which waits for a slot only if `may_wait` (otherwise `Ok(None)` when none is free),
+    /// leaves its requests queued and marks the nodes it queued for in `touched`.
+    ///
+    /// # Safety
+    /// `page` must be valid for writes of 4096 bytes and untouched by anything else until
+    /// the returned read is ended ([`RemoteMemory::end_piece`]) or dropped.
+    unsafe fn begin_piece(
+        &self,
+        want: PieceWant,
+        page: *mut u8,
+        flush: bool,
+        batch: Option<(bool, &mut Vec<bool>)>,
+    ) -> Result<Option<PieceOp<'_>>, IoError> {
+        let l = &self.layout;
+        let start = Instant::now();
+        let (row, j) = (want.row, want.pos);
+        let unit = row.saturating_mul(PAGE_SIZE as u64);
+        let (range, rir) = self.locate_unit(unit)?;
+        let Some(group) = self.ranges[range].load_full() else {
+            return Err(IoError::Unavailable {
+                what: "read",
+                addr: want.addr,
+                range: range as u64,
+                needed: 1,
+                got: 0,
+                nodes: "none: the page's row range is not mapped (its slabs were freed)".into(),
+            });
+        };
+        if j >= l.k {
+            return Err(IoError::Store(
+                format!(
+                    "page {:#x}: piece {j} of a row is parity, not a page",
+                    want.addr
+                )
+                .into(),
+            ));
+        }
+        let op = match &batch {
+            // SAFETY: this function's contract is `try_acquire_read`'s (see above); span
+            // layouts land every piece in the slot's side buffer, never in the page itself.
+            Some((false, _)) => match unsafe { self.slots.try_acquire_read(page) } {
+                Some(op) => op,
+                None => return Ok(None),
+            },
+            // SAFETY: as above, for `acquire_read`.
+            _ => unsafe { self.slots.acquire_read(page) },
+        };
+        op.bind(range as u64, rir);
+        let node = group.nodes[j];
+        let healthy = group.fresh & (1 << j) == 0 && node != slots::NO_NODE;
+        let flush = flush && batch.is_none();
+        if healthy {
+            self.post_piece_read(&op, &group, j, rir, flush);
+        } else {
+            self.post_other_pieces(&op, &group, j, rir, flush);
+        }
+        if let Some((_, touched)) = batch {
+            for i in 0..l.width {
+                if op.progress().posted & (1 << i) != 0 {
+                    if let Some(t) = touched.get_mut(group.nodes[i] as usize) {
+                        *t = true;
+                    }
+                }
+            }
+        }
+        let posted = Instant::now();
+        Ok(Some(PieceOp {
+            op,
+            group,
+            want,
+            rir,
+            range,
+            node,
+            degraded: !healthy,
+            start,
+            posted,
+        }))
+    }
+
+    /// Waits for a piece read begun by [`RemoteMemory::begin_piece`] — hedging with a
+    /// degraded read when its piece is late — and lands the page.
+    fn end_piece(&self, read: PieceOp<'_>, page: &mut Page) -> Result<PieceRead, IoError> {
+        let l = &self.layout;
+        let PieceOp {
+            mut op,
+            group,
+            want,
+            rir,
+            range,
+            node,
+            mut degraded,
+            start,
+            posted,
+        } = read;
+        let (j, version) = (want.pos, want.version);
+        let hedge_at = posted + self.hedge_delay(node);
+        let mut pacer = Pacer::polling_from(&self.config, &self.pollers, start, posted);
+        pacer.wake_at(hedge_at);
+        let decision = loop {
+            let p = op.progress();
+            if let Some(look) = look_piece(&op, p, (l.k, l.width), j, version, degraded) {
+                break Some(Ok(look));
+            }
+            let own_useless = p.failed & (1 << j) != 0
+                || (p.landed & (1 << j) != 0 && op.version_of(j) != version);
+            if !degraded && (own_useless || Instant::now() >= hedge_at) {
+                degraded = true;
+                self.post_other_pieces(&op, &group, j, rir, true);
+                continue;
+            }
+            if degraded && p.outstanding() == 0 {
+                break Some(Err(()));
+            }
+            if !pacer.pause() {
+                break None;
+            }
+        };
+        drop(pacer);
+        let p = op.close();
+        let unit = want.row.saturating_mul(PAGE_SIZE as u64);
+        self.stats.reads.fetch_add(1, Ordering::Relaxed);
+        self.count_reads(&op, p.landed | p.corrupt);
+        if p.corrupt != 0 {
+            self.count_corrupt(&op, p.corrupt, unit, wire::CorruptCause::Checksum);
+        }
+        self.metrics
+            .read_seconds
+            .record(start.elapsed().as_secs_f64());
+        match decision {
+            Some(Ok(Look::Piece)) => {
+                page.copy_from_slice(&op.side()[j * PAGE_SIZE..(j + 1) * PAGE_SIZE]);
+                if !degraded {
+                    self.note_piece_latency(node, posted.elapsed());
+                }
+                Ok(PieceRead::Done { decoded: false })
+            }
+            Some(Ok(Look::Decode(mask))) => {
+                self.decode_piece(&mut op, mask, j, page);
+                Ok(PieceRead::Done { decoded: true })
+            }
+            Some(Ok(Look::Moved)) => Ok(PieceRead::Moved),
+            Some(Err(())) => {
+                self.metrics.read_errors.increment(1);
+                Err(IoError::Unavailable {
+                    what: "read",
+                    addr: want.addr,
+                    range: range as u64,
+                    needed: l.k,
+                    got: op.of_version(p.landed, l.width, version).count_ones() as usize,
+                    nodes: self.describe_group(&group, &op, p),
+                })
+            }
+            None => {
+                self.metrics.read_errors.increment(1);
+                Err(IoError::Timeout {
+                    what: "read",
+                    addr: want.addr,
+                    range: range as u64,
+                    waited: start.elapsed(),
+                    nodes: self.describe(&op, p.outstanding()),
+                })
+            }
+        }
+    }
+
+    /// Posts the read of piece `i` of the row at slot `rir` of `group`.
+    fn post_piece_read(&self, op: &slots::Op<'_>, group: &Group, i: usize, rir: u64, flush: bool) {
+        let node = group.nodes[i];
+        op.posting(i, node);
+        let e = Entry {
+            slab: group.slabs[i],
+            len: PAGE_SIZE as u32,
+            offset: self.layout.split_offset(rir),
+            cookie: op.cookie(i),
+            version: 0,
+            crc: 0,
+        };
+        if node == slots::NO_NODE || self.transport.post_read(node, e, flush).is_err() {
+            op.post_failed(i);
+        }
+    }
+
+    /// Posts the reads of every piece of the row but `j` whose node is up (a degraded read).
+    fn post_other_pieces(
+        &self,
+        op: &slots::Op<'_>,
+        group: &Group,
+        j: usize,
+        rir: u64,
+        flush: bool,
+    ) {
+        let mut asked = 0;
+        for i in (0..self.layout.width).filter(|&i| i != j) {
+            let node = group.nodes[i];
+            if node != slots::NO_NODE && self.transport.is_up(node) {
+                self.post_piece_read(op, group, i, rir, flush);
+                asked += 1;
+            }
+        }
+        self.count_reissued(asked);
+    }
+
+    /// Decodes piece `j` of a row into `page` from the first k pieces of `mask` (landed in
+    /// the side buffer, one version).
+    fn decode_piece(&self, op: &mut slots::Op<'_>, mask: u32, j: usize, page: &mut Page) {
+        let Some(codec) = &self.codec else { return };
+        let (k, width) = (self.layout.k, self.layout.width);
+        self.stats.decodes.fetch_add(1, Ordering::Relaxed);
+        let side: &[u8] = op.side();
+        let mut present: [(usize, &[u8]); MAX_WIDTH] = [(0, &[]); MAX_WIDTH];
+        let mut n = 0;
+        for i in (0..width).filter(|i| mask & (1 << i) != 0).take(k) {
+            present[n] = (i, &side[i * PAGE_SIZE..(i + 1) * PAGE_SIZE]);
+            n += 1;
+        }
+        codec
+            .reconstruct(&present[..n], &mut [(j, &mut page[..])])
+            .expect("k pieces of one version of a valid layout always decode");
+    }
+
+    /// How long a healthy piece read waits for its node before it also reads the row.
+    fn hedge_delay(&self, node: u16) -> Duration {
+        let recent = self
+            .health
+            .get(node as usize)
+            .map_or(0, |h| h.piece_ns.load(Ordering::Relaxed));
+        Duration::from_nanos(recent.saturating_mul(HEDGE_FACTOR))
+            .max(MIN_HEDGE)
+            .min(self.config.straggler_after)
+    }
+
+    /// Folds one healthy piece read's latency into its node's moving average (weight 1/8).
+    fn note_piece_latency(&self, node: u16, took: Duration) {
+        let Some(h) = self.health.get(node as usize) else {
+            return;
+        };
+        let x = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        let _ = h
+            .piece_ns
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
+                Some(if avg == 0 { x } else { avg - avg / 8 + x / 8 })
+            });
+    }
+}
+
+/// The bytes of piece `j` of a row write: its page (a zero page past the row's pages), or a
+/// parity piece from the write's side buffer.
+fn row_piece<'a>(k: usize, row: &RowWrite<'a>, side: &'a [u8], j: usize) -> &'a [u8] {
+    if j < k {
+        row.pages.get(j).map_or(&ZERO_PAGE[..], |p| &p[..])
+    } else {
+        &side[j * PAGE_SIZE..(j + 1) * PAGE_SIZE]
+    }
+}
+
+/// One look at a piece read's progress `p`: the page's own piece with the version, k pieces
+/// of the version once the read is degraded, or a newer version anywhere (the row moved on).
+fn look_piece(
+    op: &slots::Op<'_>,
+    p: Progress,
+    (k, width): (usize, usize),
+    j: usize,
+    version: u64,
+    degraded: bool,
+) -> Option<Look> {
+    if p.landed & (1 << j) != 0 && op.version_of(j) == version {
+        return Some(Look::Piece);
+    }
+    if (0..width).any(|i| p.landed & (1 << i) != 0 && op.version_of(i) > version) {
+        return Some(Look::Moved);
+    }
+    if degraded {
+        let mask = op.of_version(p.landed, width, version);
+        if mask.count_ones() as usize >= k {
+            return Some(Look::Decode(mask));
+        }
+    }
+    None
+}

@@ -1,0 +1,146 @@
+//! The page map of span coding: for every page of the address space, the row and position
+//! that hold it and the version its row was written with (16 bytes a page: 0.4% of the
+//! memory it maps), or nothing for a page never written.
+//!
+//! Invariants:
+//! - an entry and its version change together: readers and writers of an entry hold its
+//!   stripe's lock (one of [`STRIPES`]), so a reader never sees a row with another row's
+//!   version;
+//! - a write moves a page unconditionally ([`PageMap::set`]), and the map is updated before
+//!   the write returns, so a write that starts after another returned replaces it; a
+//!   compaction moves a page only if it is still where the compaction read it
+//!   ([`PageMap::move_if`]), so it can never bring back bytes a write replaced meanwhile.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use parking_lot::Mutex;
+
+/// Lock stripes: enough that threads writing different pages seldom share one.
+const STRIPES: usize = 1024;
+
+/// Where a page lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Loc {
+    /// Its row.
+    pub row: u64,
+    /// Its position in the row (0..k).
+    pub pos: usize,
+    /// The version its row was written with: the version its piece must carry.
+    pub version: u64,
+}
+
+/// Page → [`Loc`] for an address space of a fixed number of pages.
+pub struct PageMap {
+    /// Per page: (row + 1) << 5 | position (0: never written), then the version.
+    entries: Box<[[AtomicU64; 2]]>,
+    stripes: Box<[Mutex<()>]>,
+}
+
+/// Positions fit 5 bits: a row has at most 32 pieces.
+const POS_BITS: u32 = 5;
+
+impl PageMap {
+    /// A map of `pages` pages, none written.
+    pub fn new(pages: u64) -> PageMap {
+        let n = usize::try_from(pages).expect("a page count that fits memory");
+        PageMap {
+            entries: (0..n)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect(),
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        }
+    }
+
+    /// Pages in the map.
+    pub fn pages(&self) -> u64 {
+        self.entries.len() as u64
+    }
+
+    fn stripe(&self, page: u64) -> &Mutex<()> {
+        &self.stripes[(page % STRIPES as u64) as usize]
+    }
+
+    fn load(&self, page: u64) -> Option<Loc> {
+        let e = &self.entries[page as usize];
+        let word = e[0].load(Ordering::Relaxed);
+        (word != 0).then(|| Loc {
+            row: (word >> POS_BITS) - 1,
+            pos: (word & ((1 << POS_BITS) - 1)) as usize,
+            version: e[1].load(Ordering::Relaxed),
+        })
+    }
+
+    fn store(&self, page: u64, loc: Loc) {
+        let e = &self.entries[page as usize];
+        e[0].store(
+            (loc.row + 1) << POS_BITS | loc.pos as u64,
+            Ordering::Relaxed,
+        );
+        e[1].store(loc.version, Ordering::Relaxed);
+    }
+
+    /// Where page `page` lives, if it was ever written. `page` must be below [`Self::pages`].
+    pub fn get(&self, page: u64) -> Option<Loc> {
+        let _g = self.stripe(page).lock();
+        self.load(page)
+    }
+
+    /// Points page `page` at `loc`; returns where it was.
+    pub fn set(&self, page: u64, loc: Loc) -> Option<Loc> {
+        debug_assert!(loc.pos < 1 << POS_BITS);
+        let _g = self.stripe(page).lock();
+        let old = self.load(page);
+        self.store(page, loc);
+        old
+    }
+
+    /// Points page `page` at `loc` only if it is still at `expected`; returns whether it did.
+    pub fn move_if(&self, page: u64, expected: Loc, loc: Loc) -> bool {
+        let _g = self.stripe(page).lock();
+        if self.load(page) != Some(expected) {
+            return false;
+        }
+        self.store(page, loc);
+        true
+    }
+
+    /// Calls `f` with every written page and its location (each entry read under its lock;
+    /// the map may change between entries).
+    pub fn for_each(&self, mut f: impl FnMut(u64, Loc)) {
+        for page in 0..self.pages() {
+            if let Some(loc) = self.get(page) {
+                f(page, loc);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_read_back_and_move_only_from_where_expected() {
+        let m = PageMap::new(10);
+        assert_eq!(m.get(3), None);
+        let a = Loc {
+            row: 0,
+            pos: 0,
+            version: 5,
+        };
+        let b = Loc {
+            row: (1 << 40) + 7,
+            pos: 31,
+            version: u64::MAX >> 1,
+        };
+        assert_eq!(m.set(3, a), None);
+        assert_eq!(m.get(3), Some(a));
+        assert!(!m.move_if(3, b, a), "not where expected: unchanged");
+        assert!(m.move_if(3, a, b));
+        assert_eq!(m.get(3), Some(b));
+        assert_eq!(m.set(3, a), Some(b));
+        let mut seen = Vec::new();
+        m.for_each(|p, l| seen.push((p, l)));
+        assert_eq!(seen, vec![(3, a)]);
+    }
+}

@@ -1,0 +1,410 @@
+//! Span coding (Carbink, OSDI '22): a page read is one message, at erasure coding's memory
+//! cost. Pages stay whole, each on one node; the pages written together are grouped k at a
+//! time into *rows*, and each row gets r parity pages computed across its pages, on r further
+//! nodes of the same coding group ([`crate::client::rows`] writes and reads rows). A healthy
+//! read asks the page's node alone, as replication does; a read whose node is down, slow or
+//! regenerating decodes the page from k other pieces of its row.
+//!
+//! **Writes are log-structured** (the design Carbink chose, and the one that keeps every
+//! consistency argument of per-page coding): a write never changes a row in place. The pages
+//! of one call are packed into fresh rows, k per row (a call of fewer than k pages writes a
+//! partial row: its empty positions hold zero pages), each row written whole under one
+//! version; only once every row is acknowledged by all its k + r nodes does the page map
+//! ([`map`]) point the pages at them. The rows the pages came from lose a live page each
+//! ([`table`]); a row with no live page left is free and is reused by a later write. So a row
+//! is immutable while any page points at it: a degraded read decodes from pieces that can
+//! only be the row's own, and a failure in the middle of a write leaves every acknowledged
+//! page where it was. The alternative, parity deltas applied in place, would need the old
+//! page on every write and leaves a window where a row's data and parity disagree (the RAID
+//! write hole), which only an undo log on the nodes closes.
+//!
+//! **Garbage and compaction** ([`compact`]): overwritten pages leave dead pieces in their old
+//! rows, and small writes leave partial rows. A background thread compacts when the remote
+//! memory in use exceeds the code's cost (k + r)/k by more than a set margin: it reads the
+//! live pages of the emptiest rows and writes them again packed into full rows, moving each
+//! page only if no write moved it meanwhile.
+//!
+//! **What it does not do yet**: a client identity kept across restarts (`--client-id`) needs
+//! the page map rebuilt from what the nodes hold, so nodes would have to keep each piece's
+//! page number; span refuses kept identities until they do.
+
+pub mod compact;
+pub mod map;
+pub mod table;
+#[cfg(test)]
+mod tests;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::client::{IoError, Page, PieceRead, PieceWant, RemoteMemory, RowWrite};
+use crate::nbd::PageStore;
+use crate::PAGE_SIZE;
+use compact::Compactor;
+use map::{Loc, PageMap};
+use table::{Occupancy, RowTable};
+
+const PAGE: u64 = PAGE_SIZE as u64;
+
+/// How often a read looks a page up again after finding its row reused, before it gives up:
+/// each time a write moved the page between the look-up and the read.
+const MAX_MOVES: u32 = 1000;
+
+/// The store of a span-coded client: its pages, mapped to rows.
+pub struct SpanStore {
+    mem: Arc<RemoteMemory>,
+    map: PageMap,
+    table: Mutex<RowTable>,
+    k: usize,
+    width: usize,
+    compactor: Compactor,
+    counters: Counters,
+}
+
+#[derive(Default)]
+struct Counters {
+    rows_written: AtomicU64,
+    partial_rows: AtomicU64,
+    reads_decoded: AtomicU64,
+    moved_retries: AtomicU64,
+    compacted_pages: AtomicU64,
+    compactions: AtomicU64,
+}
+
+/// What a span store holds and has done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct SpanStats {
+    /// Pages the map points at rows.
+    pub live_pages: u64,
+    /// Rows holding at least one live page.
+    pub rows_in_use: u64,
+    /// Rows ever used (their pieces are what the nodes hold: the high-water mark).
+    pub rows_touched: u64,
+    /// Pieces per row (k + r).
+    pub width: u64,
+    /// Rows written (by writes and by compaction).
+    pub rows_written: u64,
+    /// Of them, rows written with fewer than k pages.
+    pub partial_rows: u64,
+    /// Reads that decoded their page from the rest of its row.
+    pub reads_decoded: u64,
+    /// Reads that found their row reused and looked the page up again.
+    pub moved_retries: u64,
+    /// Pages compaction moved into full rows.
+    pub compacted_pages: u64,
+    /// Compaction passes.
+    pub compactions: u64,
+}
+
+impl SpanStats {
+    /// Remote bytes per byte of live data in the rows in use (1 + r/k when every row is full).
+    pub fn cost(&self) -> f64 {
+        if self.live_pages == 0 {
+            return 0.0;
+        }
+        (self.rows_in_use * self.width) as f64 / self.live_pages as f64
+    }
+
+    /// Remote bytes per byte of live data, counting every row ever used (what the nodes hold).
+    pub fn touched_cost(&self) -> f64 {
+        if self.live_pages == 0 {
+            return 0.0;
+        }
+        (self.rows_touched * self.width) as f64 / self.live_pages as f64
+    }
+}
+
+impl SpanStore {
+    /// The store of `mem`, a client connected with a span scheme, with an empty page map, and
+    /// its compaction thread started.
+    ///
+    /// # Panics
+    /// If `mem` is not span coded (a caller's mistake: [`crate::backup::FrontStore`] builds
+    /// this store for span schemes only).
+    pub fn new(mem: Arc<RemoteMemory>) -> Arc<SpanStore> {
+        let l = *mem.layout();
+        assert!(l.span(), "a span store needs a span-coded client");
+        let pages = mem.size().div_ceil(PAGE);
+        let rows = l.space(mem.size()) / PAGE;
+        let store = Arc::new(SpanStore {
+            map: PageMap::new(pages),
+            table: Mutex::new(RowTable::new(rows)),
+            k: l.k,
+            width: l.width,
+            mem,
+            compactor: Compactor::new(l.k, l.width),
+            counters: Counters::default(),
+        });
+        compact::start(&store);
+        store
+    }
+
+    /// The client under the store.
+    pub fn mem(&self) -> &Arc<RemoteMemory> {
+        &self.mem
+    }
+
+    /// What the store holds and has done.
+    pub fn stats(&self) -> SpanStats {
+        let Occupancy {
+            rows_in_use,
+            live_pages,
+            rows_touched,
+        } = self.table.lock().occupancy();
+        let c = &self.counters;
+        SpanStats {
+            live_pages,
+            rows_in_use,
+            rows_touched,
+            width: self.width as u64,
+            rows_written: c.rows_written.load(Ordering::Relaxed),
+            partial_rows: c.partial_rows.load(Ordering::Relaxed),
+            reads_decoded: c.reads_decoded.load(Ordering::Relaxed),
+            moved_retries: c.moved_retries.load(Ordering::Relaxed),
+            compacted_pages: c.compacted_pages.load(Ordering::Relaxed),
+            compactions: c.compactions.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Compacts now until the memory in use is back within the target (what the background
+    /// thread does when it is over); returns the pages moved.
+    pub fn compact(&self) -> Result<u64, IoError> {
+        compact::run(self, true)
+    }
+
+    /// The page number of `addr`, checked.
+    fn page_of(&self, addr: u64) -> Result<u64, IoError> {
+        if !addr.is_multiple_of(PAGE) {
+            return Err(IoError::Unaligned { addr });
+        }
+        let page = addr / PAGE;
+        if page >= self.map.pages() {
+            return Err(IoError::OutOfRange {
+                addr,
+                size: self.mem.size(),
+            });
+        }
+        Ok(page)
+    }
+
+    /// Reads page `page` (at `addr`) from where the map says it is.
+    fn read_one(&self, addr: u64, page: u64, out: &mut Page) -> Result<(), IoError> {
+        for _ in 0..MAX_MOVES {
+            let Some(loc) = self.map.get(page) else {
+                out.fill(0);
+                return Ok(());
+            };
+            match self
+                .mem
+                .read_piece(addr, (loc.row, loc.pos), loc.version, out)?
+            {
+                PieceRead::Done { decoded } => {
+                    if decoded {
+                        self.counters.reads_decoded.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(());
+                }
+                PieceRead::Moved => {
+                    self.counters.moved_retries.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        Err(IoError::Store(
+            format!(
+                "read of page {addr:#x}: its row was reused {MAX_MOVES} times between looking \
+                 it up and reading it; writes to it are racing every read"
+            )
+            .into(),
+        ))
+    }
+
+    /// Writes `pages` (page number, bytes) packed into fresh rows, and once every row is
+    /// acknowledged points the pages at them, in list order. `expected`: compaction's
+    /// condition, per page the location it read the bytes from (the page moves only if it is
+    /// still there). Returns how many pages moved.
+    fn write_packed(
+        &self,
+        pages: &[(u64, &Page)],
+        expected: Option<&[Loc]>,
+    ) -> Result<u64, IoError> {
+        if pages.is_empty() {
+            return Ok(0);
+        }
+        let rows = self.take_rows(pages.len())?;
+        let refs: Vec<&Page> = pages.iter().map(|(_, p)| *p).collect();
+        let writes: Vec<RowWrite<'_>> = rows
+            .iter()
+            .zip(refs.chunks(self.k))
+            .map(|(&row, pages)| RowWrite { row, pages })
+            .collect();
+        let versions = match self.mem.write_rows(&writes) {
+            Ok(v) => v,
+            Err(e) => {
+                let mut t = self.table.lock();
+                for (row, chunk) in rows.iter().zip(refs.chunks(self.k)) {
+                    for _ in chunk {
+                        t.release(*row);
+                    }
+                }
+                return Err(e);
+            }
+        };
+        let c = &self.counters;
+        c.rows_written
+            .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        let partial = refs.chunks(self.k).filter(|c| c.len() < self.k).count();
+        c.partial_rows.fetch_add(partial as u64, Ordering::Relaxed);
+        let mut gone = Vec::with_capacity(pages.len());
+        let mut moved = 0;
+        for (i, (page, _)) in pages.iter().enumerate() {
+            let loc = Loc {
+                row: rows[i / self.k],
+                pos: i % self.k,
+                version: versions[i / self.k],
+            };
+            match expected {
+                None => {
+                    if let Some(old) = self.map.set(*page, loc) {
+                        gone.push(old.row);
+                    }
+                    moved += 1;
+                }
+                Some(exp) => {
+                    if self.map.move_if(*page, exp[i], loc) {
+                        gone.push(exp[i].row);
+                        moved += 1;
+                    } else {
+                        // A write moved the page meanwhile: this copy is garbage already.
+                        gone.push(loc.row);
+                    }
+                }
+            }
+        }
+        let over = {
+            let mut t = self.table.lock();
+            for row in gone {
+                t.release(row);
+            }
+            self.compactor.over(&t.occupancy())
+        };
+        if over {
+            self.compactor.wake();
+        }
+        Ok(moved)
+    }
+
+    /// Takes ⌈n / k⌉ rows for `n` pages (the last one for the pages left over).
+    fn take_rows(&self, n: usize) -> Result<Vec<u64>, IoError> {
+        let mut t = self.table.lock();
+        let mut rows = Vec::with_capacity(n.div_ceil(self.k));
+        let mut left = n;
+        while left > 0 {
+            let here = left.min(self.k);
+            let Some(row) = t.take(u8::try_from(here).expect("k is at most 32")) else {
+                for row in &rows {
+                    for _ in 0..t.live(*row) {
+                        t.release(*row);
+                    }
+                }
+                return Err(IoError::Store(
+                    format!(
+                        "no free row for {n} pages: every one of the {} rows holds live pages \
+                         (compaction is behind); retry the write",
+                        t.rows()
+                    )
+                    .into(),
+                ));
+            };
+            rows.push(row);
+            left -= here;
+        }
+        Ok(rows)
+    }
+}
+
+impl PageStore for SpanStore {
+    fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+        let p = self.page_of(addr)?;
+        self.read_one(addr, p, page)
+    }
+
+    fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+        self.write_list(&[(addr, page)])
+    }
+
+    fn read_pages(&self, addr: u64, pages: &mut [Page]) -> Result<(), IoError> {
+        let mut list: Vec<(u64, &mut Page)> = pages
+            .iter_mut()
+            .enumerate()
+            .map(|(i, p)| (addr + i as u64 * PAGE, p))
+            .collect();
+        self.read_list(&mut list)
+    }
+
+    fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        let mut wants: Vec<(PieceWant, &mut Page)> = Vec::with_capacity(list.len());
+        for (addr, page) in list.iter_mut() {
+            match self.map.get(self.page_of(*addr)?) {
+                None => page.fill(0),
+                Some(loc) => wants.push((
+                    PieceWant {
+                        addr: *addr,
+                        row: loc.row,
+                        pos: loc.pos,
+                        version: loc.version,
+                    },
+                    &mut **page,
+                )),
+            }
+        }
+        let results = self.mem.read_pieces(&mut wants);
+        for (r, (want, page)) in results.into_iter().zip(wants.iter_mut()) {
+            match r? {
+                PieceRead::Done { decoded } => {
+                    if decoded {
+                        self.counters.reads_decoded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                // Moved since the look-up: look again, alone.
+                PieceRead::Moved => {
+                    self.counters.moved_retries.fetch_add(1, Ordering::Relaxed);
+                    self.read_one(want.addr, want.addr / PAGE, page)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_pages(&self, addr: u64, pages: &[Page]) -> Result<(), IoError> {
+        let list: Vec<(u64, &Page)> = pages
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (addr + i as u64 * PAGE, p))
+            .collect();
+        self.write_list(&list)
+    }
+
+    fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        let pages = list
+            .iter()
+            .map(|(addr, p)| Ok((self.page_of(*addr)?, *p)))
+            .collect::<Result<Vec<_>, IoError>>()?;
+        self.write_packed(&pages, None).map(|_| ())
+    }
+
+    fn known_zero(&self, addr: u64) -> bool {
+        self.page_of(addr)
+            .is_ok_and(|page| self.map.get(page).is_none())
+    }
+
+    fn location(&self, addr: u64) -> Option<String> {
+        let loc = self.map.get(self.page_of(addr).ok()?)?;
+        let group = self.mem.group_of(loc.row * PAGE)?;
+        Some(format!(
+            "row {} piece {} on node {}",
+            loc.row, loc.pos, group.nodes[loc.pos]
+        ))
+    }
+}

@@ -1,0 +1,153 @@
+//! The row table of span coding: which rows are free, and how many live pages each row in
+//! use holds — what allocation, garbage accounting and compaction read.
+//!
+//! Rows are written whole and never in place: a write takes fresh rows, and the rows its
+//! pages came from lose a live page each. Invariants:
+//! - a row is taken ([`RowTable::take`]) with a live count of the pages about to be written to
+//!   it, and that count only goes down ([`RowTable::release`]: a page moved away, or a write
+//!   or a compaction did not point the page at the row after all); a row returns to the free
+//!   rows when it reaches zero, and not before — so a row is reused only once no page of it
+//!   can be pointed at (a reader that looked a page up before still finds its piece, or a
+//!   newer version that sends it to look again);
+//! - free rows are handed out lowest first, so the rows in use stay packed into the fewest
+//!   address ranges, whose slabs are what the nodes hold.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+/// Live pages per row and the free rows.
+pub struct RowTable {
+    /// Live pages (or pages being written) per row.
+    live: Vec<u8>,
+    /// Rows freed after use.
+    free: BinaryHeap<Reverse<u64>>,
+    /// Rows from here on were never used.
+    next: u64,
+    /// Rows with a live count above zero.
+    in_use: u64,
+    /// Sum of the live counts.
+    live_pages: u64,
+}
+
+/// What the table holds now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Occupancy {
+    /// Rows holding at least one live page (or being written).
+    pub rows_in_use: u64,
+    /// Live pages (and pages being written).
+    pub live_pages: u64,
+    /// Rows ever used: the high-water mark of the row space.
+    pub rows_touched: u64,
+}
+
+impl RowTable {
+    /// A table of `rows` rows, all free.
+    pub fn new(rows: u64) -> RowTable {
+        let n = usize::try_from(rows).expect("a row count that fits memory");
+        RowTable {
+            live: vec![0; n],
+            free: BinaryHeap::new(),
+            next: 0,
+            in_use: 0,
+            live_pages: 0,
+        }
+    }
+
+    /// Rows in the table.
+    pub fn rows(&self) -> u64 {
+        self.live.len() as u64
+    }
+
+    /// Takes the lowest free row for `pages` pages (1..=255) about to be written to it;
+    /// `None` when no row is free.
+    pub fn take(&mut self, pages: u8) -> Option<u64> {
+        debug_assert!(pages > 0);
+        // Freed rows were used, so they all lie below the never-used ones.
+        let row = if let Some(Reverse(r)) = self.free.pop() {
+            r
+        } else if self.next < self.rows() {
+            self.next += 1;
+            self.next - 1
+        } else {
+            return None;
+        };
+        self.live[row as usize] = pages;
+        self.in_use += 1;
+        self.live_pages += u64::from(pages);
+        Some(row)
+    }
+
+    /// One page of `row` is gone (moved, or never pointed at it); frees the row with its last.
+    pub fn release(&mut self, row: u64) {
+        let Some(live) = self.live.get_mut(row as usize) else {
+            return;
+        };
+        debug_assert!(*live > 0, "row {row} released more often than taken");
+        if *live == 0 {
+            return;
+        }
+        *live -= 1;
+        self.live_pages -= 1;
+        if *live == 0 {
+            self.in_use -= 1;
+            self.free.push(Reverse(row));
+        }
+    }
+
+    /// The live count of `row`.
+    pub fn live(&self, row: u64) -> u8 {
+        self.live.get(row as usize).copied().unwrap_or(0)
+    }
+
+    /// What the table holds now.
+    pub fn occupancy(&self) -> Occupancy {
+        Occupancy {
+            rows_in_use: self.in_use,
+            live_pages: self.live_pages,
+            rows_touched: self.next,
+        }
+    }
+
+    /// Up to `max` rows in use with at most `sparse` live pages, sparsest first.
+    pub fn sparse_rows(&self, sparse: u8, max: usize) -> Vec<u64> {
+        let mut rows: Vec<(u8, u64)> = (0..self.next)
+            .filter_map(|r| {
+                let n = self.live[r as usize];
+                (n > 0 && n <= sparse).then_some((n, r))
+            })
+            .collect();
+        rows.sort_unstable();
+        rows.truncate(max);
+        rows.into_iter().map(|(_, r)| r).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_reused_lowest_first_and_only_once_empty() {
+        let mut t = RowTable::new(4);
+        assert_eq!(t.take(2), Some(0));
+        assert_eq!(t.take(1), Some(1));
+        assert_eq!(t.take(3), Some(2));
+        t.release(0);
+        assert_eq!(t.take(1), Some(3), "row 0 still has a live page");
+        assert_eq!(t.take(1), None, "every row is in use");
+        t.release(1);
+        t.release(0);
+        assert_eq!(
+            t.occupancy(),
+            Occupancy {
+                rows_in_use: 2,
+                live_pages: 4,
+                rows_touched: 4
+            }
+        );
+        assert_eq!(t.take(1), Some(0), "the lowest free row");
+        assert_eq!(t.take(1), Some(1));
+        assert_eq!(t.sparse_rows(1, 10), vec![0, 1, 3]);
+        assert_eq!(t.sparse_rows(3, 2), vec![0, 1]);
+    }
+}

@@ -1,0 +1,265 @@
+//! Span coding over the in-memory transport: pages read back after writes of every size and
+//! overwrites, a healthy read is one request to one node, reads survive r lost nodes (decoded
+//! from the rest of the row) and fail cleanly beyond, a slow node is hedged around, and
+//! compaction brings the memory cost back to the code's while every page still reads back —
+//! also with writers, readers and compaction running at once.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+
+use super::{SpanStore, PAGE};
+use crate::client::mem::{cluster, connect, MemControl, MemOptions};
+use crate::client::{ClientConfig, Page};
+use crate::nbd::PageStore;
+use crate::PAGE_SIZE;
+
+/// Slabs of 64 KiB: 16 rows per range.
+const SLAB: u64 = 64 << 10;
+
+fn start(scheme: &str, nodes: usize, pages: u64) -> (Arc<SpanStore>, MemControl) {
+    let mut config = ClientConfig::new(scheme.parse().expect("a scheme"), pages * PAGE);
+    config.seed = Some(3);
+    config.op_timeout = Duration::from_secs(5);
+    let options = MemOptions {
+        slabs_per_node: 256,
+        seed: 5,
+    };
+    let (mem, ctl) = connect(&cluster(nodes, SLAB), config, options).expect("connects");
+    (SpanStore::new(mem), ctl)
+}
+
+/// A page whose bytes say which page and which write it is.
+fn content(page: u64, stamp: u64) -> Page {
+    let mut p = [0u8; PAGE_SIZE];
+    let mut x =
+        page.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ stamp.wrapping_mul(0xd6e8_feb8_6659_fd93);
+    for chunk in p.chunks_exact_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    p
+}
+
+fn read(s: &SpanStore, page: u64) -> Page {
+    let mut p = [0u8; PAGE_SIZE];
+    s.read_page(page * PAGE, &mut p).expect("the page reads");
+    p
+}
+
+/// Writes pages `first..first + n` with `stamp` in one call.
+fn write(s: &SpanStore, first: u64, n: u64, stamp: u64) {
+    let pages: Vec<Page> = (first..first + n).map(|p| content(p, stamp)).collect();
+    s.write_pages(first * PAGE, &pages)
+        .expect("the pages write");
+}
+
+#[test]
+fn pages_read_back_after_writes_of_every_size_and_overwrites() {
+    let (s, _ctl) = start("span-4+2", 8, 256);
+    assert_eq!(read(&s, 7), [0u8; PAGE_SIZE], "never written: zeros");
+    assert!(s.known_zero(7 * PAGE));
+    // 1, 3 (partial rows), 4 (a full row), 13 (three full and a partial one).
+    write(&s, 0, 1, 1);
+    write(&s, 10, 3, 1);
+    write(&s, 20, 4, 1);
+    write(&s, 40, 13, 1);
+    write(&s, 11, 20, 2);
+    let mut expect = std::collections::HashMap::new();
+    let firsts = std::iter::once(0).chain(10..13).chain(20..24).chain(40..53);
+    expect.extend(firsts.map(|p| (p, 1)));
+    expect.extend((11..31).map(|p| (p, 2)));
+    for (p, stamp) in &expect {
+        assert_eq!(read(&s, *p), content(*p, *stamp), "page {p}");
+    }
+    assert!(!s.known_zero(11 * PAGE));
+    // The same pages in one batched read (pages never written among them read as zeros).
+    let mut pages = vec![[1u8; PAGE_SIZE]; 60];
+    s.read_pages(0, &mut pages).expect("a batched read");
+    for (p, got) in pages.iter().enumerate() {
+        let want = expect
+            .get(&(p as u64))
+            .map_or([0; PAGE_SIZE], |st| content(p as u64, *st));
+        assert_eq!(*got, want, "page {p} of the batch");
+    }
+    let st = s.stats();
+    assert_eq!(st.live_pages, expect.len() as u64);
+    assert!(st.partial_rows >= 2, "{st:?}");
+    assert!(s.location(11 * PAGE).is_some_and(|l| l.contains("node")));
+}
+
+#[test]
+fn a_healthy_read_is_one_request_to_one_node() {
+    let (s, ctl) = start("span-8+2", 12, 512);
+    write(&s, 0, 64, 1);
+    let reissued = || {
+        s.mem()
+            .stats()
+            .reissued
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = reissued();
+    ctl.reset_counts();
+    for p in 0..64 {
+        assert_eq!(read(&s, p), content(p, 1));
+    }
+    let t = ctl.total();
+    // A read asks more only when its piece is late (a hedge): on a loaded machine some are.
+    let hedged = reissued() - before;
+    assert_eq!(
+        t.splits - hedged,
+        64,
+        "one piece per page, besides hedges: {t:?}"
+    );
+}
+
+#[test]
+fn reads_decode_around_r_lost_nodes_and_fail_cleanly_beyond() {
+    let (s, ctl) = start("span-4+2", 8, 256);
+    write(&s, 0, 64, 1);
+    let group = s.mem().group_of(0).expect("row 0 is mapped");
+    // Two of the first row's nodes, one holding page 0 and one holding page 1.
+    ctl.node(group.nodes[0]).down();
+    ctl.node(group.nodes[1]).down();
+    for p in 0..64 {
+        assert_eq!(read(&s, p), content(p, 1), "page {p} with two nodes down");
+    }
+    let mut pages = vec![[0u8; PAGE_SIZE]; 64];
+    s.read_pages(0, &mut pages)
+        .expect("a batched read with two nodes down");
+    for (p, got) in pages.iter().enumerate() {
+        assert_eq!(*got, content(p as u64, 1), "page {p} of the batch");
+    }
+    assert!(s.stats().reads_decoded > 0);
+    ctl.node(group.nodes[2]).down();
+    let mut buf = [7u8; PAGE_SIZE];
+    let err = s
+        .read_page(0, &mut buf)
+        .expect_err("three of six pieces lost");
+    assert!(
+        err.to_string().contains("read of page 0x0"),
+        "names the page: {err}"
+    );
+}
+
+#[test]
+fn a_slow_node_is_hedged_around() {
+    let (s, ctl) = start("span-4+2", 8, 256);
+    write(&s, 0, 4, 1);
+    let group = s.mem().group_of(0).expect("mapped");
+    ctl.node(group.nodes[0]).delay(Duration::from_millis(300));
+    let t = std::time::Instant::now();
+    assert_eq!(read(&s, 0), content(0, 1));
+    assert!(s.stats().reads_decoded >= 1, "decoded instead of waiting");
+    // Not a timing assertion on the read's speed: only that it did not wait for the node.
+    assert!(t.elapsed() < Duration::from_millis(300));
+}
+
+#[test]
+fn compaction_brings_the_cost_back_and_every_page_reads_back() {
+    let pages = 512;
+    let (s, _ctl) = start("span-8+2", 12, pages);
+    write(&s, 0, pages, 0);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(9);
+    let mut stamp = vec![0u64; pages as usize];
+    for round in 1..=2000u64 {
+        let p = rng.random_range(0..pages);
+        write(&s, p, 1, round);
+        stamp[p as usize] = round;
+    }
+    s.compact().expect("compaction runs");
+    let st = s.stats();
+    assert!(st.compacted_pages > 0, "{st:?}");
+    assert!(
+        st.cost() <= 1.25 * super::compact::LOW + 1e-9,
+        "after compaction: {:.3} remote bytes per byte ({st:?})",
+        st.cost()
+    );
+    for p in 0..pages {
+        assert_eq!(read(&s, p), content(p, stamp[p as usize]), "page {p}");
+    }
+}
+
+#[test]
+fn writers_readers_and_compaction_at_once_never_read_wrong_bytes() {
+    let pages = 256u64;
+    let (s, _ctl) = start("span-4+2", 8, pages);
+    write(&s, 0, pages, 0);
+    // Writer w owns the pages p with p % 2 == w, so each page's acknowledged writes are in
+    // order: a read must return the last write acknowledged before it started, or a newer
+    // one, and never bytes of no write of that page.
+    let done = Arc::new(AtomicBool::new(false));
+    let acked: Arc<Vec<std::sync::atomic::AtomicU64>> =
+        Arc::new((0..pages).map(|_| Default::default()).collect());
+    const WRITES: u64 = 400;
+    let mut writers = Vec::new();
+    for w in 0..2u64 {
+        let (s, acked) = (s.clone(), acked.clone());
+        writers.push(std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(w);
+            for stamp in 1..=WRITES {
+                let n = rng.random_range(1..=3u64);
+                let list: Vec<u64> = (0..n)
+                    .map(|_| rng.random_range(0..pages / 2) * 2 + w)
+                    .collect();
+                let bytes: Vec<Page> = list.iter().map(|p| content(*p, stamp)).collect();
+                let pairs: Vec<(u64, &Page)> =
+                    list.iter().map(|p| p * PAGE).zip(bytes.iter()).collect();
+                s.write_list(&pairs).expect("write");
+                for p in &list {
+                    acked[*p as usize].store(stamp, Ordering::SeqCst);
+                }
+            }
+        }));
+    }
+    let compactor = {
+        let (s, done) = (s.clone(), done.clone());
+        std::thread::spawn(move || {
+            while !done.load(Ordering::SeqCst) {
+                s.compact().expect("compaction");
+                std::thread::yield_now();
+            }
+        })
+    };
+    let stamp_of = |p: u64, got: &Page| (0..=WRITES).find(|st| *got == content(p, *st));
+    let reader = {
+        let (s, done, acked) = (s.clone(), done.clone(), acked.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::SmallRng::seed_from_u64(99);
+            let mut reads = 0;
+            while !done.load(Ordering::SeqCst) {
+                let p = rng.random_range(0..pages);
+                let before = acked[p as usize].load(Ordering::SeqCst);
+                let got = read(&s, p);
+                let st = stamp_of(p, &got);
+                assert!(
+                    st.is_some_and(|st| st >= before),
+                    "page {p}: read write {st:?}, but write {before} was acknowledged before"
+                );
+                reads += 1;
+            }
+            reads
+        })
+    };
+    for w in writers {
+        w.join().expect("writer");
+    }
+    done.store(true, Ordering::SeqCst);
+    compactor.join().expect("compactor");
+    assert!(reader.join().expect("reader") > 0);
+    // Moved by the explicit calls or by the store's own thread, which they take turns with.
+    let st = s.stats();
+    assert!(st.compacted_pages > 0, "compaction moved pages: {st:?}");
+    for p in 0..pages {
+        let got = read(&s, p);
+        assert_eq!(
+            stamp_of(p, &got),
+            Some(acked[p as usize].load(Ordering::SeqCst)),
+            "page {p}: the last acknowledged write"
+        );
+    }
+}
