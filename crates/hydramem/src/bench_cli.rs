@@ -49,7 +49,8 @@ pub struct BenchArgs {
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
     /// Schemes to run (comma separated): hydra-K+R-dD (suffix -ec for EC-only, -det for
-    /// corruption detection, -cor for correction), repN, single, ssd-backup (one remote copy
+    /// corruption detection, -cor for correction), span-K+R (span coding: whole pages, parity
+    /// across the pages of a row), repN, single, ssd-backup (one remote copy
     /// plus a local backup file in --backup-dir: the paper's Infiniswap baseline, e.g.
     /// hydra-8+2-d1,rep2,single,ssd-backup side by side); each may end in +crc for
     /// per-split checksums, then in /encode-first, /bounce or /unbatched to turn off one of

@@ -54,7 +54,8 @@ pub struct ClientArgs {
     )]
     pub cluster: PathBuf,
     /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
-    /// corruption detection, -cor for correction), repN, single, or ssd-backup (one remote
+    /// corruption detection, -cor for correction), span-K+R (e.g. span-8+2: whole pages, one
+    /// message per read, parity across the pages of a row), repN, single, or ssd-backup (one remote
     /// copy plus a local backup file in --backup-dir, the paper's Infiniswap baseline), as
     /// `bench --schemes` takes them.
     #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]

@@ -552,6 +552,32 @@ mod tests {
     }
 
     #[test]
+    fn a_span_row_is_k_plus_r_whole_pages_all_in_the_side_buffer() {
+        let l = Layout::new(Resilience::Span { k: 8, r: 2 }, 1 << 20).unwrap();
+        assert_eq!(
+            (l.width, l.k, l.split_len, l.write_need, l.read_need),
+            (10, 8, 4096, 10, 1)
+        );
+        assert!(l.span() && l.coded() && !l.detects());
+        assert_eq!(l.place(0), Place::Side(0));
+        assert_eq!(l.place(9), Place::Side(9 * 4096));
+        assert_eq!(l.side_len(), 10 * 4096);
+        assert_eq!(l.pages_per_range, 256, "rows per range");
+        // Room for every page alone in a row, plus an eighth and 256 rows.
+        assert_eq!(l.space(800 * 4096), (800 + 100 + 256) * 4096);
+        assert_ne!(l.code(), Layout::new(HYDRA_8_2, 1 << 20).unwrap().code());
+        assert!(Layout::new(Resilience::Span { k: 0, r: 2 }, 1 << 20).is_err());
+        assert!(Layout::new(Resilience::Span { k: 30, r: 3 }, 1 << 20).is_err());
+    }
+
+    const HYDRA_8_2: Resilience = Resilience::Hydra {
+        k: 8,
+        r: 2,
+        delta: 1,
+        mode: Mode::FailureRecovery,
+    };
+
+    #[test]
     fn replication_shares_one_region() {
         let l = Layout::new(Resilience::Replication { copies: 3 }, 1 << 20).unwrap();
         assert_eq!(
@@ -572,6 +598,7 @@ mod tests {
             ("hydra-8+3-d1-cor", hydra(8, 3, 1, Mode::Correction)),
             ("rep3", Resilience::Replication { copies: 3 }),
             ("single", Resilience::Replication { copies: 1 }),
+            ("span-8+2", Resilience::Span { k: 8, r: 2 }),
         ] {
             assert_eq!(name.parse::<Resilience>(), Ok(scheme), "{name}");
             assert_eq!(scheme.to_string(), name);
@@ -597,11 +624,22 @@ mod tests {
             "hydra-256+2-d1",
             "Hydra-8+2-d1",
             "hydra-8+2-d1+crc",
+            "span-8",
+            "span-8+2-d1",
+            "span-+8+2",
         ] {
             let e = name.parse::<Resilience>().unwrap_err();
             assert_eq!(e.name, name);
             let text = e.to_string();
-            for form in ["hydra-K+R-dD", "-ec", "-det", "-cor", "repN", "single"] {
+            for form in [
+                "hydra-K+R-dD",
+                "-ec",
+                "-det",
+                "-cor",
+                "span-K+R",
+                "repN",
+                "single",
+            ] {
                 assert!(text.contains(form), "{form:?} missing from {text:?}");
             }
         }
@@ -624,8 +662,11 @@ mod tests {
             })
         });
         let copies = (1..=max).map(|copies| Resilience::Replication { copies });
+        let span =
+            (1..=max).flat_map(move |k| (0..=max - k).map(move |r| Resilience::Span { k, r }));
         hydra
             .chain(copies)
+            .chain(span)
             .filter(|s| Layout::new(*s, 1 << 20).is_ok())
     }
 
@@ -656,6 +697,7 @@ mod tests {
             for s in [
                 Resilience::Hydra { k, r, delta, mode },
                 Resilience::Replication { copies },
+                Resilience::Span { k, r },
             ] {
                 proptest::prop_assert_eq!(s.to_string().parse::<Resilience>(), Ok(s));
             }

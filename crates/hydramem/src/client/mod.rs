@@ -19,7 +19,8 @@
 //!   at once.
 //!
 //! Replication and single copy use the same path with width n, one "split" of 4096 bytes per
-//! copy, a write waiting for all n copies and a read taking the first copy that arrives.
+//! copy, a write waiting for all n copies and a read taking the first copy that arrives. Span
+//! coding's address space is rows, not pages ([`rows`]; [`crate::span`] maps pages to them).
 //!
 //! Where each part lives (one concept per file):
 //! - [`connect`]: joining the cluster, finding this identity's slabs, starting the maintenance
@@ -30,6 +31,8 @@
 //! - [`ranges`]: the range map (which coding group holds an address) and placement;
 //! - [`health`]: per-node integrity accounting (the paper's error limits) and corruption
 //!   reports;
+//! - [`rows`]: span coding's unit (rows of k whole pages and r parity pages, one version):
+//!   writing rows whole, and reading one piece with a hedged degraded read behind it;
 //! - [`repair`]: moving a split to a new slab and regenerating it; [`maintain`]: the
 //!   maintenance thread that notices failures, reclaims and restarts and starts repairs;
 //! - [`slots`]: in-flight operations and the landing protocol; [`transport`] (the seam) and
