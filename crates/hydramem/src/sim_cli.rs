@@ -27,6 +27,18 @@ enum SimCmd {
     Sweep(SweepArgs),
     /// Replication as k = 1 against the copysets paper: 5000 nodes, 3 replicas, 1 % failed.
     CopysetsCheck(CopysetsArgs),
+    /// Span coding beside per-page coding (and replication ×2) for the same data: closed-form
+    /// probability of data loss per policy when a fraction of the nodes fail at once.
+    Span(SpanArgs),
+}
+
+#[derive(clap::Args)]
+struct SpanArgs {
+    #[command(flatten)]
+    cluster: ClusterArgs,
+    /// Fraction of the nodes that fail at once (0.01 = 1 %).
+    #[arg(long, default_value_t = 0.01)]
+    fail_fraction: f64,
 }
 
 /// `all` or one policy.
@@ -186,7 +198,73 @@ pub fn run(a: SimArgs) -> Result<()> {
         SimCmd::Balance(a) => balance(a),
         SimCmd::Sweep(a) => sweep(a),
         SimCmd::CopysetsCheck(a) => copysets(a),
+        SimCmd::Span(a) => span(a),
     }
+}
+
+/// Span coding loses data under exactly the condition per-page coding does — more than r of
+/// one coding group's nodes fail — and is placed by the same policies; what differs is the
+/// memory it holds for the same data: (k + r)/k right after compaction (up to
+/// [`hydramem::span::compact::LOW`] × that), and up to [`hydramem::span::compact::HIGH`] × in
+/// steady state before compaction starts. More slabs means more ranges, which matters to
+/// policies that place ranges independently (EC-Cache, power of two), not to CodingSets, whose
+/// groups are covered whatever the count. Replication ×2 of the same data is k = 1, r = 1 with
+/// 2 / ((k + r)/k) times the slabs.
+fn span(a: SpanArgs) -> Result<()> {
+    use hydramem::span::compact::{HIGH, LOW};
+    let p = a.cluster.params(a.fail_fraction)?;
+    let base = (p.k + p.r) as f64 / p.k as f64;
+    println!(
+        "P(data loss) for the same data: N={} k={} r={} l={} S={} slabs per node for per-page \
+         coding, f={}% ({} nodes fail at once); closed forms",
+        p.n,
+        p.k,
+        p.r,
+        p.l,
+        p.slabs_per_node,
+        p.fail_fraction * 100.0,
+        p.failed()
+    );
+    let rows: [(String, Params); 4] = [
+        (format!("hydra {}+{}", p.k, p.r), p),
+        (
+            format!("span {}+{} compacted ({:.2}x)", p.k, p.r, base * LOW),
+            Params {
+                slabs_per_node: p.slabs_per_node * LOW,
+                ..p
+            },
+        ),
+        (
+            format!("span {}+{} at threshold ({:.2}x)", p.k, p.r, base * HIGH),
+            Params {
+                slabs_per_node: p.slabs_per_node * HIGH,
+                ..p
+            },
+        ),
+        (
+            "replication x2 (2.00x)".to_string(),
+            Params {
+                k: 1,
+                r: 1,
+                slabs_per_node: p.slabs_per_node * 2.0 / base,
+                ..p
+            },
+        ),
+    ];
+    print!("{:<34}", "scheme (memory per data byte)");
+    for kind in PolicyKind::ALL {
+        print!(" {:>14}", p.policy(kind).to_string());
+    }
+    println!();
+    for (label, q) in &rows {
+        print!("{label:<34}");
+        for kind in PolicyKind::ALL {
+            let (closed, _) = sweep::closed_forms(kind, q)?;
+            print!(" {:>14}", pct(closed));
+        }
+        println!();
+    }
+    Ok(())
 }
 
 fn threads(t: Option<usize>) -> usize {

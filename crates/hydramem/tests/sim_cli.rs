@@ -39,6 +39,26 @@ fn loss_prints_closed_form_and_monte_carlo_per_policy() {
 }
 
 #[test]
+fn span_is_compared_with_per_page_coding_and_replication() {
+    let (ok, out, err) = sim(&["span", "--n", "200", "--fail-fraction", "0.05"]);
+    assert!(ok, "{err}");
+    for row in [
+        "hydra 8+2",
+        "span 8+2 compacted",
+        "span 8+2 at threshold",
+        "replication x2",
+    ] {
+        assert!(out.contains(row), "{row} missing:\n{out}");
+    }
+    // Same loss condition and the same CodingSets groups: the same probability.
+    let cell = |row: &str| {
+        let line = out.lines().find(|l| l.starts_with(row)).expect("the row");
+        line.split_whitespace().rev().nth(2).map(str::to_string)
+    };
+    assert_eq!(cell("hydra 8+2"), cell("span 8+2 at threshold"), "{out}");
+}
+
+#[test]
 fn balance_and_copysets_check_run() {
     let (ok, out, err) = sim(&["balance", "--n", "500", "--policy", "ec-cache"]);
     assert!(ok, "{err}");
