@@ -63,6 +63,8 @@ pub struct BenchOptions {
     pub corrupt_ppm: u32,
     /// The backup file of the `ssd-backup` scheme.
     pub backup: BackupConfig,
+    /// How late the slowed node answers every request in `--failures`' slow scenario.
+    pub slow_reply: Duration,
 }
 
 /// Latency percentiles in microseconds.

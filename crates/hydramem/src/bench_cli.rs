@@ -71,10 +71,13 @@ pub struct BenchArgs {
     )]
     json: PathBuf,
     /// Instead of the scheme comparison, run paper Fig. 12's failure scenarios (healthy, one
-    /// node slow, one node killed) for hydra 8+2 Δ=1 and replication ×2 on a cluster of its own
-    /// (11 nodes, 64 MiB slabs, --pages at most 16384).
+    /// node slow, one node killed) for hydra 8+2 Δ=1, span 8+2 and replication ×2 on a
+    /// cluster of its own (11 nodes, 64 MiB slabs, --pages at most 16384).
     #[arg(long)]
     failures: bool,
+    /// Milliseconds the slowed node of --failures adds to every reply.
+    #[arg(long, default_value_t = 1.0)]
+    slow_reply_ms: f64,
     /// Instead of the scheme comparison, time the regeneration of one slab of each of these
     /// sizes (comma separated, e.g. 64MiB,1GiB) on a cluster of its own, against the loopback
     /// bandwidth measured in the same run (paper 7.3).
@@ -107,6 +110,17 @@ impl BenchArgs {
             seed: self.seed,
             corrupt_ppm: self.corrupt_ppm,
             backup: self.backup.config()?,
+            slow_reply: {
+                if !(self.slow_reply_ms.is_finite()
+                    && (0.0..=10_000.0).contains(&self.slow_reply_ms))
+                {
+                    anyhow::bail!(
+                        "--slow-reply-ms {} is not 0 to 10000 milliseconds",
+                        self.slow_reply_ms
+                    );
+                }
+                Duration::from_secs_f64(self.slow_reply_ms / 1000.0)
+            },
         })
     }
 }

@@ -3,7 +3,7 @@
 # set up. Uses $BIN, $dir (the run's scratch directory), $swapsize and $cluster_pid; sets
 # $swapdev (the device as /proc/swaps names it).
 
-ALL_BACKENDS=local,disk,zram,nbdkit-memory,hydra,rep2,single,ssd-backup,ram-mount,hydra-mount,rep2-mount,single-mount,ssd-backup-mount
+ALL_BACKENDS=local,disk,zram,nbdkit-memory,hydra,span,rep2,single,ssd-backup,ram-mount,hydra-mount,span-mount,rep2-mount,single-mount,ssd-backup-mount
 bk_pids=() loop="" swapdev="" zram=""
 
 # backend_scheme NAME: the `--scheme` (and its options) of a hydramem backend, one per line;
@@ -11,6 +11,7 @@ bk_pids=() loop="" swapdev="" zram=""
 backend_scheme() {
   case "${1%-mount}" in
     hydra) echo --scheme; echo hydra-8+2-d1 ;;
+    span) echo --scheme; echo span-8+2 ;;
     rep2 | single) echo --scheme; echo "${1%-mount}" ;;
     ssd-backup) printf '%s\n' --scheme ssd-backup --backup-dir "$dir/backup" ;;
   esac
@@ -22,14 +23,15 @@ backend_unavailable() {
     zram)
       [ -w /sys/class/zram-control/hot_add ] || [ -e /sys/module/zram ] || command -v modprobe >/dev/null ||
         echo "this kernel has no zram (no /sys/class/zram-control, no modprobe)" ;;
-    nbdkit-memory | hydra | rep2 | single | ssd-backup)
+    nbdkit-memory | hydra | span | rep2 | single | ssd-backup)
       for c in nbdkit nbdfuse; do command -v "$c" >/dev/null || echo "$c is missing (scripts/setup)"; done ;;
   esac
   case "$1" in
     ssd-backup*) "$BIN" nbd --help | grep -q ssd-backup || echo "this hydramem has no ssd-backup scheme yet" ;;
+    span*) "$BIN" nbd --help | grep -q span-K+R || echo "this hydramem has no span scheme yet" ;;
   esac
   case "$1" in
-    *-mount | hydra | rep2 | single | ssd-backup | nbdkit-memory) [ -e /dev/fuse ] || echo "no /dev/fuse" ;;
+    *-mount | hydra | span | rep2 | single | ssd-backup | nbdkit-memory) [ -e /dev/fuse ] || echo "no /dev/fuse" ;;
   esac
 }
 
