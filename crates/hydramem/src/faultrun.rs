@@ -30,6 +30,8 @@ use serde::Serialize;
 use crate::bench::fill_page;
 use crate::client::{ClientConfig, Mode, RemoteMemory, Resilience};
 use crate::embedded::{EmbeddedCluster, EmbeddedOptions};
+use crate::nbd::PageStore;
+use crate::span::SpanStore;
 use crate::wire::Fault;
 use crate::PAGE_SIZE;
 
@@ -54,7 +56,18 @@ pub struct FaultRunOptions {
     pub max_faults: usize,
     /// Checksums on, and corrupting nodes among the faults (see the module doc).
     pub corruption: bool,
+    /// The scheme: hydra 8+2 Δ=1 ([`HYDRA_8_2`]) or span 8+2, whose pages go through its
+    /// span store (so compaction runs under the faults too). A code of r = 2 either way.
+    pub scheme: Resilience,
 }
+
+/// The scheme fault runs use by default.
+pub const HYDRA_8_2: Resilience = Resilience::Hydra {
+    k: 8,
+    r: 2,
+    delta: 1,
+    mode: Mode::FailureRecovery,
+};
 
 /// What happened.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -81,6 +94,8 @@ pub struct FaultRunReport {
     pub corrupt_splits: u64,
     /// Splits the client moved off nodes above its slab-regeneration limit.
     pub evacuated: u64,
+    /// Span coding: pages compaction moved into full rows during the run (0 for hydra).
+    pub compacted_pages: u64,
 }
 
 #[derive(Clone, Copy)]
@@ -165,13 +180,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         cluster_file: None,
     })
     .map_err(|e| e.to_string())?;
-    let scheme = Resilience::Hydra {
-        k: 8,
-        r: 2,
-        delta: 1,
-        mode: Mode::FailureRecovery,
-    };
-    let mut cfg = ClientConfig::new(scheme, o.pages * PAGE_SIZE as u64);
+    let mut cfg = ClientConfig::new(o.scheme, o.pages * PAGE_SIZE as u64);
     cfg.seed = Some(o.seed);
     cfg.straggler_after = Duration::from_millis(2);
     // Checksums are on by default; corrupting nodes need them. Error rates are judged every
@@ -181,6 +190,11 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         cfg.error_window = 50;
     }
     let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
+    let span = mem.layout().span().then(|| SpanStore::new(mem.clone()));
+    let store: &dyn PageStore = match &span {
+        Some(s) => &**s,
+        None => &*mem,
+    };
     let seed = o.seed;
     let stop = AtomicBool::new(false);
     let acked = AtomicU64::new(0);
@@ -193,8 +207,8 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
 
     std::thread::scope(|s| {
         for t in 0..o.threads as u64 {
-            let (mem, stop, acked, failed, reads, read_errors, wrong, known) = (
-                &mem,
+            let (store, stop, acked, failed, reads, read_errors, wrong, known) = (
+                store,
                 &stop,
                 &acked,
                 &failed,
@@ -216,7 +230,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                     if rng.random_bool(0.7) {
                         version += 1;
                         fill_page(&mut page, seed, p, version);
-                        match mem.write_page(addr, &page) {
+                        match store.write_page(addr, &page) {
                             Ok(()) => {
                                 acked.fetch_add(1, Ordering::Relaxed);
                                 mine.insert(p, Known::Exactly(version));
@@ -231,7 +245,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
                             }
                         }
                     } else {
-                        match mem.read_page(addr, &mut page) {
+                        match store.read_page(addr, &mut page) {
                             Ok(()) => {
                                 reads.fetch_add(1, Ordering::Relaxed);
                                 let mut k = k;
@@ -333,8 +347,8 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut page = [0u8; PAGE_SIZE];
     for (&p, k) in &known {
         let mut k = *k;
-        let ok =
-            mem.read_page(p * PAGE_SIZE as u64, &mut page).is_ok() && check(&mut k, &page, seed, p);
+        let ok = store.read_page(p * PAGE_SIZE as u64, &mut page).is_ok()
+            && check(&mut k, &page, seed, p);
         if !ok {
             lost += 1;
             tracing::error!(page = p, "acknowledged write lost");
@@ -352,5 +366,6 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         regenerations: mem.regen_stats().done,
         corrupt_splits: mem.corrupt_splits().iter().sum(),
         evacuated: mem.stats().evacuated.load(Ordering::Relaxed),
+        compacted_pages: span.as_ref().map_or(0, |s| s.stats().compacted_pages),
     })
 }

@@ -24,9 +24,23 @@ pub struct SoakArgs {
     /// checksums on in the client.
     #[arg(long, env = "HYDRAMEM_CORRUPTION")]
     corruption: bool,
+    /// The scheme of the client under test: hydra-8+2-d1 or span-8+2 (the faults assume r = 2).
+    #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
+    scheme: hydramem::client::Resilience,
 }
 
 pub fn run(a: SoakArgs) -> Result<()> {
+    use hydramem::client::Resilience;
+    if !matches!(
+        a.scheme,
+        Resilience::Hydra { r: 2, .. } | Resilience::Span { r: 2, .. }
+    ) {
+        bail!(
+            "--scheme {}: the fault runs inject up to two faults at once, so they need a code \
+             with r = 2 (hydra-8+2-d1, span-8+2)",
+            a.scheme
+        );
+    }
     let (mut acked, mut lost, mut wrong, mut failed, mut read_errors, mut faults) =
         (0, 0, 0, 0, 0, 0);
     for i in 0..a.runs {
@@ -40,6 +54,7 @@ pub fn run(a: SoakArgs) -> Result<()> {
             duration: Duration::from_secs_f64(a.seconds),
             max_faults: 2,
             corruption: a.corruption,
+            scheme: a.scheme,
         })
         .map_err(anyhow::Error::msg)?;
         println!(

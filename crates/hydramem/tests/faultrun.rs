@@ -4,11 +4,12 @@
 
 use std::time::Duration;
 
-use hydramem::faultrun::{run, FaultRunOptions};
+use hydramem::client::Resilience;
+use hydramem::faultrun::{run, FaultRunOptions, HYDRA_8_2};
 
 /// Runs the seeds; nothing may be lost, wrong or failed. With `corruption`, corrupting nodes
 /// are among the faults and corrupted splits must have been met (and read around).
-fn runs_lose_nothing(seeds: &[u64], corruption: bool) {
+fn runs_lose_nothing(seeds: &[u64], corruption: bool, scheme: hydramem::client::Resilience) {
     let mut evacuated = 0;
     for &seed in seeds {
         let report = run(&FaultRunOptions {
@@ -21,6 +22,7 @@ fn runs_lose_nothing(seeds: &[u64], corruption: bool) {
             duration: Duration::from_secs(5),
             max_faults: 2,
             corruption,
+            scheme,
         })
         .unwrap();
         eprintln!("{}", serde_json::to_string(&report).unwrap());
@@ -42,6 +44,11 @@ fn runs_lose_nothing(seeds: &[u64], corruption: bool) {
             "seed {seed}: corrupted splits met: {report:?}"
         );
         evacuated += report.evacuated;
+        assert_eq!(
+            report.compacted_pages > 0,
+            matches!(scheme, Resilience::Span { .. }),
+            "seed {seed}: span compacts under the faults: {report:?}"
+        );
     }
     // A fifth of a corrupting node's replies is far above the slab-regeneration limit: the
     // client moved splits off such nodes while the checker watched every byte.
@@ -54,7 +61,14 @@ fn runs_lose_nothing(seeds: &[u64], corruption: bool) {
 
 #[test]
 fn seeded_fault_runs_lose_nothing() {
-    runs_lose_nothing(&[1, 2, 3], false);
+    runs_lose_nothing(&[1, 2, 3], false, HYDRA_8_2);
+}
+
+/// Span coding under the same chaos: rows written, compacted and regenerated while nodes are
+/// killed, paused, restarted and slowed; nothing lost, nothing wrong.
+#[test]
+fn seeded_span_fault_runs_lose_nothing() {
+    runs_lose_nothing(&[21, 22], false, Resilience::Span { k: 8, r: 2 });
 }
 
 /// The same chaos with corrupting nodes among the faults and checksums on: corrupted splits
@@ -62,5 +76,5 @@ fn seeded_fault_runs_lose_nothing() {
 /// checker finds no wrong byte and no lost write.
 #[test]
 fn seeded_fault_runs_with_corruption_return_no_wrong_bytes() {
-    runs_lose_nothing(&[11, 12], true);
+    runs_lose_nothing(&[11, 12], true, HYDRA_8_2);
 }
