@@ -665,7 +665,7 @@ impl RemoteMemory {
     /// run that cannot be posted (its node has none of the group's slabs, or the transport
     /// refuses it) fails that split of every page; their plans ask others or fail as a single
     /// page would.
-    fn post_split_run<'o, S: 'o>(
+    pub(super) fn post_split_run<'o, S: 'o>(
         &self,
         items: &[S],
         op: impl Fn(&S) -> &slots::Op<'o>,

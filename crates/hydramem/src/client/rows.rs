@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use super::layout::MAX_WIDTH;
 use super::slots::{self, Progress};
+use super::transport::RunSplit;
 use super::wait::Pacer;
 use super::write::{Stamp, Written};
 use super::{Group, IoError, Page, RemoteMemory};
@@ -148,9 +149,9 @@ impl RemoteMemory {
                 None => break,
             }
         }
-        let mut touched = vec![false; self.transport.nodes()];
-        let mut posted_rows = Vec::with_capacity(ops.len());
-        for (op, row) in ops.iter_mut().zip(rows) {
+        let mut prepared: Vec<(slots::Op<'_>, std::sync::Arc<Group>, Stamp)> =
+            Vec::with_capacity(ops.len());
+        for (mut op, row) in ops.into_iter().zip(rows) {
             let (range, rir) = self.locate_unit(row.row.saturating_mul(PAGE_SIZE as u64))?;
             let group = match self.ranges[range].load_full() {
                 Some(g) => g,
@@ -161,25 +162,55 @@ impl RemoteMemory {
                 pir: rir,
                 version,
             };
-            self.encode_row(op, row);
+            self.encode_row(&mut op, row);
+            prepared.push((op, group, stamp));
+        }
+        // Consecutive rows of one group are consecutive slots of each of its slabs: piece j of
+        // such a stretch is one run to piece j's node. Nothing is flushed until all are posted.
+        let mut touched = vec![false; self.transport.nodes()];
+        let mut at = 0;
+        for stretch in
+            prepared.chunk_by(|a, b| std::sync::Arc::ptr_eq(&a.1, &b.1) && b.2.pir == a.2.pir + 1)
+        {
+            let (group, first) = (&stretch[0].1, stretch[0].2);
             for j in 0..l.width {
-                let data = row_piece(l.k, row, op.write_side(), j);
-                self.post_split_write(op, &group, j, data, stamp, false);
+                let offset = l.split_offset(first.pir);
+                self.post_split_run(
+                    stretch,
+                    |s| &s.0,
+                    j,
+                    (group, offset),
+                    |node, run| {
+                        let mut pieces =
+                            stretch
+                                .iter()
+                                .zip(&rows[at..])
+                                .map(|((op, _, stamp), row)| {
+                                    let data = row_piece(l.k, row, op.write_side(), j);
+                                    RunSplit {
+                                        cookie: op.cookie(j),
+                                        version: stamp.version,
+                                        crc: self.split_crc(data, *stamp, j),
+                                        data,
+                                    }
+                                });
+                        self.transport.post_write_run(node, run, &mut pieces, false)
+                    },
+                );
                 if let Some(t) = touched.get_mut(group.nodes[j] as usize) {
                     *t = true;
                 }
             }
-            posted_rows.push((group, stamp));
+            at += stretch.len();
         }
         for (node, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
             // A node that cannot be flushed fails its queued splits through `node_down`.
             let _ = self.transport.flush(node as u16);
         }
         let posted = Instant::now();
-        let n = ops.len();
-        for ((mut op, (group, stamp)), (row, v)) in ops
+        let n = prepared.len();
+        for ((mut op, group, stamp), (row, v)) in prepared
             .into_iter()
-            .zip(posted_rows)
             .zip(rows.iter().zip(versions.iter_mut()))
         {
             let (range, addr) = (stamp.range, row.row.saturating_mul(PAGE_SIZE as u64));
@@ -313,6 +344,7 @@ impl RemoteMemory {
                     Err(e) => begun.push(Err(e)),
                 }
             }
+            self.post_piece_runs(&mut begun, &mut touched);
             for (node, _) in touched.iter().enumerate().filter(|(_, t)| **t) {
                 let _ = self.transport.flush(node as u16);
             }
@@ -325,11 +357,50 @@ impl RemoteMemory {
         out
     }
 
+    /// Posts the healthy pieces of a batch's reads, `begun` in list order: the pages at one
+    /// position of consecutive rows of one group are consecutive slots of one slab, so each
+    /// such stretch is one run to that node (pages written together and read back together
+    /// are: rows are taken in order). Marks the nodes in `touched`; restarts the reads' hedge
+    /// clocks from now.
+    fn post_piece_runs(&self, begun: &mut [Result<PieceOp<'_>, IoError>], touched: &mut [bool]) {
+        let l = &self.layout;
+        let mut healthy: Vec<&mut PieceOp<'_>> = begun
+            .iter_mut()
+            .filter_map(|b| b.as_mut().ok())
+            .filter(|p| !p.degraded)
+            .collect();
+        for stretch in healthy.chunk_by(|a, b| {
+            std::sync::Arc::ptr_eq(&a.group, &b.group)
+                && a.want.pos == b.want.pos
+                && b.rir == a.rir + 1
+        }) {
+            let (group, j, first) = (&stretch[0].group, stretch[0].want.pos, stretch[0].rir);
+            self.post_split_run(
+                stretch,
+                |p| &p.op,
+                j,
+                (group, l.split_offset(first)),
+                |node, run| {
+                    let mut cookies = stretch.iter().map(|p| p.op.cookie(j));
+                    self.transport.post_read_run(node, run, &mut cookies, false)
+                },
+            );
+            if let Some(t) = touched.get_mut(group.nodes[j] as usize) {
+                *t = true;
+            }
+        }
+        let now = Instant::now();
+        for p in healthy.iter_mut() {
+            p.posted = now;
+        }
+    }
+
     /// Takes a slot for a piece read and posts the page's own piece (or, when its node
     /// cannot serve it, every other piece of the row). `batch`: `None` for a single read
     /// (waits for a slot, flushes at once); `Some((may_wait, touched))` for one of a batch,
     /// which waits for a slot only if `may_wait` (otherwise `Ok(None)` when none is free),
-    /// leaves its requests queued and marks the nodes it queued for in `touched`.
+    /// leaves a healthy piece for the caller to post in a run ([`RemoteMemory::read_pieces`]),
+    /// leaves the requests of a degraded one queued, and marks their nodes in `touched`.
     ///
     /// # Safety
     /// `page` must be valid for writes of 4096 bytes and untouched by anything else until
@@ -379,11 +450,12 @@ impl RemoteMemory {
         let node = group.nodes[j];
         let healthy = group.fresh & (1 << j) == 0 && node != slots::NO_NODE;
         let flush = flush && batch.is_none();
-        if healthy {
+        if healthy && batch.is_none() {
             self.post_piece_read(&op, &group, j, rir, flush);
-        } else {
+        } else if !healthy {
             self.post_other_pieces(&op, &group, j, rir, flush);
         }
+
         if let Some((_, touched)) = batch {
             for i in 0..l.width {
                 if op.progress().posted & (1 << i) != 0 {

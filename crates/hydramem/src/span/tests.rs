@@ -96,6 +96,9 @@ fn pages_read_back_after_writes_of_every_size_and_overwrites() {
 fn a_healthy_read_is_one_request_to_one_node() {
     let (s, ctl) = start("span-8+2", 12, 512);
     write(&s, 0, 64, 1);
+    // Eight full rows in one range: piece j of all of them is one run to piece j's node.
+    let t = ctl.total();
+    assert_eq!((t.runs, t.splits), (10, 80), "one run per node: {t:?}");
     let reissued = || {
         s.mem()
             .stats()
@@ -115,6 +118,18 @@ fn a_healthy_read_is_one_request_to_one_node() {
         64,
         "one piece per page, besides hedges: {t:?}"
     );
+    // Read back together, the pages at one position of consecutive rows are one run.
+    ctl.reset_counts();
+    let before = reissued();
+    let mut pages = vec![[0u8; PAGE_SIZE]; 64];
+    s.read_pages(0, &mut pages).expect("a batched read");
+    for (p, got) in pages.iter().enumerate() {
+        assert_eq!(*got, content(p as u64, 1), "page {p} of the batch");
+    }
+    let t = ctl.total();
+    if reissued() == before {
+        assert_eq!((t.runs, t.splits), (8, 64), "a run per data node: {t:?}");
+    }
 }
 
 #[test]
