@@ -161,6 +161,7 @@ pub fn run(store: &SpanStore, force: bool) -> Result<u64, IoError> {
             .counters
             .compacted_pages
             .fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("hydramem_span_compacted_pages_total").increment(moved);
         total += moved;
         if moved == 0 {
             return Ok(total);

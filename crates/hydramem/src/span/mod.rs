@@ -203,6 +203,7 @@ impl SpanStore {
                 PieceRead::Done { decoded } => {
                     if decoded {
                         self.counters.reads_decoded.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("hydramem_span_reads_decoded_total").increment(1);
                     }
                     return Ok(());
                 }
@@ -254,6 +255,7 @@ impl SpanStore {
         let c = &self.counters;
         c.rows_written
             .fetch_add(rows.len() as u64, Ordering::Relaxed);
+        metrics::counter!("hydramem_span_rows_written_total").increment(rows.len() as u64);
         let partial = refs.chunks(self.k).filter(|c| c.len() < self.k).count();
         c.partial_rows.fetch_add(partial as u64, Ordering::Relaxed);
         let mut gone = Vec::with_capacity(pages.len());
@@ -287,7 +289,11 @@ impl SpanStore {
             for row in gone {
                 t.release(row);
             }
-            self.compactor.over(&t.occupancy())
+            let o = t.occupancy();
+            metrics::gauge!("hydramem_span_live_pages").set(o.live_pages as f64);
+            metrics::gauge!("hydramem_span_rows_in_use").set(o.rows_in_use as f64);
+            metrics::gauge!("hydramem_span_rows_touched").set(o.rows_touched as f64);
+            self.compactor.over(&o)
         };
         if over {
             self.compactor.wake();
@@ -365,6 +371,7 @@ impl PageStore for SpanStore {
                 PieceRead::Done { decoded } => {
                     if decoded {
                         self.counters.reads_decoded.fetch_add(1, Ordering::Relaxed);
+                        metrics::counter!("hydramem_span_reads_decoded_total").increment(1);
                     }
                 }
                 // Moved since the look-up: look again, alone.
