@@ -119,8 +119,13 @@ pub struct SchemeResult {
     pub write_throughput: Throughput,
     /// Read throughput at the configured depth.
     pub read_throughput: Throughput,
-    /// Bytes held by the nodes for this client per byte of page data.
+    /// Bytes held by the nodes for this client per byte of page data, after populating.
     pub remote_bytes_per_data_byte: f64,
+    /// The same at the end of the run, after the random single-page overwrites of the
+    /// latency rounds (what garbage costs span coding, net of its compaction).
+    pub remote_bytes_per_data_byte_end: f64,
+    /// Span coding: what its store held and did by the end of the run.
+    pub span: Option<crate::span::SpanStats>,
     /// Largest resident set of a node after populating, bytes.
     pub node_rss_max: u64,
     /// Largest (resident set − bytes of slab memory written) over the nodes: the node's own
@@ -348,10 +353,36 @@ fn read_load(
     ))
 }
 
+/// The bytes the nodes hold for the client with identity fingerprint `fp` (the slots its
+/// slabs ever had written, from the nodes' own counters), and the largest resident set of a
+/// node with the largest node memory beyond the data it holds.
+fn held_by(cluster: &Cluster, fp: u32) -> (u64, u64, i64) {
+    let mut held = 0u64;
+    let (mut node_rss_max, mut node_overhead_max) = (0u64, i64::MIN);
+    for n in &cluster.nodes {
+        if let Ok(st) = status::fetch(n.addr, Duration::from_secs(2)) {
+            held += st
+                .slabs
+                .iter()
+                .filter(|s| s.owner == fp)
+                .map(|s| s.touched)
+                .sum::<u64>();
+            // Data held, plus the pre-allocated (backed, still empty) slabs.
+            let data: u64 = st.slabs.iter().map(|s| s.touched).sum::<u64>()
+                + st.pool_slabs as u64 * st.slab_size;
+            node_rss_max = node_rss_max.max(st.rss);
+            node_overhead_max = node_overhead_max.max(st.rss as i64 - data as i64);
+        }
+    }
+    (held, node_rss_max, node_overhead_max)
+}
+
 /// Per-scheme state while the interleaved phases run.
 struct Run {
     scheme: String,
     front: FrontStore,
+    /// The client's identity fingerprint, as the nodes' statistics name its slabs.
+    fp: u32,
     /// What the scheme's page operations go through.
     store: std::sync::Arc<dyn PageStore>,
     write_throughput: Throughput,
@@ -406,27 +437,11 @@ pub fn run(
                 scheme: scheme.clone(),
                 source,
             })?;
-        // Bytes held, from the nodes' own counters; node memory beyond the data it holds.
-        let mut held = 0u64;
-        let (mut node_rss_max, mut node_overhead_max) = (0u64, i64::MIN);
-        for n in &cluster.nodes {
-            if let Ok(st) = status::fetch(n.addr, Duration::from_secs(2)) {
-                held += st
-                    .slabs
-                    .iter()
-                    .filter(|s| s.owner == fp)
-                    .map(|s| s.touched)
-                    .sum::<u64>();
-                // Data held, plus the pre-allocated (backed, still empty) slabs.
-                let data: u64 = st.slabs.iter().map(|s| s.touched).sum::<u64>()
-                    + st.pool_slabs as u64 * st.slab_size;
-                node_rss_max = node_rss_max.max(st.rss);
-                node_overhead_max = node_overhead_max.max(st.rss as i64 - data as i64);
-            }
-        }
+        let (held, node_rss_max, node_overhead_max) = held_by(cluster, fp);
         runs.push(Run {
             scheme,
             front,
+            fp,
             store,
             write_throughput,
             remote_bytes_per_data_byte: held as f64 / (o.pages * PAGE_SIZE as u64) as f64,
@@ -534,6 +549,8 @@ pub fn run(
         let (n, wall, cpu) = r.reads;
         let mem = r.front.mem();
         let decodes = mem.stats().decodes.load(Ordering::Relaxed);
+        let held_end = held_by(cluster, r.fp).0;
+        let span = r.front.span().map(|s| s.stats());
         r.front.close().map_err(|source| BenchError::Backup {
             scheme: r.scheme.clone(),
             source,
@@ -553,6 +570,8 @@ pub fn run(
                 cpu_us_per_page: cpu * 1e6 / n.max(1) as f64,
             },
             remote_bytes_per_data_byte: r.remote_bytes_per_data_byte,
+            remote_bytes_per_data_byte_end: held_end as f64 / (o.pages * PAGE_SIZE as u64) as f64,
+            span,
             node_rss_max: r.node_rss_max,
             node_overhead_max: r.node_overhead_max,
             verify_errors: r.verify_errors.load(Ordering::Relaxed),

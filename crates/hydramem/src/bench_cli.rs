@@ -361,7 +361,7 @@ pub fn table(results: &[SchemeResult]) -> String {
         let t = |x: &bench::Throughput| format!("{:.1} {:.2}", x.pages_per_s / 1e3, x.gb_per_s);
         let _ = writeln!(
             o,
-            "{:<26} | {:>23} | {:>23} | {:>15} | {:>15} | {:>5.1} {:>5.1} | {:>6.3}",
+            "{:<26} | {:>23} | {:>23} | {:>15} | {:>15} | {:>5.1} {:>5.1} | {:>6.3} {:>5.3}",
             r.scheme,
             l(&r.write_latency),
             l(&r.read_latency),
@@ -369,12 +369,14 @@ pub fn table(results: &[SchemeResult]) -> String {
             t(&r.read_throughput),
             r.write_throughput.cpu_us_per_page,
             r.read_throughput.cpu_us_per_page,
-            r.remote_bytes_per_data_byte
+            r.remote_bytes_per_data_byte,
+            r.remote_bytes_per_data_byte_end
         );
     }
     let _ = writeln!(
         o,
-        "(cpu µs/page: write, read; bytes: remote bytes held per byte of data)"
+        "(cpu µs/page: write, read; bytes: remote bytes held per byte of data, after populating \
+         and at the end, after the latency rounds' random overwrites)"
     );
     if let Some(worst) = results.iter().map(|r| r.node_overhead_max).max() {
         let rss = results.iter().map(|r| r.node_rss_max).max().unwrap_or(0);
