@@ -53,19 +53,21 @@ nbd_swap() {
   if [ "$1" = nbdkit-memory ]; then
     nbdkit --exit-with-parent -f -U "$dir/nbd.sock" memory "${swapsize%iB}" &
     bk_pids+=($!)
-    wait_until 10 test -S "$dir/nbd.sock" || die "nbdkit did not start"
+    wait_until 10 test -S "$dir/nbd.sock" || { backend_error "nbdkit did not start"; return 1; }
   else
     mapfile -t opts < <(backend_scheme "$1")
     mkdir -p "$dir/backup"
     "$BIN" nbd --cluster "$dir/cluster.toml" "${opts[@]}" --size "$swapsize" \
       --socket "$dir/nbd.sock" --log warn >"$dir/nbd.out" 2>"$dir/nbd.err" &
     bk_pids+=($!)
-    wait_until 10 grep -q '^serving' "$dir/nbd.out" || die "hydramem nbd did not start: $(cat "$dir/nbd.err")"
+    wait_until 10 grep -q '^serving' "$dir/nbd.out" ||
+      { backend_error "hydramem nbd did not start: $(cat "$dir/nbd.err")"; return 1; }
   fi
   mkdir -p "$dir/fuse"
   nbdfuse -P "$dir/nbdfuse.pid" "$dir/fuse/swap" "nbd+unix:///?socket=$dir/nbd.sock" &
   bk_pids+=($!)
-  wait_until 10 test -e "$dir/fuse/swap" || die "nbdfuse did not mount the export of $1"
+  wait_until 10 test -e "$dir/fuse/swap" ||
+    { backend_error "nbdfuse did not mount the export of $1 (hydramem nbd said: $(tail -n 3 "$dir/nbd.err" 2>/dev/null))"; return 1; }
   loop=$(losetup --find --show "$dir/fuse/swap")
   swapdev=$loop
 }
@@ -80,7 +82,8 @@ mount_swap() {
   "$BIN" mount "$dir/mnt" --size $(($(bytes "$swapsize") + (1 << 20))) "${how[@]}" --log warn \
     >"$dir/mount.out" 2>"$dir/mount.err" &
   bk_pids+=($!)
-  wait_until 10 mountpoint -q "$dir/mnt" || die "hydramem mount did not start: $(cat "$dir/mount.err")"
+  wait_until 10 mountpoint -q "$dir/mnt" ||
+    { backend_error "hydramem mount did not start: $(cat "$dir/mount.err")"; return 1; }
   fallocate -l "$swapsize" "$dir/mnt/swap"
   loop=$(losetup --find --show --direct-io=on "$dir/mnt/swap")
   swapdev=$loop
@@ -89,14 +92,18 @@ mount_swap() {
 # A zram device of our own (hot_add), $swapsize, lz4 when the kernel has it.
 zram_swap() {
   [ -w /sys/class/zram-control/hot_add ] || modprobe zram num_devices=0 ||
-    die "zram is not available"
+    { backend_error "zram is not available"; return 1; }
   zram=$(cat /sys/class/zram-control/hot_add)
   grep -q lz4 "/sys/block/zram$zram/comp_algorithm" && echo lz4 >"/sys/block/zram$zram/comp_algorithm"
   bytes "$swapsize" >"/sys/block/zram$zram/disksize"
   swapdev=/dev/zram$zram
 }
 
-# start_backend NAME: sets up backend NAME's swap device (none for local) and turns it on.
+# backend_error MESSAGE: says why a backend could not be set up (its run is then an ERROR).
+backend_error() { echo "bench-apps: $*" >&2; }
+
+# start_backend NAME: sets up backend NAME's swap device (none for local) and turns it on;
+# fails (after saying why) when it cannot, leaving what it set up for stop_backend.
 start_backend() {
   [ "$1" = local ] && return
   wait_no_swap
@@ -105,12 +112,11 @@ start_backend() {
       fallocate -l "$swapsize" "$dir/swapfile"
       chmod 600 "$dir/swapfile"
       swapdev="$dir/swapfile" ;;
-    zram) zram_swap ;;
-    *-mount) mount_swap "$1" ;;
-    *) nbd_swap "$1" ;;
+    zram) zram_swap || return 1 ;;
+    *-mount) mount_swap "$1" || return 1 ;;
+    *) nbd_swap "$1" || return 1 ;;
   esac
-  mkswap -q "$swapdev"
-  swapon "$swapdev"
+  mkswap -q "$swapdev" && swapon "$swapdev"
 }
 
 # stop_backend: swap off, then everything under it, in reverse order.
