@@ -23,7 +23,7 @@ use parking_lot::{Condvar, Mutex};
 use super::map::Loc;
 use super::table::Occupancy;
 use super::SpanStore;
-use crate::client::{IoError, Page, PieceRead};
+use crate::client::{IoError, Page, PieceRead, PieceWant};
 use crate::PAGE_SIZE;
 
 /// Compaction starts above this multiple of the code's cost (k + r)/k: 1.45 for 8 + 2, under
@@ -185,23 +185,38 @@ fn pass(store: &SpanStore, victims: &[u64]) -> Result<u64, IoError> {
     if found.len() > k {
         found.truncate(found.len() / k * k);
     }
-    let mut bytes: Vec<Page> = Vec::with_capacity(found.len());
+    // Read together: the pages of a victim row are on different nodes, and those at one
+    // position of consecutive victims are one run to one node.
+    let mut bytes: Vec<Page> = vec![[0u8; PAGE_SIZE]; found.len()];
+    let mut wants: Vec<(PieceWant, &mut Page)> = found
+        .iter()
+        .zip(bytes.iter_mut())
+        .map(|((_, page, loc), buf)| {
+            let want = PieceWant {
+                addr: page * PAGE_SIZE as u64,
+                row: loc.row,
+                pos: loc.pos,
+                version: loc.version,
+            };
+            (want, buf)
+        })
+        .collect();
+    let results = store.mem.read_pieces(&mut wants);
+    drop(wants);
     let mut kept: Vec<(u64, Loc)> = Vec::with_capacity(found.len());
-    for (_, page, loc) in found {
-        let mut buf = [0u8; PAGE_SIZE];
-        let addr = page * PAGE_SIZE as u64;
-        match store
-            .mem
-            .read_piece(addr, (loc.row, loc.pos), loc.version, &mut buf)?
-        {
+    let mut keep = Vec::with_capacity(found.len());
+    for (r, (_, page, loc)) in results.into_iter().zip(&found) {
+        match r? {
             PieceRead::Done { .. } => {
-                bytes.push(buf);
-                kept.push((page, loc));
+                kept.push((*page, *loc));
+                keep.push(true);
             }
             // Written again since the scan: its old row is released by that write.
-            PieceRead::Moved => {}
+            PieceRead::Moved => keep.push(false),
         }
     }
+    let mut keep = keep.into_iter();
+    bytes.retain(|_| keep.next().unwrap_or(false));
     let list: Vec<(u64, &Page)> = kept.iter().map(|(p, _)| *p).zip(bytes.iter()).collect();
     let expected: Vec<Loc> = kept.iter().map(|(_, l)| *l).collect();
     store.write_packed(&list, Some(&expected))

@@ -18,6 +18,10 @@
 //! page on every write and leaves a window where a row's data and parity disagree (the RAID
 //! write hole), which only an undo log on the nodes closes.
 //!
+//! **Group commit** ([`gather`]): while one call's rows are in flight, the calls that arrive
+//! queue their pages, and the next write packs all of them, so that concurrent single-page
+//! writes (a swap device's) fill rows instead of leaving one partial row each.
+//!
 //! **Garbage and compaction** ([`compact`]): overwritten pages leave dead pieces in their old
 //! rows, and small writes leave partial rows. A background thread compacts when the remote
 //! memory in use exceeds the code's cost (k + r)/k by more than a set margin: it reads the
@@ -29,6 +33,7 @@
 //! page number; span refuses kept identities until they do.
 
 pub mod compact;
+pub mod gather;
 pub mod map;
 pub mod table;
 #[cfg(test)]
@@ -60,6 +65,7 @@ pub struct SpanStore {
     k: usize,
     width: usize,
     compactor: Compactor,
+    gather: gather::Gather,
     counters: Counters,
 }
 
@@ -135,6 +141,7 @@ impl SpanStore {
             width: l.width,
             mem,
             compactor: Compactor::new(l.k, l.width),
+            gather: gather::Gather::default(),
             counters: Counters::default(),
         });
         compact::start(&store);
@@ -398,7 +405,9 @@ impl PageStore for SpanStore {
             .iter()
             .map(|(addr, p)| Ok((self.page_of(*addr)?, *p)))
             .collect::<Result<Vec<_>, IoError>>()?;
-        self.write_packed(&pages, None).map(|_| ())
+        // Concurrent calls share rows (group commit).
+        self.gather
+            .write(&pages, &|batch| self.write_packed(batch, None).map(|_| ()))
     }
 
     fn known_zero(&self, addr: u64) -> bool {
