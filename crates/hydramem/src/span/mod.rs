@@ -203,10 +203,16 @@ impl SpanStore {
                 out.fill(0);
                 return Ok(());
             };
-            match self
+            let read = match self
                 .mem
-                .read_piece(addr, (loc.row, loc.pos), loc.version, out)?
+                .read_piece(addr, (loc.row, loc.pos), loc.version, out)
             {
+                // The page moved while its old row failed to read (its row was reused or its
+                // range given back): read it where it is now.
+                Err(_) if self.map.get(page) != Some(loc) => Ok(PieceRead::Moved),
+                r => r,
+            };
+            match read? {
                 PieceRead::Done { decoded } => {
                     if decoded {
                         self.counters.reads_decoded.fetch_add(1, Ordering::Relaxed);
