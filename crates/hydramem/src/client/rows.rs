@@ -369,6 +369,9 @@ impl RemoteMemory {
             .filter_map(|b| b.as_mut().ok())
             .filter(|p| !p.degraded)
             .collect();
+        // By group, position and row: the pages of a row lie at different positions, so
+        // in list order no two neighbours would share a node.
+        healthy.sort_by_key(|p| (std::sync::Arc::as_ptr(&p.group) as usize, p.want.pos, p.rir));
         for stretch in healthy.chunk_by(|a, b| {
             std::sync::Arc::ptr_eq(&a.group, &b.group)
                 && a.want.pos == b.want.pos
