@@ -208,6 +208,42 @@ impl RemoteMemory {
         }
     }
 
+    /// Gives back the nodes' memory of the units (span rows) `units`: every slab of each
+    /// mapped range they cross is told to DISCARD those slots, so they read as zeros and as
+    /// never written. Best effort: a node that is down or refuses keeps the memory (its slab
+    /// is moved or freed later anyway). Returns the slots the nodes discarded. The caller
+    /// must own the units: no operation of its own may be in flight to them.
+    pub fn discard_units(&self, units: std::ops::Range<u64>) -> u64 {
+        let per = self.layout.pages_per_range;
+        let mut done = 0;
+        let mut unit = units.start;
+        while unit < units.end {
+            let range = unit / per;
+            let stop = units.end.min((range + 1) * per);
+            let (first, n) = (unit % per, stop - unit);
+            let group = usize::try_from(range)
+                .ok()
+                .and_then(|r| self.ranges.get(r))
+                .and_then(|r| r.load_full());
+            for g in group.iter() {
+                for j in 0..self.layout.width {
+                    let node = g.nodes[j];
+                    if node == slots::NO_NODE || !self.transport.is_up(node) {
+                        continue;
+                    }
+                    match self.transport.discard(node, g.slabs[j], first, n) {
+                        Ok(()) => done += n,
+                        Err(e) => {
+                            tracing::debug!(error = %e, "DISCARD refused; the slots keep their memory")
+                        }
+                    }
+                }
+            }
+            unit = stop;
+        }
+        done
+    }
+
     /// Frees every slab this client holds (its data is gone afterwards).
     pub fn free_all(&self) -> Result<(), ClientError> {
         let mut pl = self.placement.lock();

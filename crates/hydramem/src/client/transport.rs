@@ -261,6 +261,13 @@ pub trait Transport: Send + Sync {
         wire::put_free(&mut body, slab);
         self.call(node, Op::Free, &body).map(drop)
     }
+    /// Gives back the memory of slots `first..first + n` of slab `slab` on `node` (DISCARD):
+    /// they read as zeros and as never written afterwards.
+    fn discard(&self, node: u16, slab: u32, first: u64, n: u64) -> Result<(), TransportError> {
+        let mut body = Vec::new();
+        wire::put_discard(&mut body, slab, first, n);
+        self.call(node, Op::Discard, &body).map(drop)
+    }
     /// Prepares REGEN `req` for `node` (the node rebuilds one of our slabs from the surviving
     /// splits and answers when done, which can take minutes): returns the call, to run on a
     /// thread of its own, which gives the pages rebuilt. A transport that cannot (the default)

@@ -112,6 +112,38 @@ impl SlabMemory {
         Some(())
     }
 
+    /// Makes the `len` bytes at `offset` read as zeros again and gives back the memory of
+    /// the whole pages among them (`MADV_DONTNEED`: a private anonymous page is then a fresh
+    /// zero page until written); the partial pages at either end are zeroed in place.
+    /// `None` when out of range.
+    pub fn discard(&mut self, offset: u64, len: usize) -> Option<()> {
+        let off = self.check(offset, len)?;
+        let page = 4096usize;
+        let end = off + len;
+        let (lo, hi) = (off.next_multiple_of(page).min(end), end / page * page);
+        if hi > lo {
+            self.bytes_mut(off as u64, lo - off)?.fill(0);
+            self.bytes_mut(hi as u64, end - hi)?.fill(0);
+            // SAFETY: `[lo, hi)` is page aligned and inside this live mapping (checked above);
+            // `&mut self` excludes every other access to it while the advice runs, and
+            // MADV_DONTNEED on a private anonymous mapping only replaces its pages with zero
+            // pages, which is what the bytes must read as.
+            let r = unsafe {
+                libc::madvise(
+                    self.ptr.as_ptr().add(lo).cast(),
+                    hi - lo,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if r != 0 {
+                self.bytes_mut(lo as u64, hi - lo)?.fill(0);
+            }
+        } else {
+            self.bytes_mut(off as u64, len)?.fill(0);
+        }
+        Some(())
+    }
+
     /// Advice about this mapping that may be given without holding the lock that guards
     /// its bytes (see [`Advisor`]).
     pub fn advisor(&self) -> Advisor {

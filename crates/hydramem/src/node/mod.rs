@@ -273,6 +273,13 @@ impl Node {
         }
     }
 
+    /// Gives back the memory of slots `first..first + n` of `owner`'s slab `id` (DISCARD).
+    pub fn discard(&self, owner: &ClientId, id: u32, first: u64, n: u64) -> Result<(), Status> {
+        self.slab(owner, id)?.discard(first, n)?;
+        metrics::counter!("hydramem_node_slots_discarded_total").increment(n);
+        Ok(())
+    }
+
     /// Every slab `owner` holds, with its tag and the newest version stored in it.
     pub fn list(&self, owner: &ClientId) -> Vec<Listed> {
         self.slabs

@@ -154,6 +154,13 @@ impl Session {
                 let st = node.free(&client, slab).err().unwrap_or(Status::Ok);
                 reply_status(out, h, st)?;
             }
+            Request::Discard { slab, first, n } => {
+                let st = node
+                    .discard(&client, slab, first, n)
+                    .err()
+                    .unwrap_or(Status::Ok);
+                reply_status(out, h, st)?;
+            }
             Request::List => {
                 let fb = ok(out, h);
                 wire::put_list(out, &node.list(&client));

@@ -412,6 +412,35 @@ impl Slab {
         })
     }
 
+    /// Gives back the memory of slots `first..first + n` (DISCARD): their bytes read as
+    /// zeros, their versions and checksums as never written. When they reach the slab's
+    /// high-water mark of written slots, the mark comes down to `first`. Refused with
+    /// [`Status::OutOfRange`] past the slab's end (checked without overflow).
+    pub fn discard(&self, first: u64, n: u64) -> Result<(), Status> {
+        let end = first
+            .checked_add(n)
+            .filter(|end| *end <= self.slots && n > 0)
+            .ok_or(Status::OutOfRange)?;
+        let bytes = |per: u64| usize::try_from(n * per).map_err(|_| Status::OutOfRange);
+        let mut d = self.data.write();
+        d.memory
+            .discard(first * self.split_len, bytes(self.split_len)?)
+            .ok_or(Status::Internal)?;
+        d.versions
+            .discard(first * 8, bytes(8)?)
+            .ok_or(Status::Internal)?;
+        d.crcs
+            .discard(first * 4, bytes(4)?)
+            .ok_or(Status::Internal)?;
+        let _ = self
+            .touched
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
+                (t <= end * self.split_len && t > first * self.split_len)
+                    .then_some(first * self.split_len)
+            });
+        Ok(())
+    }
+
     /// Backs the memory of the `n` split slots from `slot` now, so that filling them does
     /// not fault page by page (best effort; no byte changes, and no lock: readers and
     /// writers of the slab go on meanwhile).

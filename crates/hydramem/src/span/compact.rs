@@ -134,6 +134,10 @@ pub fn run(store: &SpanStore, force: bool) -> Result<u64, IoError> {
     let k = store.k;
     let mut total = 0;
     let mut first = true;
+    // First the sparsest rows, until the rows in use are within the target; then, if it
+    // did anything, the rows in use near the top of the row space move down into the holes,
+    // so that the top empties and its memory goes back to the nodes ([`shrink`]).
+    let mut settling = false;
     loop {
         let occ = store.table.lock().occupancy();
         let go = if first && !force {
@@ -142,31 +146,62 @@ pub fn run(store: &SpanStore, force: bool) -> Result<u64, IoError> {
             !c.within(&occ)
         };
         first = false;
-        if !go {
-            return Ok(total);
-        }
-        let victims = store.table.lock().sparse_rows(
-            u8::try_from(k.saturating_sub(1)).unwrap_or(u8::MAX),
-            VICTIMS,
-        );
+        let victims = if go {
+            store.table.lock().sparse_rows(
+                u8::try_from(k.saturating_sub(1)).unwrap_or(u8::MAX),
+                VICTIMS,
+            )
+        } else if (total > 0 || force) && spread(&occ) {
+            settling = true;
+            store.table.lock().top_rows(VICTIMS)
+        } else {
+            Vec::new()
+        };
         if victims.len() < 2 {
-            return Ok(total);
+            break;
         }
         let moved = pass(store, &victims)?;
-        store
-            .counters
+        let counters = &store.counters;
+        counters
             .compactions
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        store
-            .counters
+        counters
             .compacted_pages
             .fetch_add(moved, std::sync::atomic::Ordering::Relaxed);
         metrics::counter!("hydramem_span_compacted_pages_total").increment(moved);
         total += moved;
         if moved == 0 {
-            return Ok(total);
+            break;
+        }
+        if settling {
+            shrink(store);
         }
     }
+    shrink(store);
+    Ok(total)
+}
+
+/// Whether the rows ever used spread well past those in use (more than an eighth, and more
+/// than a pass's worth of rows): holes that moving the top rows down would give back.
+fn spread(o: &Occupancy) -> bool {
+    o.rows_touched > o.rows_in_use + o.rows_in_use / 8 + VICTIMS as u64
+}
+
+/// Gives the nodes back the memory of the rows above the highest one in use (compaction
+/// moves pages to the lowest free rows, so the top empties).
+fn shrink(store: &SpanStore) {
+    let Some(s) = store.table.lock().begin_shrink() else {
+        return;
+    };
+    let rows = s.0.end - s.0.start;
+    let slots = store.mem.discard_units(s.0.clone());
+    store.table.lock().end_shrink(s);
+    metrics::counter!("hydramem_span_rows_discarded_total").increment(rows);
+    tracing::debug!(
+        rows,
+        slots,
+        "span rows above the highest in use given back to the nodes"
+    );
 }
 
 /// One pass: moves the live pages of `victims` (sparsest first) into full rows, as many

@@ -29,6 +29,11 @@ pub struct RowTable {
     live_pages: u64,
 }
 
+/// Rows given back to the nodes ([`RowTable::begin_shrink`]): their memory is being
+/// discarded, and no write may take them meanwhile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shrink(pub std::ops::Range<u64>);
+
 /// What the table holds now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Occupancy {
@@ -108,6 +113,41 @@ impl RowTable {
         }
     }
 
+    /// The rows above the highest one in use, among those ever used: what can be given back
+    /// to the nodes. Takes them out of the free rows, so that no write takes one while its
+    /// memory is discarded; `None` when there are none. End with [`RowTable::end_shrink`].
+    pub fn begin_shrink(&mut self) -> Option<Shrink> {
+        let top = (0..self.next)
+            .rev()
+            .find(|r| self.live[*r as usize] > 0)
+            .map_or(0, |r| r + 1);
+        if top >= self.next {
+            return None;
+        }
+        self.free.retain(|Reverse(r)| *r < top);
+        Some(Shrink(top..self.next))
+    }
+
+    /// Ends a shrink: its rows count as never used again (the high-water mark comes down),
+    /// or, if writes took rows past them meanwhile, as free.
+    pub fn end_shrink(&mut self, s: Shrink) {
+        if self.next == s.0.end {
+            self.next = s.0.start;
+        } else {
+            self.free.extend(s.0.map(Reverse));
+        }
+    }
+
+    /// Up to `max` of the highest rows in use, highest first (what moves down into the free
+    /// rows below them when the row space has spread).
+    pub fn top_rows(&self, max: usize) -> Vec<u64> {
+        (0..self.next)
+            .rev()
+            .filter(|r| self.live[*r as usize] > 0)
+            .take(max)
+            .collect()
+    }
+
     /// Up to `max` rows in use with at most `sparse` live pages, sparsest first.
     pub fn sparse_rows(&self, sparse: u8, max: usize) -> Vec<u64> {
         let mut rows: Vec<(u8, u64)> = (0..self.next)
@@ -149,5 +189,40 @@ mod tests {
         assert_eq!(t.take(1), Some(1));
         assert_eq!(t.sparse_rows(1, 10), vec![0, 1, 3]);
         assert_eq!(t.sparse_rows(3, 2), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_shrink_gives_back_the_rows_above_the_highest_in_use() {
+        let mut t = RowTable::new(8);
+        for _ in 0..5 {
+            t.take(1);
+        }
+        t.release(4);
+        t.release(3);
+        t.release(1);
+        let s = t.begin_shrink().expect("rows 3 and 4 are free above row 2");
+        assert_eq!(s, Shrink(3..5));
+        assert_eq!(t.take(1), Some(1), "the free row below stays free");
+        assert_eq!(t.take(1), Some(5), "the shrinking rows are not handed out");
+        t.end_shrink(s);
+        assert_eq!(
+            t.occupancy().rows_touched,
+            6,
+            "a row past them was taken: they stay free"
+        );
+        assert_eq!(t.take(1), Some(3));
+        let mut t = RowTable::new(4);
+        t.take(1);
+        t.take(1);
+        t.release(1);
+        let s = t.begin_shrink().unwrap();
+        t.end_shrink(s);
+        assert_eq!(
+            t.occupancy().rows_touched,
+            1,
+            "the high-water mark came down"
+        );
+        assert_eq!(t.take(1), Some(1));
+        assert!(t.begin_shrink().is_none());
     }
 }

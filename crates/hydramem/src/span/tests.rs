@@ -200,6 +200,13 @@ fn compaction_brings_the_cost_back_and_every_page_reads_back() {
     for p in 0..pages {
         assert_eq!(read(&s, p), content(p, stamp[p as usize]), "page {p}");
     }
+    // The rows moved down and the top of the row space went back to the nodes.
+    assert!(
+        st.rows_touched <= st.rows_in_use + st.rows_in_use / 8 + super::compact::VICTIMS as u64,
+        "rows ever used {} for {} in use",
+        st.rows_touched,
+        st.rows_in_use
+    );
 }
 
 #[test]

@@ -15,7 +15,7 @@ use super::MAX_ENTRIES;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -87,6 +87,9 @@ pub enum Op {
     Drain = 0x09,
     /// Report corrupted splits the caller read from this node (see [`CorruptReport`]).
     Corrupt = 0x0A,
+    /// Give back the memory of a stretch of one of the caller's slabs' split slots: their
+    /// bytes read as zeros and their versions as never written afterwards.
+    Discard = 0x0B,
     /// Vectored write of splits.
     WriteV = 0x10,
     /// Vectored read of splits.
@@ -97,7 +100,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 13] = [
+    pub const ALL: [Op; 14] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -111,6 +114,7 @@ impl Op {
         Op::Reclaims,
         Op::Drain,
         Op::Corrupt,
+        Op::Discard,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {

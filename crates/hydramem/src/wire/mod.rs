@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 4; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 5; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -39,6 +39,7 @@
 //! | 0x09 | DRAIN   | mode u32 (1 start, 0 cancel)                   | empty                                          |
 //! | 0x0A | CORRUPT | count u32, count × (slab u32, splits u32,      | accepted u32 (records that named a slab of the |
 //! |      |         | cause u8) (see [`CorruptReport`])              | caller; the rest count as unknown slab)        |
+//! | 0x0B | DISCARD | slab u32, first slot u64, slots u64            | empty; NO_SUCH_SLAB, OUT_OF_RANGE as for runs  |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! **Data: runs.** WRITEV and READV carry vectors of *runs*: `n` consecutive split slots of one

@@ -26,6 +26,15 @@ pub enum Request<'a> {
         /// The slab.
         slab: u32,
     },
+    /// DISCARD of a stretch of a slab's split slots.
+    Discard {
+        /// The slab.
+        slab: u32,
+        /// The first slot.
+        first: u64,
+        /// Slots.
+        n: u64,
+    },
     /// LIST.
     List,
     /// STATS.
@@ -66,6 +75,11 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
             split_len: r.u32()?,
         },
         Op::Free => Request::Free { slab: r.u32()? },
+        Op::Discard => Request::Discard {
+            slab: r.u32()?,
+            first: r.u64()?,
+            n: r.u64()?,
+        },
         Op::List => Request::List,
         Op::Stats => Request::Stats,
         Op::Reclaims => Request::Reclaims,
@@ -90,6 +104,7 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
 /// | ALLOC request | 8, 4 | tag, split_len |
 /// | ALLOC reply | 4 | slab id |
 /// | FREE request | 4 | slab id |
+/// | DISCARD request | 4, 8, 8 | slab id, first split slot, slots |
 /// | DRAIN request | 4 | 1 = start, 0 = cancel |
 /// | REGEN reply | 8 | pages rebuilt |
 pub fn put_alloc(out: &mut Vec<u8>, tag: u64, split_len: u32) {
@@ -113,6 +128,13 @@ pub fn parse_alloc_reply(body: &[u8]) -> Result<u32, WireError> {
 /// Appends a FREE request body: the slab.
 pub fn put_free(out: &mut Vec<u8>, slab: u32) {
     out.extend_from_slice(&slab.to_le_bytes());
+}
+
+/// Appends a DISCARD request body: slots `first..first + n` of `slab`.
+pub fn put_discard(out: &mut Vec<u8>, slab: u32, first: u64, n: u64) {
+    out.extend_from_slice(&slab.to_le_bytes());
+    out.extend_from_slice(&first.to_le_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
 }
 
 /// Appends a DRAIN request body: start (`true`) or cancel.
@@ -147,6 +169,10 @@ mod tests {
             format!("{:?}", parse_request(&h, body).unwrap())
         };
         assert_eq!(parse(Op::Free, &|o| put_free(o, 7)), "Free { slab: 7 }");
+        assert_eq!(
+            parse(Op::Discard, &|o| put_discard(o, 7, 3, 9)),
+            "Discard { slab: 7, first: 3, n: 9 }"
+        );
         assert_eq!(parse(Op::Drain, &|o| put_drain(o, true)), "Drain(true)");
         assert_eq!(parse(Op::Drain, &|o| put_drain(o, false)), "Drain(false)");
         assert_eq!(
