@@ -103,6 +103,26 @@ fn slabs_are_private_zeroed_and_range_checked() {
         "never written: version 0"
     );
 
+    // DISCARD: the slots read as zeros and as never written again; only the owner may, and
+    // only inside the slab. A write after it lands as on a fresh slot.
+    let discard = |raw: &mut Raw, slab: u32, first: u64, n: u64| {
+        let mut body = Vec::new();
+        wire::put_discard(&mut body, slab, first, n);
+        raw.call(Op::Discard, &body).0.status
+    };
+    assert_eq!(ra.write_split(slab, 3072, &[9; 512], 55), Status::Ok);
+    assert_eq!(discard(&mut rb, slab, 6, 1), Status::NoSuchSlab);
+    assert_eq!(discard(&mut ra, slab, 2047, 2), Status::OutOfRange);
+    assert_eq!(discard(&mut ra, slab, u64::MAX, 2), Status::OutOfRange);
+    assert_eq!(discard(&mut ra, slab, 6, 1), Status::Ok);
+    assert_eq!(
+        readv_versioned(&mut ra, slab, 3072, 512),
+        ((Status::Ok, vec![0; 512]), 0),
+        "discarded: zeros, never written"
+    );
+    assert_eq!(ra.write_split(slab, 3072, &[4; 512], 1), Status::Ok);
+    assert_eq!(readv_versioned(&mut ra, slab, 3072, 512).1, 1);
+
     // The same identity on a new connection finds the slab again.
     let mut ra2 = Raw::connect(addr);
     ra2.hello(a);

@@ -375,7 +375,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 4);
+        assert_eq!(b[4], 5);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);
