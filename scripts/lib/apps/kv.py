@@ -14,7 +14,9 @@
       keys), without loading.
   Both take --timeline FILE (also write the requests completed in each second of the run,
   as JSON, and go on when the server fails, counting the error instead: a failure mid-run)
-  and --started FILE (created when the timed phase starts).
+  and --started FILE (created when the timed phase starts). memcached also takes --loaded
+  FILE --go FILE: once loaded it creates the first and waits (up to ten minutes) for the
+  second before the timed phase (the harness puts the memory limit in place between them).
 
 Values are a function of (key, version): "k<key> v<version> " then bytes of a fixed random
 buffer at an offset of their own, so any value read back can be checked on its own.
@@ -24,6 +26,7 @@ import itertools
 import json
 import math
 import multiprocessing
+import os
 import random
 import socket
 import sys
@@ -277,6 +280,13 @@ def memcached(args):
         for _ in ks:
             assert c.line() == b"STORED\r\n", "a SET was not stored (memcached -m too small?)"
     load_s = time.perf_counter() - t0
+    if "--loaded" in opts:
+        open(opts["--loaded"], "w").close()
+        deadline = time.time() + 600
+        while not os.path.exists(opts["--go"]):
+            if time.time() > deadline:
+                sys.exit("kv.py: the harness never said go after the load")
+            time.sleep(0.05)
     versions, lat, wrong, run_s, _, errors = drive(Memcached, port, keys, MIXES[mix], popularity, seconds, opts)
     checked = 0
     if not errors:
