@@ -170,6 +170,7 @@ impl RemoteMemory {
             clock: AtomicU64::new(held.newest),
             health,
             any_suspect: AtomicBool::new(false),
+            piece_ns: AtomicU64::new(0),
             corrupt_reports: Mutex::new(Vec::new()),
             orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),

@@ -24,9 +24,6 @@ pub(super) struct NodeHealth {
     pub(super) suspect: AtomicBool,
     /// Above the SlabRegenerationLimit: slabs moved away, no new placements.
     pub(super) avoided: AtomicBool,
-    /// Recent latency of one-split reads from the node (span coding's healthy reads), in
-    /// nanoseconds, a moving average (0 before the first): what a read's hedge waits for.
-    pub(super) piece_ns: AtomicU64,
 }
 
 /// One node's integrity as this client sees it.

@@ -114,6 +114,9 @@ pub struct RemoteMemory {
     health: Arc<[NodeHealth]>,
     /// Some node is suspect: reads look at their group's nodes (one load on the fast path).
     any_suspect: AtomicBool,
+    /// Recent latency of one-split reads over all nodes (span's healthy reads), in
+    /// nanoseconds, a moving average (0 before the first): what a read's hedge waits for.
+    piece_ns: AtomicU64,
     /// Corrupted splits as (node, slab, cause), until [`RemoteMemory::report_corruption`]
     /// reports them to their nodes; at most [`MAX_QUEUED_CORRUPT`] (beyond, only the client's
     /// own per-node counts keep them).

@@ -13,14 +13,14 @@
 //!   an acknowledged row survives any r lost nodes.
 //! - **Reading** ([`RemoteMemory::read_piece`]): one request, for the piece that is the page,
 //!   expecting the version the span map recorded. If the node is down or regenerating, the
-//!   reply fails or carries another version, or it has not come within the hedge delay (a
-//!   multiple of that node's recent piece latency), the read also asks every other piece of
-//!   the row and decodes the page from k that carry the version: whichever completes first
-//!   wins. A piece with a newer version means the row was reused after the caller looked the
+//!   reply fails or carries another version, or it has not come within the hedge delay (four
+//!   times the recent latency of healthy piece reads over all nodes: a slow node must not
+//!   raise its own threshold), the read also asks every other piece of the row and decodes
+//!   the page from k that carry the version: whichever completes first wins. A piece with a newer version means the row was reused after the caller looked the
 //!   page up — the page moved — and the caller looks again ([`PieceRead::Moved`]). A read never
 //!   combines pieces of two versions.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use super::layout::MAX_WIDTH;
@@ -38,7 +38,7 @@ static ZERO_PAGE: Page = [0; PAGE_SIZE];
 /// The shortest hedge delay: below it, the degraded read's k requests would cost more than
 /// the wait they save.
 const MIN_HEDGE: Duration = Duration::from_micros(300);
-/// The hedge delay in multiples of the node's recent piece latency.
+/// The hedge delay in multiples of the recent piece latency over all nodes.
 const HEDGE_FACTOR: u64 = 4;
 
 /// One row of a [`RemoteMemory::write_rows`] call.
@@ -83,8 +83,10 @@ struct PieceOp<'m> {
     want: PieceWant,
     rir: u64,
     range: usize,
-    node: u16,
     degraded: bool,
+    /// A read alone (not one of a batch, whose pieces are waited for one after another): its
+    /// latency is the node's, and goes into the moving averages.
+    timed: bool,
     start: Instant,
     posted: Instant,
 }
@@ -452,8 +454,9 @@ impl RemoteMemory {
         op.bind(range as u64, rir);
         let node = group.nodes[j];
         let healthy = group.fresh & (1 << j) == 0 && node != slots::NO_NODE;
-        let flush = flush && batch.is_none();
-        if healthy && batch.is_none() {
+        let alone = batch.is_none();
+        let flush = flush && alone;
+        if healthy && alone {
             self.post_piece_read(&op, &group, j, rir, flush);
         } else if !healthy {
             self.post_other_pieces(&op, &group, j, rir, flush);
@@ -475,8 +478,8 @@ impl RemoteMemory {
             want,
             rir,
             range,
-            node,
             degraded: !healthy,
+            timed: alone,
             start,
             posted,
         }))
@@ -492,13 +495,13 @@ impl RemoteMemory {
             want,
             rir,
             range,
-            node,
             mut degraded,
+            timed,
             start,
             posted,
         } = read;
         let (j, version) = (want.pos, want.version);
-        let hedge_at = posted + self.hedge_delay(node);
+        let hedge_at = posted + self.hedge_delay();
         let mut pacer = Pacer::polling_from(&self.config, &self.pollers, start, posted);
         pacer.wake_at(hedge_at);
         let decision = loop {
@@ -534,8 +537,8 @@ impl RemoteMemory {
         match decision {
             Some(Ok(Look::Piece)) => {
                 page.copy_from_slice(&op.side()[j * PAGE_SIZE..(j + 1) * PAGE_SIZE]);
-                if !degraded {
-                    self.note_piece_latency(node, posted.elapsed());
+                if timed && !degraded {
+                    fold(&self.piece_ns, posted.elapsed());
                 }
                 Ok(PieceRead::Done { decoded: false })
             }
@@ -623,29 +626,23 @@ impl RemoteMemory {
             .expect("k pieces of one version of a valid layout always decode");
     }
 
-    /// How long a healthy piece read waits for its node before it also reads the row.
-    fn hedge_delay(&self, node: u16) -> Duration {
-        let recent = self
-            .health
-            .get(node as usize)
-            .map_or(0, |h| h.piece_ns.load(Ordering::Relaxed));
+    /// How long a healthy piece read waits for its node before it also reads the row: a
+    /// multiple of the recent piece latency over all nodes (what a piece normally takes,
+    /// whichever node serves it), at least [`MIN_HEDGE`], at most `straggler_after`.
+    fn hedge_delay(&self) -> Duration {
+        let recent = self.piece_ns.load(Ordering::Relaxed);
         Duration::from_nanos(recent.saturating_mul(HEDGE_FACTOR))
             .max(MIN_HEDGE)
             .min(self.config.straggler_after)
     }
+}
 
-    /// Folds one healthy piece read's latency into its node's moving average (weight 1/8).
-    fn note_piece_latency(&self, node: u16, took: Duration) {
-        let Some(h) = self.health.get(node as usize) else {
-            return;
-        };
-        let x = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
-        let _ = h
-            .piece_ns
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |avg| {
-                Some(if avg == 0 { x } else { avg - avg / 8 + x / 8 })
-            });
-    }
+/// Folds `took` into the moving average `avg` (nanoseconds, weight 1/8; 0: no sample yet).
+fn fold(avg: &AtomicU64, took: Duration) {
+    let x = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+    let _ = avg.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |a| {
+        Some(if a == 0 { x } else { a - a / 8 + x / 8 })
+    });
 }
 
 /// The bytes of piece `j` of a row write: its page (a zero page past the row's pages), or a
