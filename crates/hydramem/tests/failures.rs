@@ -66,8 +66,9 @@ fn writes_go_on_through_r_killed_nodes() {
     let (a, b) = (g.nodes[0], g.nodes[9]);
     c.kill(a as usize).unwrap();
     c.kill(b as usize).unwrap();
-    // The next writes find the members dead, move their splits to the two spare nodes, and
-    // complete with all 10 splits acknowledged.
+    // The next writes find the members dead (or the maintenance thread, every 100 ms, does
+    // first: on a loaded machine it may), their splits move to the two spare nodes, and the
+    // writes complete with all 10 splits acknowledged.
     write_round(&mem, pages, 2, &mut last);
     let g2 = mem.group_of(0).unwrap();
     assert!(
@@ -79,12 +80,8 @@ fn writes_go_on_through_r_killed_nodes() {
     members.sort();
     members.dedup();
     assert_eq!(members.len(), 10, "two splits of one range on one node");
-    assert!(
-        mem.stats()
-            .rerouted
-            .load(std::sync::atomic::Ordering::Relaxed)
-            >= 2
-    );
+    // Each move starts a regeneration of the split, whoever made it.
+    assert!(mem.regen_stats().started >= 2, "{:?}", mem.regen_stats());
     check(&mem, &last);
 }
 
