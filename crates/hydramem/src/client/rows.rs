@@ -167,8 +167,37 @@ impl RemoteMemory {
             self.encode_row(&mut op, row);
             prepared.push((op, group, stamp));
         }
-        // Consecutive rows of one group are consecutive slots of each of its slabs: piece j of
-        // such a stretch is one run to piece j's node. Nothing is flushed until all are posted.
+        self.post_row_runs(&prepared, rows);
+        let posted = Instant::now();
+        let n = prepared.len();
+        for ((mut op, group, stamp), (row, v)) in prepared
+            .into_iter()
+            .zip(rows.iter().zip(versions.iter_mut()))
+        {
+            let addr = row.row.saturating_mul(PAGE_SIZE as u64);
+            let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
+                let data = row_piece(l.k, row, op.write_side(), j);
+                self.post_split_write(op, group, j, data, stamp, true);
+            };
+            let outcome = self.end_row_write(&mut op, group, addr, (start, posted), &post)?;
+            drop(op);
+            *v = match outcome {
+                Written::Done => stamp.version,
+                Written::Stale(held) => self.rewrite_stale_row(row, stamp, held, start)?,
+            };
+        }
+        Ok(n)
+    }
+
+    /// Posts every piece of the prepared rows (`prepared[i]` is `rows[i]`'s write, its parity
+    /// encoded), then flushes each node once. Consecutive rows of one group are consecutive
+    /// slots of each of its slabs: piece j of such a stretch is one run to piece j's node.
+    fn post_row_runs(
+        &self,
+        prepared: &[(slots::Op<'_>, std::sync::Arc<Group>, Stamp)],
+        rows: &[RowWrite<'_>],
+    ) {
+        let l = &self.layout;
         let mut touched = vec![false; self.transport.nodes()];
         let mut at = 0;
         for stretch in
@@ -209,44 +238,42 @@ impl RemoteMemory {
             // A node that cannot be flushed fails its queued splits through `node_down`.
             let _ = self.transport.flush(node as u16);
         }
-        let posted = Instant::now();
-        let n = prepared.len();
-        for ((mut op, group, stamp), (row, v)) in prepared
-            .into_iter()
-            .zip(rows.iter().zip(versions.iter_mut()))
-        {
-            let (range, addr) = (stamp.range, row.row.saturating_mul(PAGE_SIZE as u64));
+    }
+
+    /// Writes `row` again after a node refused it as stale (it holds version `held`: a clock
+    /// that stepped back), past that version, on a fresh slot so that replies to the earlier
+    /// attempt cannot count; returns the version that was acknowledged.
+    fn rewrite_stale_row(
+        &self,
+        row: &RowWrite<'_>,
+        mut stamp: Stamp,
+        mut held: u64,
+        start: Instant,
+    ) -> Result<u64, IoError> {
+        let l = &self.layout;
+        let addr = row.row.saturating_mul(PAGE_SIZE as u64);
+        loop {
+            stamp.version = self.next_version(addr, held)?;
+            self.stats.stale_rewrites.fetch_add(1, Ordering::Relaxed);
+            let mut op = self.slots.acquire_write();
+            let group = match self.ranges[stamp.range].load_full() {
+                Some(g) => g,
+                None => self.map_range(stamp.range)?,
+            };
+            self.encode_row(&mut op, row);
             let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
                 let data = row_piece(l.k, row, op.write_side(), j);
                 self.post_split_write(op, group, j, data, stamp, true);
             };
-            let mut outcome = self.end_row_write(&mut op, group, addr, (start, posted), &post)?;
-            let mut stamp = stamp;
-            // A node holds a newer version of a piece (a clock that stepped back): write the
-            // row again, past it, on a fresh slot so replies to this attempt cannot count.
-            while let Written::Stale(held) = outcome {
-                drop(op);
-                stamp.version = self.next_version(addr, held)?;
-                self.stats.stale_rewrites.fetch_add(1, Ordering::Relaxed);
-                op = self.slots.acquire_write();
-                let group = match self.ranges[range].load_full() {
-                    Some(g) => g,
-                    None => self.map_range(range)?,
-                };
-                self.encode_row(&mut op, row);
-                let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
-                    let data = row_piece(l.k, row, op.write_side(), j);
-                    self.post_split_write(op, group, j, data, stamp, true);
-                };
-                for j in 0..l.width {
-                    post(&op, &group, j);
-                }
-                let posted = Instant::now();
-                outcome = self.end_row_write(&mut op, group, addr, (start, posted), &post)?;
+            for j in 0..l.width {
+                post(&op, &group, j);
             }
-            *v = stamp.version;
+            let posted = Instant::now();
+            match self.end_row_write(&mut op, group, addr, (start, posted), &post)? {
+                Written::Done => return Ok(stamp.version),
+                Written::Stale(h) => held = h,
+            }
         }
-        Ok(n)
     }
 
     /// Encodes row `row`'s r parity pieces into the side buffer of its write, piece j at
