@@ -4,7 +4,7 @@
 //! a `single` one behind its backup file, which every page operation goes through — and the phases are
 //! interleaved across schemes so that the machine's noise falls on all of them alike:
 //! 1. populate: each scheme writes its whole working set with `depth` threads (write
-//!    throughput), then the nodes' per-slab counters (`touched`) give the bytes they hold for it
+//!    throughput), then the nodes' per-slab counters (`held`: slots written and not discarded) give the bytes they hold for it
 //!    per byte of data — measured, not computed from k and r — and their resident memory;
 //! 2. `rounds` rounds, each running every scheme in turn for `latency_ops / rounds` page writes
 //!    then as many page reads at queue depth 1 (one thread, random pages);
@@ -365,11 +365,11 @@ fn held_by(cluster: &Cluster, fp: u32) -> (u64, u64, i64) {
                 .slabs
                 .iter()
                 .filter(|s| s.owner == fp)
-                .map(|s| s.touched)
+                .map(|s| s.held)
                 .sum::<u64>();
             // Data held, plus the pre-allocated (backed, still empty) slabs.
-            let data: u64 = st.slabs.iter().map(|s| s.touched).sum::<u64>()
-                + st.pool_slabs as u64 * st.slab_size;
+            let data: u64 =
+                st.slabs.iter().map(|s| s.held).sum::<u64>() + st.pool_slabs as u64 * st.slab_size;
             node_rss_max = node_rss_max.max(st.rss);
             node_overhead_max = node_overhead_max.max(st.rss as i64 - data as i64);
         }

@@ -161,7 +161,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             .slabs
             .iter()
             .filter(|s| s.owner == me)
-            .map(|s| s.touched)
+            .map(|s| s.held)
             .sum();
         held += mine;
         per_node.push((n.id as usize, mine));
@@ -235,7 +235,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
             st.slabs
                 .iter()
                 .filter(|s| s.owner == me)
-                .map(|s| s.touched)
+                .map(|s| s.held)
                 .sum::<u64>(),
         ));
     }

@@ -206,7 +206,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                 x.reads,
                 x.writes,
                 x.corrupt,
-                human(x.touched),
+                human(x.held),
                 if x.flags & wire::SLAB_RECLAIMED != 0 {
                     "reclaimed"
                 } else {

@@ -12,7 +12,10 @@
 //! - a split is replaced only by a newer version (`1..=MAX_VERSION`); an equal version is a
 //!   repeated write and changes nothing; an older one is refused as `Stale` and the caller
 //!   learns the version stored;
-//! - `newest` is at least every version stored in the slab (what LIST reports).
+//! - `newest` is at least every version stored in the slab (what LIST reports);
+//! - `held` counts the slots whose version is not 0 (written and not discarded since), kept
+//!   under the write lock beside the versions it counts: it is the memory the slab's data
+//!   occupies, holes a client gave back with DISCARD excluded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -31,6 +34,8 @@ struct SlabData {
     memory: SlabMemory,
     versions: SlabMemory,
     crcs: SlabMemory,
+    /// Slots whose version is not 0.
+    held: u64,
 }
 
 impl SlabData {
@@ -49,6 +54,11 @@ impl SlabData {
     }
 
     fn set_stamp(&mut self, slot: u64, version: u64, crc: u32) -> Result<(), Status> {
+        match (self.version(slot)? == 0, version == 0) {
+            (true, false) => self.held += 1,
+            (false, true) => self.held -= 1,
+            _ => {}
+        }
         self.versions
             .write(slot * 8, &version.to_le_bytes())
             .ok_or(Status::Internal)?;
@@ -196,6 +206,7 @@ impl Slab {
                 memory,
                 versions,
                 crcs,
+                held: 0,
             }),
             newest: AtomicU64::new(0),
             reads: AtomicU64::new(0),
@@ -423,6 +434,10 @@ impl Slab {
             .ok_or(Status::OutOfRange)?;
         let bytes = |per: u64| usize::try_from(n * per).map_err(|_| Status::OutOfRange);
         let mut d = self.data.write();
+        let mut written = 0;
+        for slot in first..end {
+            written += u64::from(d.version(slot)? != 0);
+        }
         d.memory
             .discard(first * self.split_len, bytes(self.split_len)?)
             .ok_or(Status::Internal)?;
@@ -432,6 +447,7 @@ impl Slab {
         d.crcs
             .discard(first * 4, bytes(4)?)
             .ok_or(Status::Internal)?;
+        d.held -= written;
         let _ = self
             .touched
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |t| {
@@ -460,7 +476,7 @@ impl Slab {
             writes: self.writes.load(Ordering::Relaxed),
             bytes_read: self.bytes_read.load(Ordering::Relaxed),
             bytes_written: self.bytes_written.load(Ordering::Relaxed),
-            touched: self.touched.load(Ordering::Relaxed),
+            held: self.resident(),
             flags: if self.reclaimed() { SLAB_RECLAIMED } else { 0 },
             activity: self.activity.load(Ordering::Relaxed),
             corrupt: self.corrupt.load(Ordering::Relaxed),
@@ -476,9 +492,10 @@ impl Slab {
         self.reclaim.load(Ordering::Relaxed) != 0
     }
 
-    /// Bytes of memory this slab occupies now (approximated by how far it was written).
+    /// Bytes of memory this slab's data occupies now: its slots that hold a version (written
+    /// and not discarded since).
     pub(super) fn resident(&self) -> u64 {
-        self.touched.load(Ordering::Relaxed)
+        self.data.read().held * self.split_len
     }
 }
 
@@ -534,6 +551,28 @@ mod tests {
         assert_eq!(s.newest(), 90);
         s.store(0, &[4; 512], MAX_VERSION, 0).unwrap();
         assert_eq!(s.newest(), MAX_VERSION);
+    }
+
+    #[test]
+    fn held_counts_the_slots_with_data_and_discarded_holes_leave_it() {
+        let s = slab(512);
+        for slot in 0..10 {
+            s.store(slot * 512, &[1; 512], 5, 0).unwrap();
+        }
+        s.store(512, &[2; 512], 6, 0).unwrap();
+        assert_eq!(s.resident(), 10 * 512, "a rewrite holds no more");
+        s.discard(2, 3).unwrap();
+        assert_eq!(
+            s.resident(),
+            7 * 512,
+            "a hole in the middle gives its slots back"
+        );
+        s.discard(2, 4).unwrap();
+        assert_eq!(s.resident(), 6 * 512, "slots discarded twice count once");
+        s.store(3 * 512, &[3; 512], 7, 0).unwrap();
+        assert_eq!(s.resident(), 7 * 512, "a hole written again holds data");
+        s.discard(0, 16).unwrap();
+        assert_eq!(s.resident(), 0);
     }
 
     /// Records what [`Slab::store_run`] asks of a landing.

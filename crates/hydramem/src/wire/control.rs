@@ -142,8 +142,9 @@ pub struct SlabStats {
     pub bytes_read: u64,
     /// Bytes written.
     pub bytes_written: u64,
-    /// Highest byte offset ever written + 1: the part of the slab that holds data.
-    pub touched: u64,
+    /// Bytes of the slab's slots that hold data: written and not given back with DISCARD
+    /// since (the memory its data occupies on the node).
+    pub held: u64,
     /// [`SLAB_RECLAIMED`] when the node wants the slab back.
     pub flags: u32,
     /// Recent accesses (decaying count per control period) the node ranks eviction by.
@@ -178,7 +179,7 @@ const SLAB_STATS_LEN: usize = 4 + 4 + 8 * 6 + 4 + 8 + 8;
 /// | 8    | slabs moved away by their owners after a reclaim, since start |
 /// | 8    | slabs dropped before their owner moved them (grace expired), since start |
 /// | 8    | corrupted splits clients reported (CORRUPT) since start, all slabs (freed and unknown ones included) |
-/// | 4    | count of slab records, then count × 76-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, touched u64, flags u32, activity u64, corrupt u64 |
+/// | 4    | count of slab records, then count × 76-byte records: slab u32, owner u32, tag u64, reads u64, writes u64, bytes_read u64, bytes_written u64, held u64, flags u32, activity u64, corrupt u64 |
 #[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize)]
 pub struct Stats {
     /// Node id.
@@ -259,7 +260,7 @@ impl Stats {
                 s.writes,
                 s.bytes_read,
                 s.bytes_written,
-                s.touched,
+                s.held,
             ] {
                 out.extend_from_slice(&v.to_le_bytes());
             }
@@ -303,7 +304,7 @@ impl Stats {
                 writes: r.u64()?,
                 bytes_read: r.u64()?,
                 bytes_written: r.u64()?,
-                touched: r.u64()?,
+                held: r.u64()?,
                 flags: r.u32()?,
                 activity: r.u64()?,
                 corrupt: r.u64()?,
@@ -534,7 +535,7 @@ mod tests {
     proptest! {
         #[test]
         fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
-            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, touched: 5, flags: (i % 2) as u32, activity: seed >> 3, corrupt: seed.rotate_left(i as u32) }).collect();
+            let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, held: 5, flags: (i % 2) as u32, activity: seed >> 3, corrupt: seed.rotate_left(i as u32) }).collect();
             let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, corrupt_reported: !seed, slabs };
             let mut out = Vec::new();
             s.put(&mut out);
