@@ -86,8 +86,11 @@ pub struct SpanStats {
     pub live_pages: u64,
     /// Rows holding at least one live page.
     pub rows_in_use: u64,
-    /// Rows ever used (their pieces are what the nodes hold: the high-water mark).
+    /// Rows ever used (the high-water mark of the row space).
     pub rows_touched: u64,
+    /// Rows whose pieces occupy the nodes' memory: those ever used, less the free rows
+    /// compaction gave back.
+    pub rows_held: u64,
     /// Pieces per row (k + r).
     pub width: u64,
     /// Rows written (by writes and by compaction).
@@ -113,12 +116,13 @@ impl SpanStats {
         (self.rows_in_use * self.width) as f64 / self.live_pages as f64
     }
 
-    /// Remote bytes per byte of live data, counting every row ever used (what the nodes hold).
-    pub fn touched_cost(&self) -> f64 {
+    /// Remote bytes per byte of live data, counting every row whose pieces the nodes hold
+    /// (in use, or free and not yet given back).
+    pub fn held_cost(&self) -> f64 {
         if self.live_pages == 0 {
             return 0.0;
         }
-        (self.rows_touched * self.width) as f64 / self.live_pages as f64
+        (self.rows_held * self.width) as f64 / self.live_pages as f64
     }
 }
 
@@ -159,12 +163,14 @@ impl SpanStore {
             rows_in_use,
             live_pages,
             rows_touched,
+            rows_held,
         } = self.table.lock().occupancy();
         let c = &self.counters;
         SpanStats {
             live_pages,
             rows_in_use,
             rows_touched,
+            rows_held,
             width: self.width as u64,
             rows_written: c.rows_written.load(Ordering::Relaxed),
             partial_rows: c.partial_rows.load(Ordering::Relaxed),
@@ -246,6 +252,9 @@ impl SpanStore {
         if pages.is_empty() {
             return Ok(0);
         }
+        if expected.is_none() {
+            self.compactor.note_write();
+        }
         let rows = self.take_rows(pages.len())?;
         let refs: Vec<&Page> = pages.iter().map(|(_, p)| *p).collect();
         let writes: Vec<RowWrite<'_>> = rows
@@ -306,6 +315,7 @@ impl SpanStore {
             metrics::gauge!("hydramem_span_live_pages").set(o.live_pages as f64);
             metrics::gauge!("hydramem_span_rows_in_use").set(o.rows_in_use as f64);
             metrics::gauge!("hydramem_span_rows_touched").set(o.rows_touched as f64);
+            metrics::gauge!("hydramem_span_rows_held").set(o.rows_held as f64);
             self.compactor.over(&o)
         };
         if over {

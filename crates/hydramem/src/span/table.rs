@@ -10,7 +10,11 @@
 //!   can be pointed at (a reader that looked a page up before still finds its piece, or a
 //!   newer version that sends it to look again);
 //! - free rows are handed out lowest first, so the rows in use stay packed into the fewest
-//!   address ranges, whose slabs are what the nodes hold.
+//!   address ranges, whose slabs are what the nodes hold;
+//! - a free row is *held* (its pieces still occupy the nodes' memory) until it is given back
+//!   ([`RowTable::begin_discard`] .. [`RowTable::end_discard`]); while its memory is being
+//!   given back it is out of the free rows, so no write takes it meanwhile, and a write that
+//!   takes it afterwards makes it held again.
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
@@ -25,6 +29,10 @@ pub struct RowTable {
     next: u64,
     /// Rows with a live count above zero.
     in_use: u64,
+    /// Per row: free and its memory given back to the nodes.
+    discarded: Vec<bool>,
+    /// Rows marked in `discarded`.
+    n_discarded: u64,
     /// Sum of the live counts.
     live_pages: u64,
 }
@@ -43,7 +51,15 @@ pub struct Occupancy {
     pub live_pages: u64,
     /// Rows ever used: the high-water mark of the row space.
     pub rows_touched: u64,
+    /// Rows whose pieces occupy the nodes' memory: those ever used, less the free ones given
+    /// back.
+    pub rows_held: u64,
 }
+
+/// Free rows whose memory is being given back ([`RowTable::begin_discard`]), as runs of
+/// consecutive rows; end with [`RowTable::end_discard`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Discard(pub Vec<std::ops::Range<u64>>);
 
 impl RowTable {
     /// A table of `rows` rows, all free.
@@ -54,6 +70,8 @@ impl RowTable {
             free: BinaryHeap::new(),
             next: 0,
             in_use: 0,
+            discarded: vec![false; n],
+            n_discarded: 0,
             live_pages: 0,
         }
     }
@@ -77,6 +95,9 @@ impl RowTable {
             return None;
         };
         self.live[row as usize] = pages;
+        if std::mem::take(&mut self.discarded[row as usize]) {
+            self.n_discarded -= 1;
+        }
         self.in_use += 1;
         self.live_pages += u64::from(pages);
         Some(row)
@@ -110,6 +131,49 @@ impl RowTable {
             rows_in_use: self.in_use,
             live_pages: self.live_pages,
             rows_touched: self.next,
+            rows_held: self.next - self.n_discarded,
+        }
+    }
+
+    /// The free rows still held (used, freed, memory not given back), at least `min` of them,
+    /// as runs of consecutive rows; takes them out of the free rows, so that no write takes
+    /// one while its memory is discarded. `None` when fewer than `min` are held free. End with
+    /// [`RowTable::end_discard`].
+    pub fn begin_discard(&mut self, min: u64) -> Option<Discard> {
+        let discarded = &self.discarded;
+        let mut rows: Vec<u64> = self
+            .free
+            .iter()
+            .map(|Reverse(r)| *r)
+            .filter(|r| !discarded[*r as usize])
+            .collect();
+        rows.sort_unstable();
+        let mut runs: Vec<std::ops::Range<u64>> = Vec::new();
+        for r in rows {
+            match runs.last_mut() {
+                Some(run) if run.end == r => run.end += 1,
+                _ => runs.push(r..r + 1),
+            }
+        }
+        let total: u64 = runs.iter().map(|run| run.end - run.start).sum();
+        if total < min.max(1) {
+            return None;
+        }
+        self.free.retain(|Reverse(r)| {
+            let i = runs.partition_point(|run| run.end <= *r);
+            !runs.get(i).is_some_and(|run| run.contains(r))
+        });
+        Some(Discard(runs))
+    }
+
+    /// Ends a discard: its rows are free again, and no longer held.
+    pub fn end_discard(&mut self, d: Discard) {
+        for run in d.0 {
+            for r in run {
+                self.discarded[r as usize] = true;
+                self.n_discarded += 1;
+                self.free.push(Reverse(r));
+            }
         }
     }
 
@@ -132,6 +196,11 @@ impl RowTable {
     /// or, if writes took rows past them meanwhile, as free.
     pub fn end_shrink(&mut self, s: Shrink) {
         if self.next == s.0.end {
+            for r in s.0.clone() {
+                if std::mem::take(&mut self.discarded[r as usize]) {
+                    self.n_discarded -= 1;
+                }
+            }
             self.next = s.0.start;
         } else {
             self.free.extend(s.0.map(Reverse));
@@ -182,13 +251,56 @@ mod tests {
             Occupancy {
                 rows_in_use: 2,
                 live_pages: 4,
-                rows_touched: 4
+                rows_touched: 4,
+                rows_held: 4,
             }
         );
         assert_eq!(t.take(1), Some(0), "the lowest free row");
         assert_eq!(t.take(1), Some(1));
         assert_eq!(t.sparse_rows(1, 10), vec![0, 1, 3]);
         assert_eq!(t.sparse_rows(3, 2), vec![0, 1]);
+    }
+
+    #[test]
+    fn free_rows_in_the_middle_are_given_back_and_held_again_when_taken() {
+        let mut t = RowTable::new(10);
+        for _ in 0..8 {
+            t.take(1);
+        }
+        for r in [1, 2, 3, 6] {
+            t.release(r);
+        }
+        assert!(t.begin_discard(5).is_none(), "only four rows are held free");
+        let d = t.begin_discard(2).expect("four free rows are held");
+        assert_eq!(d, Discard(vec![1..4, 6..7]));
+        assert_eq!(
+            t.take(1),
+            Some(8),
+            "rows being discarded are not handed out"
+        );
+        t.end_discard(d);
+        let o = t.occupancy();
+        assert_eq!((o.rows_touched, o.rows_held), (9, 5));
+        assert!(t.begin_discard(1).is_none(), "nothing held is free");
+        assert_eq!(
+            t.take(1),
+            Some(1),
+            "a discarded row is still the lowest free"
+        );
+        assert_eq!(
+            t.occupancy().rows_held,
+            6,
+            "and holds memory again once written"
+        );
+        // A shrink over discarded rows lowers both marks together.
+        for r in [4, 5, 7, 8] {
+            t.release(r);
+        }
+        let s = t.begin_shrink().expect("rows 2..9 are free");
+        assert_eq!(s, Shrink(2..9));
+        t.end_shrink(s);
+        let o = t.occupancy();
+        assert_eq!((o.rows_touched, o.rows_held, o.rows_in_use), (2, 2, 2));
     }
 
     #[test]

@@ -207,6 +207,76 @@ fn compaction_brings_the_cost_back_and_every_page_reads_back() {
         st.rows_touched,
         st.rows_in_use
     );
+    // So did the holes below the top: the nodes hold the rows in use, and fewer free rows
+    // than one discard's minimum — counted by the nodes themselves.
+    assert!(
+        st.rows_held < st.rows_in_use + super::compact::MIN_DISCARD,
+        "{} rows held for {} in use",
+        st.rows_held,
+        st.rows_in_use
+    );
+    assert_eq!(
+        held_by_nodes(&s),
+        st.rows_held * st.width * PAGE,
+        "the nodes hold every piece of the rows held, and nothing else ({st:?})"
+    );
+}
+
+#[test]
+fn free_rows_go_back_to_the_nodes_once_writes_pause() {
+    let pages = 512;
+    let (s, _ctl) = start("span-8+2", 12, pages);
+    write(&s, 0, pages, 0);
+    // The first half again: its 32 old rows are free, and still held by the nodes.
+    write(&s, 0, pages / 2, 1);
+    let before = s.stats();
+    assert_eq!(before.rows_in_use, 64, "{before:?}");
+    let now = std::time::Instant::now();
+    assert!(
+        !super::compact::give_back_if_idle(&s, now),
+        "a write just happened: the free rows are where the next ones land"
+    );
+    assert!(super::compact::give_back_if_idle(
+        &s,
+        now + super::compact::IDLE
+    ));
+    let st = s.stats();
+    assert_eq!(st.rows_held, st.rows_in_use, "{st:?}");
+    assert_eq!(held_by_nodes(&s), st.rows_held * st.width * PAGE);
+    // A write reuses a given-back row, and the nodes hold it again; the row its pages left
+    // is free and held.
+    write(&s, 0, 8, 2);
+    let st = s.stats();
+    assert_eq!(
+        st.rows_touched, before.rows_touched,
+        "a given-back row was reused"
+    );
+    assert_eq!(st.rows_held, st.rows_in_use + 1, "{st:?}");
+    assert_eq!(held_by_nodes(&s), st.rows_held * st.width * PAGE);
+    for p in 0..pages {
+        let stamp = if p < 8 {
+            2
+        } else if p < pages / 2 {
+            1
+        } else {
+            0
+        };
+        assert_eq!(read(&s, p), content(p, stamp), "page {p}");
+    }
+}
+
+/// The bytes every node says it holds for the store's client (STATS).
+fn held_by_nodes(s: &SpanStore) -> u64 {
+    let t = s.mem().transport();
+    (0..t.nodes())
+        .map(|n| {
+            let reply = t
+                .call(n as u16, crate::wire::Op::Stats, &[])
+                .expect("STATS");
+            let st = crate::wire::Stats::parse(&reply).expect("a STATS reply");
+            st.slabs.iter().map(|x| x.held).sum::<u64>()
+        })
+        .sum()
 }
 
 #[test]
