@@ -4,8 +4,9 @@
 //! a `single` one behind its backup file, which every page operation goes through — and the phases are
 //! interleaved across schemes so that the machine's noise falls on all of them alike:
 //! 1. populate: each scheme writes its whole working set with `depth` threads (write
-//!    throughput), then the nodes' per-slab counters (`held`: slots written and not discarded) give the bytes they hold for it
-//!    per byte of data — measured, not computed from k and r — and their resident memory;
+//!    throughput), then the nodes' per-slab counters (`held`: slots written and not
+//!    discarded) give the bytes they hold for it per byte of data — measured, not computed
+//!    from k and r — and their resident memory;
 //! 2. `rounds` rounds, each running every scheme in turn for `latency_ops / rounds` page writes
 //!    then as many page reads at queue depth 1 (one thread, random pages);
 //! 3. `rounds` rounds of read throughput with `depth` threads, `duration / rounds` per scheme.

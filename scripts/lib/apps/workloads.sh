@@ -93,10 +93,10 @@ kv_verdict() {
   fi
 }
 # memcached and redis are loaded before their limit is put in place (redis's 24,000 keys of
-# 4 KiB through redis-cli --pipe burst the same way, and so does PageRank's graph generation): loading 250,000 keys at ~270k keys/s
-# outruns any swap device's reclaim, and the cgroup's OOM killer then ended about half the runs
-# at 75 and 50% within two seconds of the start, on every backend alike (zram and the local
-# disk included) — a measure of the load burst, not of the swap path. The timed phase runs with
+# 4 KiB through redis-cli --pipe burst the same way, and so does PageRank's graph
+# generation): loading 250,000 keys at ~270k keys/s outruns any swap device's reclaim, and
+# the cgroup's OOM killer then ended about half the runs at 75 and 50% within two seconds of
+# the start, on every backend alike (zram and the local disk included) — a measure of the load burst, not of the swap path. The timed phase runs with
 # the limit in place, after the kernel has pushed the excess out.
 memcached_limits_after_load() { :; }
 redis_limits_after_load() { :; }

@@ -1,14 +1,15 @@
 //! Entry point of the stateful fuzz target for the node's request handler (feature `fuzzing`).
 //!
 //! [`requests`] turns arbitrary bytes into a sequence of requests — HELLO, ALLOC, WRITEV,
-//! READV, FREE, LIST, REGEN, PING, STATS, DRAIN, CORRUPT, RECLAIMS and raw frames — from two
+//! READV, FREE, LIST, REGEN, PING, STATS, DRAIN, CORRUPT, RECLAIMS, DISCARD and raw frames — from two
 //! identities, on sessions of one in-memory node, exactly as the server would hand them to
 //! [`Session::handle`]. WRITEV and READV carry one to four runs of one to four splits each.
 //! Invariants it asserts against a model of what was acknowledged: every request that parses
 //! gets exactly one well-formed reply with its op and id; a split reads back exactly as the
 //! newest acknowledged write of it left it, with that version, whatever run it was written or
-//! read in; a stale write reports the stored version; one identity never reaches another's
-//! slabs; and nothing panics (the fuzzer sees a panic as a crash).
+//! read in; a stale write reports the stored version; a discarded split reads as never
+//! written; one identity never reaches another's slabs; and nothing panics (the fuzzer sees a
+//! panic as a crash).
 
 use std::collections::HashMap;
 
@@ -127,7 +128,7 @@ fn request(
             .copied()
             .unwrap_or((who, b.u8().into(), 512))
     };
-    let op = match pick % 12 {
+    let op = match pick % 13 {
         0 => {
             Hello {
                 client: ids[who as usize],
@@ -194,6 +195,11 @@ fn request(
             body.extend_from_slice(b.take(16));
             [Op::Drain, Op::Corrupt][b.u8() as usize % 2]
         }
+        11 => {
+            let (_, slab, _) = slab_of(b);
+            wire::put_discard(&mut body, slab, b.small_or_any(1), b.small_or_any(1));
+            Op::Discard
+        }
         _ => {
             let op = Op::ALL[b.u8() as usize % Op::ALL.len()];
             let n = b.u8() as usize;
@@ -237,6 +243,19 @@ fn check(
             };
             slabs.retain(|s| !(s.0 == who && s.1 == slab));
             model.retain(|k, _| !(k.0 == who && k.1 == slab));
+        }
+        Op::Discard if h.status == Status::Ok => {
+            let Ok(wire::Request::Discard { slab, first, n }) = wire::parse_request(req_h, req)
+            else {
+                panic!("the node discarded for a DISCARD it should have refused");
+            };
+            let len = slabs
+                .iter()
+                .find(|s| s.0 == who && s.1 == slab)
+                .map(|s| s.2)
+                .expect("a discard succeeds only on the caller's slab");
+            let slots = first..first + n;
+            model.retain(|k, _| !(k.0 == who && k.1 == slab && slots.contains(&(k.2 / len))));
         }
         Op::WriteV if h.status == Status::Ok => {
             let Ok(wire::Request::WriteV(runs)) = wire::parse_request(req_h, req) else {
