@@ -96,8 +96,9 @@ kv_verdict() {
 # 4 KiB through redis-cli --pipe burst the same way, and so does PageRank's graph
 # generation): loading 250,000 keys at ~270k keys/s outruns any swap device's reclaim, and
 # the cgroup's OOM killer then ended about half the runs at 75 and 50% within two seconds of
-# the start, on every backend alike (zram and the local disk included) — a measure of the load burst, not of the swap path. The timed phase runs with
-# the limit in place, after the kernel has pushed the excess out.
+# the start, on every backend alike (zram and the local disk included) — a measure of the
+# load burst, not of the swap path. The timed phase runs with the limit in place, after the
+# kernel has pushed the excess out.
 memcached_limits_after_load() { :; }
 redis_limits_after_load() { :; }
 pagerank_limits_after_load() { :; }
