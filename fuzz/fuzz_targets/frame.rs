@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
                 }
             }
             let mut n = 0usize;
-            let _ = wire::parse_vectored_reply(&h, body, |_, _, _, _, d| n += d.len());
+            let _ = wire::parse_vectored_reply(&h, body, |_, _, d| n += d.len());
             assert!(n <= body.len());
         }
     }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hydramem::backup::{BackupConfig, FrontStore, StoreScheme};
-use hydramem::client::{ClientConfig, RemoteMemory, Resilience};
+use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::cluster::Cluster;
 use hydramem::units::{parse_size, Size};
 use hydramem::wire::ClientId;
@@ -128,16 +128,9 @@ impl ClientArgs {
                  ssd-backup scheme's local copy goes with it: use another scheme with --client-id"
             );
         }
-        if matches!(self.scheme.resilience(), Resilience::Span { .. }) && client_id.is_some() {
-            bail!(
-                "--client-id keeps the data on the memory nodes past this process, but a span \
-                 scheme's page map lives in this process and cannot yet be rebuilt from the \
-                 nodes: use hydra-K+R-dD or repN with --client-id"
-            );
-        }
         let backup = self.backup.config()?;
         let mem = self.connect(cluster, size, client_id)?;
-        FrontStore::new(mem, self.scheme, &backup).context("starting the ssd-backup scheme")
+        FrontStore::new(mem, self.scheme, &backup).context("starting the store")
     }
 
     /// Connects a client with an address space of `size` bytes to `cluster`, as `client_id`

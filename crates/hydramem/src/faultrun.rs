@@ -190,7 +190,10 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
         cfg.error_window = 50;
     }
     let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(|e| e.to_string())?;
-    let span = mem.layout().span().then(|| SpanStore::new(mem.clone()));
+    let span = match mem.layout().span() {
+        true => Some(SpanStore::new(mem.clone()).map_err(|e| e.to_string())?),
+        false => None,
+    };
     let store: &dyn PageStore = match &span {
         Some(s) => &**s,
         None => &*mem,

@@ -47,6 +47,7 @@ pub mod span;
 #[cfg(feature = "tools")]
 pub mod status;
 pub mod supervisor;
+pub mod tags;
 pub mod units;
 pub mod wire;
 

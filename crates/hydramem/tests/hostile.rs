@@ -220,11 +220,11 @@ fn hostile_proxy(node: SocketAddr, mischief: Mischief, forged: Arc<AtomicU64>) -
 /// A READV reply frame with the cookies of a WRITEV reply, each a run of one split of junk.
 fn forged_reads(h: &Header, body: &[u8]) -> Vec<u8> {
     let mut splits = Vec::new();
-    wire::parse_vectored_reply(h, body, |cookie, _, version, _, _| {
+    wire::parse_vectored_reply(h, body, |_, s, _| {
         splits.push(SplitFields {
-            cookie,
-            version,
-            crc: 0,
+            cookie: s.cookie,
+            version: s.version,
+            ..SplitFields::default()
         })
     })
     .unwrap();

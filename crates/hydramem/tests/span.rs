@@ -31,6 +31,19 @@ fn write(s: &SpanStore, first: u64, n: u64, v: u64, last: &mut HashMap<u64, u64>
     }
 }
 
+/// Full rows, then partial ones, then overwrites, of pages 0..1200.
+fn fill(s: &SpanStore, last: &mut HashMap<u64, u64>) {
+    for first in (0..1024).step_by(64) {
+        write(s, first, 64, 1, last);
+    }
+    for first in (1024..1200).step_by(3) {
+        write(s, first, 3, 1, last);
+    }
+    for i in 0..300u64 {
+        write(s, (i * 37) % 1200, 1 + i % 5, 2 + i, last);
+    }
+}
+
 fn check(s: &SpanStore, last: &HashMap<u64, u64>) {
     let mut got = [0u8; PAGE_SIZE];
     for (&p, &v) in last {
@@ -50,18 +63,9 @@ fn span_rows_survive_a_kill_regenerate_and_then_r_more_losses() {
         ClientConfig::new(Resilience::Span { k: 8, r: 2 }, pages * PAGE),
     )
     .expect("connects");
-    let s = SpanStore::new(mem.clone());
+    let s = SpanStore::new(mem.clone()).expect("a fresh span store");
     let mut last = HashMap::new();
-    // Full rows, then partial ones, then overwrites.
-    for first in (0..1024).step_by(64) {
-        write(&s, first, 64, 1, &mut last);
-    }
-    for first in (1024..1200).step_by(3) {
-        write(&s, first, 3, 1, &mut last);
-    }
-    for i in 0..300u64 {
-        write(&s, (i * 37) % 1200, 1 + i % 5, 2 + i, &mut last);
-    }
+    fill(&s, &mut last);
     check(&s, &last);
     let g = mem.group_of(0).expect("row 0 is mapped");
     c.kill(g.nodes[3] as usize).unwrap();
@@ -98,4 +102,55 @@ fn span_refuses_the_page_calls_of_its_rows() {
         .write_page(0, &[1u8; PAGE_SIZE])
         .expect_err("a span client's own page calls are refused");
     assert!(err.to_string().contains("span store"), "{err}");
+}
+
+#[test]
+fn a_span_client_that_reattaches_rebuilds_its_page_map_from_the_nodes() {
+    let slab = 256 << 10; // 64 rows per range
+    let mut c = common::cluster(13, slab, 64);
+    let pages = 2048u64;
+    let cfg = ClientConfig::new(Resilience::Span { k: 8, r: 2 }, pages * PAGE);
+    let mut last = HashMap::new();
+    let (g, g2) = {
+        let mem = RemoteMemory::connect(c.cluster(), cfg.clone()).expect("connects");
+        let s = SpanStore::new(mem.clone()).expect("a fresh span store");
+        fill(&s, &mut last);
+        s.compact().expect("compacts");
+        // One member of the first range dies; its slab is regenerated elsewhere, tags and all.
+        let g = mem.group_of(0).expect("row 0 is mapped");
+        c.kill(g.nodes[3] as usize).unwrap();
+        for i in 0..100u64 {
+            write(&s, (i * 53) % 1200, 1 + i % 9, 1000 + i, &mut last);
+        }
+        common::wait_regenerated(&mem, 1);
+        check(&s, &last);
+        (g, mem.group_of(0).expect("mapped"))
+    };
+    // The client is gone. Two more original members die: every row of the first range is
+    // left with k pieces, one of them regenerated.
+    for n in common::original_members(&g, &g2, 10, 2) {
+        c.kill(n as usize).unwrap();
+    }
+    let mem = RemoteMemory::connect(c.cluster(), cfg.clone()).expect("reconnects");
+    let s = SpanStore::new(mem.clone()).expect("the page map is rebuilt");
+    check(&s, &last);
+    let st = s.stats();
+    assert_eq!(st.live_pages, last.len() as u64, "{st:?}");
+    assert!(
+        st.reads_decoded > 0,
+        "reads decoded around lost nodes: {st:?}"
+    );
+    // Writes after reattaching win over every older row of their pages, here and at the
+    // next reattach; compaction moves pages of the rebuilt rows.
+    for i in 0..200u64 {
+        write(&s, (i * 71) % 1400, 1 + i % 7, 5000 + i, &mut last);
+    }
+    s.compact().expect("compacts");
+    check(&s, &last);
+    drop(s);
+    drop(mem);
+    let mem = RemoteMemory::connect(c.cluster(), cfg).expect("reconnects");
+    let s = SpanStore::new(mem).expect("the page map is rebuilt");
+    check(&s, &last);
+    assert_eq!(s.stats().live_pages, last.len() as u64);
 }

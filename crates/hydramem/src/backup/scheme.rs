@@ -101,7 +101,10 @@ impl FrontStore {
             StoreScheme::SsdBackup => Some(Arc::new(BackedStore::new(mem.clone(), backup)?)),
         };
         // Span coding's pages live in rows that only its page map knows.
-        let span = mem.layout().span().then(|| SpanStore::new(mem.clone()));
+        let span = match mem.layout().span() {
+            true => Some(SpanStore::new(mem.clone()).map_err(BackupError::SpanMap)?),
+            false => None,
+        };
         Ok(FrontStore { mem, backed, span })
     }
 

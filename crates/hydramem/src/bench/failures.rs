@@ -86,7 +86,10 @@ pub fn failure_scenarios(
         cfg.poll = o.poll;
         let mem = RemoteMemory::connect(cluster.cluster(), cfg).map_err(client_err(&s.label()))?;
         let store: Arc<dyn PageStore> = if mem.layout().span() {
-            SpanStore::new(mem.clone())
+            SpanStore::new(mem.clone()).map_err(|source| BenchError::Io {
+                scheme: s.label(),
+                source,
+            })?
         } else {
             mem.clone()
         };

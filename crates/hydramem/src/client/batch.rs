@@ -646,6 +646,7 @@ impl RemoteMemory {
                             cookie: s.op.cookie(j),
                             version: s.stamp.version,
                             crc: self.split_crc(data, s.stamp, j),
+                            tag: 0,
                             data,
                         }
                     });

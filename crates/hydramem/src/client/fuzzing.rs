@@ -121,7 +121,7 @@ mod tests {
             let splits = [(1u64 << 8) | 3, (2 << 8) | 4].map(|cookie| SplitFields {
                 cookie,
                 version: 9,
-                crc: 0,
+                ..SplitFields::default()
             });
             reply.put_run(&mut f, Status::Ok, &splits, &[0x77; 1024]);
             reply.finish(&mut f).unwrap();

@@ -205,7 +205,7 @@ impl RemoteMemory {
             return None;
         }
         let op = self.slots.try_acquire_write()?;
-        self.post_split_write(&op, group, s.split, &s.data, s.stamp, false);
+        self.post_split_write(&op, group, (s.split, 0), &s.data, s.stamp, false);
         (op.progress().failed & (1 << s.split) == 0).then_some(op)
     }
 }

@@ -185,6 +185,7 @@ impl ReadPlan {
                 cookie: op.cookie(j),
                 version: 0,
                 crc: 0,
+                tag: 0,
             };
             let ok = c.transport.post_read(node, e, flush).is_ok();
             if !ok {

@@ -48,6 +48,30 @@ pub struct RowWrite<'a> {
     pub row: u64,
     /// Its data pages by position (at most k; the positions after them hold zero pages).
     pub pages: &'a [&'a Page],
+    /// The page number of each of `pages` (as many): stored with its piece as its tag, page
+    /// + 1, from which a client that reattaches rebuilds its page map (see [`crate::tags`]).
+    pub ids: &'a [u64],
+}
+
+/// What the nodes hold for one address range of the row space ([`RemoteMemory::row_stamps`]).
+#[derive(Debug, Clone)]
+pub struct RangeStamps {
+    /// The range's first row.
+    pub first_row: u64,
+    /// Per piece position (k + r): the (version, tag) of each of the range's rows, or `None`
+    /// when that piece's node is gone or did not answer.
+    pub pieces: Vec<Option<Vec<(u64, u64)>>>,
+}
+
+/// One row as the nodes hold it ([`RemoteMemory::held_rows`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeldRow {
+    /// The row's index in the row space.
+    pub row: u64,
+    /// The newest version at least k of its pieces carry: the row as last written whole.
+    pub version: u64,
+    /// (position, page number) of each data position that holds a page.
+    pub pages: Vec<(usize, u64)>,
 }
 
 /// How a [`RemoteMemory::read_piece`] ended, when it did not fail.
@@ -112,12 +136,17 @@ impl RemoteMemory {
     /// or a row index outside the row space.
     pub fn write_rows(&self, rows: &[RowWrite<'_>]) -> Result<Vec<u64>, IoError> {
         let k = self.layout.k;
-        if let Some(bad) = rows.iter().find(|r| r.pages.len() > k) {
+        if let Some(bad) = rows
+            .iter()
+            .find(|r| r.pages.len() > k || r.ids.len() != r.pages.len())
+        {
             return Err(IoError::Store(
                 format!(
-                    "row {} was given {} pages, but a span {k}+{} row holds {k}",
+                    "row {} was given {} pages and {} page numbers, but a span {k}+{} row \
+                     holds {k} pages, each with its number",
                     bad.row,
                     bad.pages.len(),
+                    bad.ids.len(),
                     self.layout.width - k
                 )
                 .into(),
@@ -153,6 +182,11 @@ impl RemoteMemory {
         }
         let mut prepared: Vec<(slots::Op<'_>, std::sync::Arc<Group>, Stamp)> =
             Vec::with_capacity(ops.len());
+        let tags: Vec<[u64; MAX_WIDTH]> = rows
+            .iter()
+            .take(ops.len())
+            .map(|r| self.row_tags(r))
+            .collect();
         for (mut op, row) in ops.into_iter().zip(rows) {
             let (range, rir) = self.locate_unit(row.row.saturating_mul(PAGE_SIZE as u64))?;
             let group = match self.ranges[range].load_full() {
@@ -167,17 +201,18 @@ impl RemoteMemory {
             self.encode_row(&mut op, row);
             prepared.push((op, group, stamp));
         }
-        self.post_row_runs(&prepared, rows);
+        self.post_row_runs(&prepared, rows, &tags);
         let posted = Instant::now();
         let n = prepared.len();
-        for ((mut op, group, stamp), (row, v)) in prepared
+        for (((mut op, group, stamp), (row, v)), tags) in prepared
             .into_iter()
             .zip(rows.iter().zip(versions.iter_mut()))
+            .zip(&tags)
         {
             let addr = row.row.saturating_mul(PAGE_SIZE as u64);
             let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
                 let data = row_piece(l.k, row, op.write_side(), j);
-                self.post_split_write(op, group, j, data, stamp, true);
+                self.post_split_write(op, group, (j, tags[j]), data, stamp, true);
             };
             let outcome = self.end_row_write(&mut op, group, addr, (start, posted), &post)?;
             drop(op);
@@ -196,6 +231,7 @@ impl RemoteMemory {
         &self,
         prepared: &[(slots::Op<'_>, std::sync::Arc<Group>, Stamp)],
         rows: &[RowWrite<'_>],
+        tags: &[[u64; MAX_WIDTH]],
     ) {
         let l = &self.layout;
         let mut touched = vec![false; self.transport.nodes()];
@@ -212,19 +248,19 @@ impl RemoteMemory {
                     j,
                     (group, offset),
                     |node, run| {
-                        let mut pieces =
-                            stretch
-                                .iter()
-                                .zip(&rows[at..])
-                                .map(|((op, _, stamp), row)| {
-                                    let data = row_piece(l.k, row, op.write_side(), j);
-                                    RunSplit {
-                                        cookie: op.cookie(j),
-                                        version: stamp.version,
-                                        crc: self.split_crc(data, *stamp, j),
-                                        data,
-                                    }
-                                });
+                        let mut pieces = stretch
+                            .iter()
+                            .zip(rows[at..].iter().zip(&tags[at..]))
+                            .map(|((op, _, stamp), (row, tags))| {
+                                let data = row_piece(l.k, row, op.write_side(), j);
+                                RunSplit {
+                                    cookie: op.cookie(j),
+                                    version: stamp.version,
+                                    crc: self.split_crc(data, *stamp, j),
+                                    tag: tags[j],
+                                    data,
+                                }
+                            });
                         self.transport.post_write_run(node, run, &mut pieces, false)
                     },
                 );
@@ -252,6 +288,7 @@ impl RemoteMemory {
     ) -> Result<u64, IoError> {
         let l = &self.layout;
         let addr = row.row.saturating_mul(PAGE_SIZE as u64);
+        let tags = self.row_tags(row);
         loop {
             stamp.version = self.next_version(addr, held)?;
             self.stats.stale_rewrites.fetch_add(1, Ordering::Relaxed);
@@ -263,7 +300,7 @@ impl RemoteMemory {
             self.encode_row(&mut op, row);
             let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
                 let data = row_piece(l.k, row, op.write_side(), j);
-                self.post_split_write(op, group, j, data, stamp, true);
+                self.post_split_write(op, group, (j, tags[j]), data, stamp, true);
             };
             for j in 0..l.width {
                 post(&op, &group, j);
@@ -274,6 +311,103 @@ impl RemoteMemory {
                 Written::Stale(h) => held = h,
             }
         }
+    }
+
+    /// The versions and tags every node holds for the rows of every address range this
+    /// identity holds (STAMPS, no data): what a span client that reattaches rebuilds its page
+    /// map from. A piece whose node is gone or fails to answer is `None` (its tag can be
+    /// decoded from k others).
+    pub fn row_stamps(&self) -> Vec<RangeStamps> {
+        let l = &self.layout;
+        let mut out = Vec::new();
+        for (range, slot) in self.ranges.iter().enumerate() {
+            let Some(group) = slot.load_full() else {
+                continue;
+            };
+            let pieces = (0..l.width)
+                .map(|j| {
+                    let node = group.nodes[j];
+                    if node == slots::NO_NODE {
+                        return None;
+                    }
+                    let got = self
+                        .transport
+                        .stamps(node, group.slabs[j], 0, l.pages_per_range);
+                    got.map_err(|e| {
+                        tracing::warn!(range, piece = j, error = %e, "reading the stamps of a piece failed; decoding its tags from the others")
+                    })
+                    .ok()
+                })
+                .collect();
+            out.push(RangeStamps {
+                first_row: range as u64 * l.pages_per_range,
+                pieces,
+            });
+        }
+        out
+    }
+
+    /// Every row of the row space that the nodes hold decodable: for each, the newest version
+    /// that at least k of its pieces carry and the pages its data positions name (their
+    /// tags, decoded from k pieces where a data piece's node is gone or holds another
+    /// version). Rows that some piece holds but that have no such version (a write that
+    /// failed part way) are in the second list: they occupy memory and hold no page.
+    ///
+    /// # Errors
+    /// A row whose pieces of one version carry tags that are not one codeword (a node's
+    /// metadata is corrupt): the page map cannot be trusted, and reattaching stops.
+    pub fn held_rows(&self) -> Result<(Vec<HeldRow>, Vec<u64>), IoError> {
+        let (k, width) = (self.layout.k, self.layout.width);
+        let mut rows = Vec::new();
+        let mut garbage = Vec::new();
+        for range in self.row_stamps() {
+            for i in 0..self.layout.pages_per_range {
+                let row = range.first_row + i;
+                let pieces: Vec<Option<(u64, u64)>> = range
+                    .pieces
+                    .iter()
+                    .map(|p| p.as_ref().and_then(|s| s.get(i as usize).copied()))
+                    .collect();
+                if pieces.iter().all(|p| p.is_none_or(|(v, _)| v == 0)) {
+                    continue;
+                }
+                match resolve_row(self.codec.as_ref(), k, width, &pieces) {
+                    Ok(Some((version, pages))) => rows.push(HeldRow {
+                        row,
+                        version,
+                        pages,
+                    }),
+                    Ok(None) => garbage.push(row),
+                    Err(why) => {
+                        return Err(IoError::Store(
+                            format!(
+                                "row {row}: {why}; the nodes' metadata for it is corrupt, so \
+                                 the page map cannot be rebuilt (start with a new identity, or \
+                                 remove the node that holds the bad piece)"
+                            )
+                            .into(),
+                        ))
+                    }
+                }
+            }
+        }
+        Ok((rows, garbage))
+    }
+
+    /// The tags of row `row`'s k + r pieces (see [`crate::tags`]): page number + 1 at a data
+    /// position (0 where the row is padded), the code's parity over those at the r others.
+    fn row_tags(&self, row: &RowWrite<'_>) -> [u64; MAX_WIDTH] {
+        let (k, width) = (self.layout.k, self.layout.width);
+        let mut tags = [0u64; MAX_WIDTH];
+        for (t, id) in tags.iter_mut().zip(row.ids) {
+            *t = id.saturating_add(1);
+        }
+        if let Some(codec) = &self.codec {
+            let (data, parity) = tags.split_at_mut(k);
+            crate::tags::encode(codec, data, &mut parity[..width - k])
+                .expect("a span layout's codec takes k tags of 8 bytes");
+        }
+        tags
     }
 
     /// Encodes row `row`'s r parity pieces into the side buffer of its write, piece j at
@@ -609,6 +743,7 @@ impl RemoteMemory {
             cookie: op.cookie(i),
             version: 0,
             crc: 0,
+            tag: 0,
         };
         if node == slots::NO_NODE || self.transport.post_read(node, e, flush).is_err() {
             op.post_failed(i);
@@ -705,4 +840,115 @@ fn look_piece(
         }
     }
     None
+}
+
+/// A row's newest whole version and the (position, page) its data positions name.
+type Resolved = (u64, Vec<(usize, u64)>);
+
+/// The newest version at least k of a row's pieces `(version, tag)` carry, with the pages its
+/// data positions name (`None`: no version has k pieces). Every piece of that version beyond
+/// the k decoded from is checked against them.
+fn resolve_row(
+    codec: Option<&hydramem_isal::Codec>,
+    k: usize,
+    width: usize,
+    pieces: &[Option<(u64, u64)>],
+) -> Result<Option<Resolved>, String> {
+    let holding = |v: u64| {
+        pieces
+            .iter()
+            .enumerate()
+            .filter_map(move |(j, p)| p.filter(|(pv, _)| *pv == v).map(|(_, t)| (j, t)))
+    };
+    let newest = pieces
+        .iter()
+        .flatten()
+        .map(|(v, _)| *v)
+        .filter(|v| *v != 0 && holding(*v).count() >= k)
+        .max();
+    let Some(version) = newest else {
+        return Ok(None);
+    };
+    let base: Vec<(usize, u64)> = holding(version).take(k).collect();
+    let tag_of = |j: usize| match codec {
+        Some(c) => crate::tags::reconstruct(c, base.iter().copied(), j)
+            .map_err(|e| format!("decoding piece {j}'s tag: {e}")),
+        None => Ok(base[0].1),
+    };
+    for (j, tag) in holding(version).skip(k) {
+        if tag_of(j)? != tag {
+            return Err(format!(
+                "the tags of version {version}'s pieces disagree (piece {j} of {width})"
+            ));
+        }
+    }
+    let mut pages = Vec::new();
+    for (j, piece) in pieces.iter().enumerate().take(k) {
+        let tag = match *piece {
+            Some((v, t)) if v == version => t,
+            _ => tag_of(j)?,
+        };
+        if tag != 0 {
+            pages.push((j, tag - 1));
+        }
+    }
+    Ok(Some((version, pages)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A row's pieces: data tags page + 1 for `pages`, parity from the code, all at `v`.
+    fn row(codec: &hydramem_isal::Codec, pages: &[u64], v: u64) -> Vec<Option<(u64, u64)>> {
+        let mut tags = [0u64; 6];
+        for (t, p) in tags.iter_mut().zip(pages) {
+            *t = p + 1;
+        }
+        let (data, parity) = tags.split_at_mut(4);
+        crate::tags::encode(codec, data, parity).unwrap();
+        tags.iter().map(|t| Some((v, *t))).collect()
+    }
+
+    #[test]
+    fn a_row_resolves_to_its_newest_whole_version_with_lost_names_decoded() {
+        let codec = hydramem_isal::Codec::new(4, 2).unwrap();
+        let c = Some(&codec);
+        let old = row(&codec, &[10, 11, 12, 13], 5);
+        assert_eq!(
+            resolve_row(c, 4, 6, &old),
+            Ok(Some((5, vec![(0, 10), (1, 11), (2, 12), (3, 13)])))
+        );
+        // Two data pieces lost: their names are decoded from the other four.
+        let mut lost = old.clone();
+        lost[0] = None;
+        lost[2] = None;
+        assert_eq!(
+            resolve_row(c, 4, 6, &lost),
+            Ok(resolve_row(c, 4, 6, &old).unwrap())
+        );
+        // A reuse of the row that reached only three pieces: the old version still has k.
+        let new = row(&codec, &[20, 21], 9);
+        let mut torn = old.clone();
+        torn[..3].clone_from_slice(&new[..3]);
+        assert_eq!(
+            resolve_row(c, 4, 6, &torn),
+            Ok(None),
+            "neither version has k pieces"
+        );
+        torn[..2].clone_from_slice(&old[..2]);
+        assert_eq!(resolve_row(c, 4, 6, &torn).unwrap().unwrap().0, 5);
+        // A reuse that reached k pieces wins, padding positions name no page.
+        let mut reused = new.clone();
+        reused[5] = old[5];
+        assert_eq!(
+            resolve_row(c, 4, 6, &reused),
+            Ok(Some((9, vec![(0, 20), (1, 21)])))
+        );
+        // Tags that are not one codeword are refused, never guessed.
+        let mut bad = old.clone();
+        bad[1] = Some((5, 99));
+        assert!(resolve_row(c, 4, 6, &bad).unwrap_err().contains("disagree"));
+        assert_eq!(resolve_row(c, 4, 6, &[None; 6]), Ok(None));
+    }
 }

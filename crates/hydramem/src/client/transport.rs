@@ -32,6 +32,8 @@ pub struct RunSplit<'a> {
     pub version: u64,
     /// The split's checksum (0 from a client that keeps none).
     pub crc: u32,
+    /// The split's tag (see [`crate::tags`]; 0 for a Hydra page's split).
+    pub tag: u64,
     /// The split's bytes: exactly the run's split length.
     pub data: &'a [u8],
 }
@@ -48,7 +50,13 @@ pub(super) fn append_write_run<'a>(
 ) -> Result<(), WireError> {
     let mut w = frame.write_run(buf, run)?;
     for s in splits.take(run.n as usize) {
-        w.split(s.cookie, s.version, s.crc, s.data)?;
+        let fields = wire::SplitFields {
+            cookie: s.cookie,
+            version: s.version,
+            crc: s.crc,
+            tag: s.tag,
+        };
+        w.split(fields, s.data)?;
     }
     w.finish()
 }
@@ -87,11 +95,11 @@ pub fn deliver(
     body: &[u8],
 ) -> Result<bool, WireError> {
     match h.op {
-        Op::WriteV => wire::parse_vectored_reply(h, body, |cookie, status, stored, _, _| {
-            completions.write_done(node, cookie, status, stored)
+        Op::WriteV => wire::parse_vectored_reply(h, body, |status, s, _| {
+            completions.write_done(node, s.cookie, status, s.version)
         })?,
-        Op::ReadV => wire::parse_vectored_reply(h, body, |cookie, status, version, crc, data| {
-            completions.read_done(node, cookie, status, version, crc, data)
+        Op::ReadV => wire::parse_vectored_reply(h, body, |status, s, data| {
+            completions.read_done(node, s.cookie, status, s.version, s.crc, data)
         })?,
         _ => return Ok(false),
     }
@@ -229,6 +237,7 @@ pub trait Transport: Send + Sync {
             cookie: e.cookie,
             version: e.version,
             crc: e.crc,
+            tag: e.tag,
             data,
         };
         self.post_write_run(node, e.run(), &mut std::iter::once(split), flush)
@@ -267,6 +276,34 @@ pub trait Transport: Send + Sync {
         let mut body = Vec::new();
         wire::put_discard(&mut body, slab, first, n);
         self.call(node, Op::Discard, &body).map(drop)
+    }
+    /// The versions and tags stored in slots `first..first + n` of slab `slab` on `node`
+    /// (STAMPS, in requests of at most [`wire::MAX_STAMPS`] slots), in slot order.
+    fn stamps(
+        &self,
+        node: u16,
+        slab: u32,
+        first: u64,
+        n: u64,
+    ) -> Result<Vec<(u64, u64)>, TransportError> {
+        let mut out = Vec::with_capacity(usize::try_from(n).unwrap_or(0));
+        let mut at = first;
+        while at < first.saturating_add(n) {
+            let m = u32::try_from((first + n - at).min(u64::from(wire::MAX_STAMPS)))
+                .expect("at most MAX_STAMPS");
+            let mut body = Vec::new();
+            wire::put_stamps(&mut body, slab, at, m);
+            let reply = self.call(node, Op::Stamps, &body)?;
+            out.extend(wire::parse_stamps_reply(&reply, m).map_err(|e| {
+                TransportError::Protocol {
+                    node,
+                    addr: self.addr(node),
+                    reason: format!("STAMPS reply: {e}"),
+                }
+            })?);
+            at += u64::from(m);
+        }
+        Ok(out)
     }
     /// Prepares REGEN `req` for `node` (the node rebuilds one of our slabs from the surviving
     /// splits and answers when done, which can take minutes): returns the call, to run on a

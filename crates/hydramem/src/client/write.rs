@@ -183,13 +183,14 @@ impl RemoteMemory {
         }
     }
 
-    /// Posts split `j` of a page write (its bytes `data`) for page `pir` of `range` to the
-    /// group's node for it; a split that cannot be posted is marked failed at once.
+    /// Posts split `j` of a page write (its bytes `data`, tagged `tag`: 0 for a Hydra page,
+    /// see [`crate::tags`]) for page `pir` of `range` to the group's node for it; a split that
+    /// cannot be posted is marked failed at once.
     pub(super) fn post_split_write(
         &self,
         op: &slots::Op<'_>,
         group: &Group,
-        j: usize,
+        (j, tag): (usize, u64),
         data: &[u8],
         stamp: Stamp,
         flush: bool,
@@ -204,6 +205,7 @@ impl RemoteMemory {
             cookie: op.cookie(j),
             version: stamp.version,
             crc: self.split_crc(data, stamp, j),
+            tag,
         };
         if node == slots::NO_NODE || self.transport.post_write(node, e, data, flush).is_err() {
             op.post_failed(j);
@@ -227,7 +229,7 @@ impl RemoteMemory {
         let s = l.split_len;
         let Some(codec) = &self.codec else {
             for j in 0..l.width {
-                self.post_split_write(op, group, j, &page[..], stamp, flush);
+                self.post_split_write(op, group, (j, 0), &page[..], stamp, flush);
             }
             return;
         };
@@ -235,14 +237,14 @@ impl RemoteMemory {
             encode_side(codec, l, op, page);
         }
         for j in 0..l.full_data {
-            self.post_split_write(op, group, j, &page[j * s..(j + 1) * s], stamp, flush);
+            self.post_split_write(op, group, (j, 0), &page[j * s..(j + 1) * s], stamp, flush);
         }
         if !self.config.ablation.encode_first {
             encode_side(codec, l, op, page);
         }
         for j in l.full_data..l.width {
             let data = split_of(l, page, op.write_side(), j);
-            self.post_split_write(op, group, j, data, stamp, flush);
+            self.post_split_write(op, group, (j, 0), data, stamp, flush);
         }
     }
 
@@ -274,7 +276,7 @@ impl RemoteMemory {
         let posted = Instant::now();
         let post = |op: &slots::Op<'_>, group: &Group, j: usize| {
             let data = split_of(l, page, op.write_side(), j);
-            self.post_split_write(op, group, j, data, stamp, true);
+            self.post_split_write(op, group, (j, 0), data, stamp, true);
         };
         let lag = |op: &slots::Op<'_>, group: &Group, p: Progress| {
             self.leave_behind(op, group, page, stamp, (p, start))

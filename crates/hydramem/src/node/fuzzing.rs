@@ -161,7 +161,13 @@ fn request(
                     let fill = b.u8();
                     let data = vec![fill; run.split_len as usize];
                     let cookie = run.split_offset(i as usize) ^ u64::from(run.slab);
-                    let _ = w.split(cookie, version, u32::from(fill), &data);
+                    let fields = wire::SplitFields {
+                        cookie,
+                        version,
+                        crc: u32::from(fill),
+                        tag: u64::from(fill),
+                    };
+                    let _ = w.split(fields, &data);
                 }
                 let _ = w.finish();
             }
@@ -262,8 +268,8 @@ fn check(
                 return;
             };
             let mut got = Vec::new();
-            wire::parse_vectored_reply(h, reply, |cookie, status, version, _, _| {
-                got.push((cookie, status, version))
+            wire::parse_vectored_reply(h, reply, |status, s, _| {
+                got.push((s.cookie, status, s.version))
             })
             .expect("a well-formed WRITEV reply");
             assert_eq!(got.len(), runs.splits(), "one reply entry per split");

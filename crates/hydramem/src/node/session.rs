@@ -161,6 +161,19 @@ impl Session {
                     .unwrap_or(Status::Ok);
                 reply_status(out, h, st)?;
             }
+            Request::Stamps { slab, first, n } => {
+                match node
+                    .slab(&client, slab)
+                    .and_then(|s| s.stamps(first, n.into()))
+                {
+                    Ok(stamps) => {
+                        let fb = ok(out, h);
+                        wire::put_stamps_reply(out, stamps.into_iter());
+                        fb.finish(out)?;
+                    }
+                    Err(st) => reply_status(out, h, st)?,
+                }
+            }
             Request::List => {
                 let fb = ok(out, h);
                 wire::put_list(out, &node.list(&client));
@@ -309,6 +322,9 @@ impl Landing for WriteLanding<'_, '_> {
     fn crc(&mut self, i: usize, _: &[u8]) -> u32 {
         self.run.split(i).crc
     }
+    fn tag(&self, i: usize) -> u64 {
+        self.run.split(i).tag
+    }
     fn landed(&mut self, _: usize, bytes: &mut [u8]) {
         // Injected corruption of the stored copy (one relaxed load while off).
         if Faults::hits(&self.faults.corrupt_writes, self.run.run.slab) {
@@ -321,7 +337,7 @@ impl Landing for WriteLanding<'_, '_> {
     }
 }
 
-/// READV: every run's splits with their versions and checksums, each run copied once from
+/// READV: every run's splits with their versions, checksums and tags, each run copied once from
 /// its slab into the reply frame (a run that would not fit the frame is refused).
 fn read_v(
     node: &Node,

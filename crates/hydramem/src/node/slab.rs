@@ -1,5 +1,5 @@
 //! One slab: a fixed-size region of a node's memory owned by one client identity, holding
-//! splits of one length, each with the version and checksum of the write that stored it.
+//! splits of one length, each with the version, checksum and tag of the write that stored it.
 //!
 //! Invariants:
 //! - a slab holds `slots = slab_size / split_len` split slots; every access is a *run* of whole
@@ -27,13 +27,15 @@ use crate::wire::{ClientId, SlabStats, Status, MAX_VERSION, SLAB_RECLAIMED};
 /// [`Slab::reclaim`] of a slab a drain reclaimed: no deadline.
 pub(super) const NO_DEADLINE: u64 = u64::MAX;
 
-/// The slab's bytes and, per split slot, the version (u64 little-endian) and the checksum the
-/// client gave (u32 little-endian; stored and returned, never computed). All three mappings
-/// are lazily backed, so untouched slots cost nothing.
+/// The slab's bytes and, per split slot, the version (u64 little-endian), the checksum the
+/// client gave (u32 little-endian; stored and returned, never computed) and the split's tag
+/// (u64 little-endian, likewise). All four mappings are lazily backed, so untouched slots cost
+/// nothing.
 struct SlabData {
     memory: SlabMemory,
     versions: SlabMemory,
     crcs: SlabMemory,
+    tags: SlabMemory,
     /// Slots whose version is not 0.
     held: u64,
 }
@@ -53,7 +55,13 @@ impl SlabData {
         Ok(u32::from_le_bytes(c))
     }
 
-    fn set_stamp(&mut self, slot: u64, version: u64, crc: u32) -> Result<(), Status> {
+    fn tag(&self, slot: u64) -> Result<u64, Status> {
+        let mut t = [0u8; 8];
+        self.tags.read(slot * 8, &mut t).ok_or(Status::Internal)?;
+        Ok(u64::from_le_bytes(t))
+    }
+
+    fn set_stamp(&mut self, slot: u64, version: u64, crc: u32, tag: u64) -> Result<(), Status> {
         match (self.version(slot)? == 0, version == 0) {
             (true, false) => self.held += 1,
             (false, true) => self.held -= 1,
@@ -64,6 +72,9 @@ impl SlabData {
             .ok_or(Status::Internal)?;
         self.crcs
             .write(slot * 4, &crc.to_le_bytes())
+            .ok_or(Status::Internal)?;
+        self.tags
+            .write(slot * 8, &tag.to_le_bytes())
             .ok_or(Status::Internal)
     }
 }
@@ -73,6 +84,7 @@ pub struct RunView<'a> {
     data: &'a [u8],
     versions: &'a [u8],
     crcs: &'a [u8],
+    tags: &'a [u8],
     slab: &'a SlabData,
     first: u64,
     slots: u64,
@@ -85,11 +97,12 @@ impl<'a> RunView<'a> {
         self.data
     }
 
-    /// The version and checksum stored with split `i`.
-    pub fn stamp(&self, i: usize) -> (u64, u32) {
+    /// The version, checksum and tag stored with split `i`.
+    pub fn stamp(&self, i: usize) -> (u64, u32, u64) {
         let v = u64::from_le_bytes(self.versions[8 * i..8 * i + 8].try_into().expect("8"));
         let c = u32::from_le_bytes(self.crcs[4 * i..4 * i + 4].try_into().expect("4"));
-        (v, c)
+        let t = u64::from_le_bytes(self.tags[8 * i..8 * i + 8].try_into().expect("8"));
+        (v, c, t)
     }
 
     /// The bytes and checksum of the slot next to split `i` (the previous one for the slab's
@@ -120,6 +133,8 @@ pub trait Landing {
     fn fill(&mut self, span: std::ops::Range<usize>, dst: &mut [u8]) -> Result<(), Status>;
     /// The checksum to store with split `i`, whose bytes are now `data`.
     fn crc(&mut self, i: usize, data: &[u8]) -> u32;
+    /// The tag to store with split `i`.
+    fn tag(&self, i: usize) -> u64;
     /// Split `i` was stored (after [`Landing::crc`]); `bytes` is its copy in the slab, still
     /// under the lock (injected corruption of stored copies).
     fn landed(&mut self, _i: usize, _bytes: &mut [u8]) {}
@@ -134,6 +149,7 @@ struct OneSplit<'a> {
     data: &'a [u8],
     version: u64,
     crc: u32,
+    tag: u64,
     status: Status,
 }
 
@@ -147,6 +163,9 @@ impl Landing for OneSplit<'_> {
     }
     fn crc(&mut self, _: usize, _: &[u8]) -> u32 {
         self.crc
+    }
+    fn tag(&self, _: usize) -> u64 {
+        self.tag
     }
     fn outcome(&mut self, _: usize, status: Status, _: u64) {
         self.status = status;
@@ -195,7 +214,7 @@ impl Slab {
                 .map_err(|_| std::io::Error::other("slab tables exceed the address space"))
                 .and_then(SlabMemory::new)
         };
-        let (versions, crcs) = (table(8)?, table(4)?);
+        let (versions, crcs, tags) = (table(8)?, table(4)?, table(8)?);
         Ok(Slab {
             owner,
             tag,
@@ -206,6 +225,7 @@ impl Slab {
                 memory,
                 versions,
                 crcs,
+                tags,
                 held: 0,
             }),
             newest: AtomicU64::new(0),
@@ -267,6 +287,7 @@ impl Slab {
             data: d.memory.bytes(offset, n * len).ok_or(Status::Internal)?,
             versions: d.versions.bytes(first * 8, n * 8).ok_or(Status::Internal)?,
             crcs: d.crcs.bytes(first * 4, n * 4).ok_or(Status::Internal)?,
+            tags: d.tags.bytes(first * 8, n * 8).ok_or(Status::Internal)?,
             slab: &d,
             first,
             slots: self.slots,
@@ -314,7 +335,7 @@ impl Slab {
                     let bytes = bytes.ok_or(Status::Internal)?;
                     let crc = l.crc(j, bytes);
                     l.landed(j, bytes);
-                    d.set_stamp(slot, v, crc)?;
+                    d.set_stamp(slot, v, crc, l.tag(j))?;
                     l.outcome(j, Status::Ok, v);
                     newest = newest.max(v);
                 }
@@ -351,8 +372,23 @@ impl Slab {
     pub fn load(&self, offset: u64, out: &mut [u8]) -> Result<(u64, u32), Status> {
         self.read_run(offset, out.len() as u64, 1, |v| {
             out.copy_from_slice(v.data());
-            v.stamp(0)
+            let (version, crc, _) = v.stamp(0);
+            (version, crc)
         })
+    }
+
+    /// The versions and tags stored in slots `first..first + n` (STAMPS), under one read
+    /// lock; refused with [`Status::OutOfRange`] past the slab's end (checked without
+    /// overflow).
+    pub fn stamps(&self, first: u64, n: u64) -> Result<Vec<(u64, u64)>, Status> {
+        let end = first
+            .checked_add(n)
+            .filter(|end| *end <= self.slots && n > 0)
+            .ok_or(Status::OutOfRange)?;
+        let d = self.data.read();
+        (first..end)
+            .map(|slot| Ok((d.version(slot)?, d.tag(slot)?)))
+            .collect()
     }
 
     /// The version stored at `offset` now (0: never written), or the error for an access
@@ -372,10 +408,21 @@ impl Slab {
     /// acknowledged without rewriting. A version outside `1..=MAX_VERSION` is refused with
     /// [`Status::BadRequest`].
     pub fn store(&self, offset: u64, data: &[u8], version: u64, crc: u32) -> Result<(), Status> {
+        self.store_tagged(offset, data, (version, crc, 0))
+    }
+
+    /// [`Slab::store`] of a split with its tag: `(version, crc, tag)`.
+    pub fn store_tagged(
+        &self,
+        offset: u64,
+        data: &[u8],
+        (version, crc, tag): (u64, u32, u64),
+    ) -> Result<(), Status> {
         let mut one = OneSplit {
             data,
             version,
             crc,
+            tag,
             status: Status::Ok,
         };
         self.store_run(offset, data.len() as u64, 1, &mut one)?;
@@ -424,7 +471,7 @@ impl Slab {
     }
 
     /// Gives back the memory of slots `first..first + n` (DISCARD): their bytes read as
-    /// zeros, their versions and checksums as never written. When they reach the slab's
+    /// zeros, their versions, checksums and tags as never written. When they reach the slab's
     /// high-water mark of written slots, the mark comes down to `first`. Refused with
     /// [`Status::OutOfRange`] past the slab's end (checked without overflow).
     pub fn discard(&self, first: u64, n: u64) -> Result<(), Status> {
@@ -446,6 +493,9 @@ impl Slab {
             .ok_or(Status::Internal)?;
         d.crcs
             .discard(first * 4, bytes(4)?)
+            .ok_or(Status::Internal)?;
+        d.tags
+            .discard(first * 8, bytes(8)?)
             .ok_or(Status::Internal)?;
         d.held -= written;
         let _ = self
@@ -596,6 +646,9 @@ mod tests {
         fn crc(&mut self, i: usize, _: &[u8]) -> u32 {
             i as u32
         }
+        fn tag(&self, i: usize) -> u64 {
+            100 + i as u64
+        }
         fn outcome(&mut self, _: usize, status: Status, stored: u64) {
             self.outcomes.push((status, stored));
         }
@@ -638,7 +691,25 @@ mod tests {
                 )
             })
             .unwrap();
-        assert_eq!(stamps, vec![(6, 0), (5, 1), (5, 2), (5, 3), (7, 4)]);
+        assert_eq!(
+            stamps,
+            vec![
+                (6, 0, 100),
+                (5, 1, 101),
+                (5, 2, 102),
+                (5, 3, 103),
+                (7, 4, 104)
+            ]
+        );
+        assert_eq!(
+            s.stamps(2, 5),
+            Ok(vec![(6, 100), (5, 101), (5, 102), (5, 103), (7, 104)])
+        );
+        assert_eq!(s.stamps(0, 1), Ok(vec![(0, 0)]));
+        assert_eq!(s.stamps(15, 2), Err(Status::OutOfRange));
+        assert_eq!(s.stamps(u64::MAX, 2), Err(Status::OutOfRange));
+        s.discard(2, 1).unwrap();
+        assert_eq!(s.stamps(2, 2), Ok(vec![(0, 0), (5, 101)]));
         let firsts: Vec<u8> = data.chunks(512).map(|c| c[0]).collect();
         assert_eq!(firsts, vec![6, 5, 5, 5, 7]);
         assert_eq!((s.newest(), s.stats(0).writes, s.stats(0).reads), (7, 6, 5));

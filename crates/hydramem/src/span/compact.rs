@@ -313,6 +313,19 @@ fn pass(store: &SpanStore, victims: &[u64]) -> Result<u64, IoError> {
             found.push((*i, page, loc));
         }
     });
+    // Hold the pages (those a write holds are skipped: the write moves them), then look each
+    // up again: a write may have moved it between the scan and the hold.
+    let held = store.busy.hold_free(found.iter().map(|(_, page, _)| *page));
+    found.retain_mut(|(i, page, loc)| {
+        let now = store.map.get(*page);
+        match now {
+            Some(l) if held.holds(*page) && order.get(&l.row) == Some(i) => {
+                *loc = l;
+                true
+            }
+            _ => false,
+        }
+    });
     found.sort_unstable_by_key(|(i, page, _)| (*i, *page));
     let k = store.k;
     if found.len() > k {
@@ -352,5 +365,7 @@ fn pass(store: &SpanStore, victims: &[u64]) -> Result<u64, IoError> {
     bytes.retain(|_| keep.next().unwrap_or(false));
     let list: Vec<(u64, &Page)> = kept.iter().map(|(p, _)| *p).zip(bytes.iter()).collect();
     let expected: Vec<Loc> = kept.iter().map(|(_, l)| *l).collect();
-    store.write_packed(&list, Some(&expected))
+    let moved = store.write_packed(&list, Some(&expected));
+    drop(held);
+    moved
 }

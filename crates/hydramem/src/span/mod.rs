@@ -28,13 +28,15 @@
 //! live pages of the emptiest rows and writes them again packed into full rows, moving each
 //! page only if no write moved it meanwhile.
 //!
-//! **What it does not do yet**: a client identity kept across restarts (`--client-id`) needs
-//! the page map rebuilt from what the nodes hold, so nodes would have to keep each piece's
-//! page number; span refuses kept identities until they do.
+//! **Kept identities** ([`reattach`]): every piece carries its page number as its tag (the
+//! parity pieces the code's parity over them), so a client that reattaches to its identity
+//! rebuilds the page map and the row table from the pieces' versions and tags alone.
 
+mod busy;
 pub mod compact;
 pub mod gather;
 pub mod map;
+mod reattach;
 pub mod table;
 #[cfg(test)]
 mod tests;
@@ -66,6 +68,7 @@ pub struct SpanStore {
     width: usize,
     compactor: Compactor,
     gather: gather::Gather,
+    busy: busy::Busy,
     counters: Counters,
 }
 
@@ -127,29 +130,45 @@ impl SpanStats {
 }
 
 impl SpanStore {
-    /// The store of `mem`, a client connected with a span scheme, with an empty page map, and
-    /// its compaction thread started.
+    /// The store of `mem`, a client connected with a span scheme, with its compaction thread
+    /// started. Its page map is empty for a new identity; for one that reattaches, rebuilt
+    /// from what the nodes hold ([`reattach`]).
+    ///
+    /// # Errors
+    /// The nodes' metadata for a row is inconsistent (see [`RemoteMemory::held_rows`]).
     ///
     /// # Panics
     /// If `mem` is not span coded (a caller's mistake: [`crate::backup::FrontStore`] builds
     /// this store for span schemes only).
-    pub fn new(mem: Arc<RemoteMemory>) -> Arc<SpanStore> {
+    pub fn new(mem: Arc<RemoteMemory>) -> Result<Arc<SpanStore>, IoError> {
         let l = *mem.layout();
         assert!(l.span(), "a span store needs a span-coded client");
         let pages = mem.size().div_ceil(PAGE);
         let rows = l.space(mem.size()) / PAGE;
+        let map = PageMap::new(pages);
+        let (table, found) = reattach::rebuild(&mem, &map, rows)?;
+        if found > 0 {
+            let o = table.occupancy();
+            tracing::info!(
+                pages = found,
+                rows_in_use = o.rows_in_use,
+                rows_held = o.rows_held,
+                "rebuilt the span page map from the memory nodes"
+            );
+        }
         let store = Arc::new(SpanStore {
-            map: PageMap::new(pages),
-            table: Mutex::new(RowTable::new(rows)),
+            map,
+            table: Mutex::new(table),
             k: l.k,
             width: l.width,
             mem,
             compactor: Compactor::new(l.k, l.width),
             gather: gather::Gather::default(),
+            busy: busy::Busy::default(),
             counters: Counters::default(),
         });
         compact::start(&store);
-        store
+        Ok(store)
     }
 
     /// The client under the store.
@@ -252,15 +271,25 @@ impl SpanStore {
         if pages.is_empty() {
             return Ok(0);
         }
-        if expected.is_none() {
+        // A write holds its pages while it moves them (compaction holds its own: see
+        // [`busy`]), and writes each page once: of two in one batch, the later wins, and two
+        // rows of one version naming one page would leave a reattaching client to guess.
+        let deduped;
+        let (pages, _held) = if expected.is_none() {
             self.compactor.note_write();
-        }
+            deduped = last_of_each(pages);
+            let numbers: Vec<u64> = deduped.iter().map(|(n, _)| *n).collect();
+            (&deduped[..], Some(self.busy.hold_all(&numbers)))
+        } else {
+            (pages, None)
+        };
         let rows = self.take_rows(pages.len())?;
         let refs: Vec<&Page> = pages.iter().map(|(_, p)| *p).collect();
+        let ids: Vec<u64> = pages.iter().map(|(n, _)| *n).collect();
         let writes: Vec<RowWrite<'_>> = rows
             .iter()
-            .zip(refs.chunks(self.k))
-            .map(|(&row, pages)| RowWrite { row, pages })
+            .zip(refs.chunks(self.k).zip(ids.chunks(self.k)))
+            .map(|(&row, (pages, ids))| RowWrite { row, pages, ids })
             .collect();
         let versions = match self.mem.write_rows(&writes) {
             Ok(v) => v,
@@ -351,6 +380,23 @@ impl SpanStore {
         }
         Ok(rows)
     }
+}
+
+/// `pages` with only the last entry of each page number, in list order.
+fn last_of_each<'a>(pages: &[(u64, &'a Page)]) -> Vec<(u64, &'a Page)> {
+    let mut last = std::collections::HashMap::with_capacity(pages.len());
+    for (i, (n, _)) in pages.iter().enumerate() {
+        last.insert(*n, i);
+    }
+    if last.len() == pages.len() {
+        return pages.to_vec();
+    }
+    pages
+        .iter()
+        .enumerate()
+        .filter(|(i, (n, _))| last[n] == *i)
+        .map(|(_, p)| *p)
+        .collect()
 }
 
 impl PageStore for SpanStore {

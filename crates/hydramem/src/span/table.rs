@@ -76,6 +76,32 @@ impl RowTable {
         }
     }
 
+    /// A table of `rows` rows as a client that reattaches finds them: `live[row]` pages live
+    /// in each row (rows past its end, none), `held[row]` whether the nodes hold any piece of
+    /// it. Rows up to the last held one count as used; the free ones among them are free
+    /// rows, held or given back as `held` says.
+    pub fn rebuilt(rows: u64, live: &[u8], held: &[bool]) -> RowTable {
+        let mut t = RowTable::new(rows);
+        let used = held.iter().rposition(|h| *h).map_or(0, |r| r + 1);
+        let used = used.max(live.iter().rposition(|l| *l > 0).map_or(0, |r| r + 1));
+        t.next = (used as u64).min(rows);
+        for row in 0..t.next {
+            let n = live.get(row as usize).copied().unwrap_or(0);
+            t.live[row as usize] = n;
+            t.live_pages += u64::from(n);
+            if n > 0 {
+                t.in_use += 1;
+            } else {
+                t.free.push(Reverse(row));
+                if !held.get(row as usize).copied().unwrap_or(false) {
+                    t.discarded[row as usize] = true;
+                    t.n_discarded += 1;
+                }
+            }
+        }
+        t
+    }
+
     /// Rows in the table.
     pub fn rows(&self) -> u64 {
         self.live.len() as u64
@@ -336,5 +362,33 @@ mod tests {
         );
         assert_eq!(t.take(1), Some(1));
         assert!(t.begin_shrink().is_none());
+    }
+
+    #[test]
+    fn a_rebuilt_table_frees_the_empty_rows_below_the_last_held_one() {
+        let live = [2, 0, 0, 3, 0];
+        let held = [true, true, false, true, false];
+        let mut t = RowTable::rebuilt(8, &live, &held);
+        assert_eq!(
+            t.occupancy(),
+            Occupancy {
+                rows_in_use: 2,
+                live_pages: 5,
+                rows_touched: 4,
+                rows_held: 3,
+            }
+        );
+        assert_eq!(
+            (t.take(1), t.take(1), t.take(1)),
+            (Some(1), Some(2), Some(4))
+        );
+        assert_eq!(
+            t.occupancy().rows_held,
+            5,
+            "row 2 holds memory again, row 4 is new"
+        );
+        t.release(0);
+        t.release(0);
+        assert_eq!(t.take(1), Some(0));
     }
 }

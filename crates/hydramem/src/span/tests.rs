@@ -28,7 +28,7 @@ fn start(scheme: &str, nodes: usize, pages: u64) -> (Arc<SpanStore>, MemControl)
         seed: 5,
     };
     let (mem, ctl) = connect(&cluster(nodes, SLAB), config, options).expect("connects");
-    (SpanStore::new(mem), ctl)
+    (SpanStore::new(mem).expect("a fresh span store"), ctl)
 }
 
 /// A page whose bytes say which page and which write it is.

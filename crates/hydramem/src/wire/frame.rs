@@ -15,7 +15,7 @@ use super::MAX_ENTRIES;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 5;
+pub const VERSION: u8 = 6;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -90,6 +90,10 @@ pub enum Op {
     /// Give back the memory of a stretch of one of the caller's slabs' split slots: their
     /// bytes read as zeros and their versions as never written afterwards.
     Discard = 0x0B,
+    /// The versions and tags stored in a stretch of one of the caller's slabs' split slots,
+    /// without their data: what a client that reattaches to its identity rebuilds its span
+    /// page map from.
+    Stamps = 0x0C,
     /// Vectored write of splits.
     WriteV = 0x10,
     /// Vectored read of splits.
@@ -100,7 +104,7 @@ pub enum Op {
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 14] = [
+    pub const ALL: [Op; 15] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -115,6 +119,7 @@ impl Op {
         Op::Drain,
         Op::Corrupt,
         Op::Discard,
+        Op::Stamps,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -375,7 +380,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 5);
+        assert_eq!(b[4], 6);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);

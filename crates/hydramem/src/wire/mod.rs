@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 5; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 6; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -40,15 +40,19 @@
 //! | 0x0A | CORRUPT | count u32, count × (slab u32, splits u32,      | accepted u32 (records that named a slab of the |
 //! |      |         | cause u8) (see [`CorruptReport`])              | caller; the rest count as unknown slab)        |
 //! | 0x0B | DISCARD | slab u32, first slot u64, slots u64            | empty; NO_SUCH_SLAB, OUT_OF_RANGE as for runs  |
+//! | 0x0C | STAMPS  | slab u32, first slot u64, slots u32 (≤ 65536)  | n u32, n × (version u64, tag u64); errors as   |
+//! |      |         |                                                | for DISCARD                                    |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! **Data: runs.** WRITEV and READV carry vectors of *runs*: `n` consecutive split slots of one
-//! slab, their per-split fields (cookie, version, checksum) in one block and their data in
+//! slab, their per-split fields (cookie, version, checksum, tag) in one block and their data in
 //! another, so that a node serves and lands a run with one copy. The byte tables, the bounds
 //! and the version rules are in [`runs`]; a READV reply returns each split with its stored
 //! version, so that a client never combines splits of different writes of a page
 //! (docs/architecture.md, "Versions"). LIST returns the newest version held in each slab,
-//! from which a client that reattaches to its identity seeds its version clock.
+//! from which a client that reattaches to its identity seeds its version clock; STAMPS returns
+//! the versions and tags of a stretch of slots without their data, from which a span-coded
+//! client that reattaches rebuilds its page map (a span piece's tag names its page).
 //!
 //! **Reclaims.** A node that needs memory back (its machine runs short of free memory, or an
 //! operator drains it) marks slabs as *reclaimed* and tells their owners in the reply to their

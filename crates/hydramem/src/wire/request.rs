@@ -35,6 +35,15 @@ pub enum Request<'a> {
         /// Slots.
         n: u64,
     },
+    /// STAMPS of a stretch of a slab's split slots.
+    Stamps {
+        /// The slab.
+        slab: u32,
+        /// The first slot.
+        first: u64,
+        /// Slots (1..=[`MAX_STAMPS`]).
+        n: u32,
+    },
     /// LIST.
     List,
     /// STATS.
@@ -80,6 +89,13 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
             first: r.u64()?,
             n: r.u64()?,
         },
+        Op::Stamps => {
+            let (slab, first, n) = (r.u32()?, r.u64()?, r.u32()?);
+            if n == 0 || n > MAX_STAMPS {
+                return Err(WireError::Invalid("STAMPS asks 1 to 65536 slots"));
+            }
+            Request::Stamps { slab, first, n }
+        }
         Op::List => Request::List,
         Op::Stats => Request::Stats,
         Op::Reclaims => Request::Reclaims,
@@ -105,6 +121,8 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
 /// | ALLOC reply | 4 | slab id |
 /// | FREE request | 4 | slab id |
 /// | DISCARD request | 4, 8, 8 | slab id, first split slot, slots |
+/// | STAMPS request | 4, 8, 4 | slab id, first split slot, slots (1..=[`MAX_STAMPS`]) |
+/// | STAMPS reply | 4, n × (8, 8) | n, per slot in order: stored version, tag (0, 0: never written) |
 /// | DRAIN request | 4 | 1 = start, 0 = cancel |
 /// | REGEN reply | 8 | pages rebuilt |
 pub fn put_alloc(out: &mut Vec<u8>, tag: u64, split_len: u32) {
@@ -135,6 +153,44 @@ pub fn put_discard(out: &mut Vec<u8>, slab: u32, first: u64, n: u64) {
     out.extend_from_slice(&slab.to_le_bytes());
     out.extend_from_slice(&first.to_le_bytes());
     out.extend_from_slice(&n.to_le_bytes());
+}
+
+/// Most slots one STAMPS request may ask: its reply (16 bytes a slot) stays far below
+/// [`MAX_BODY`].
+pub const MAX_STAMPS: u32 = 65536;
+
+/// Appends a STAMPS request body: slots `first..first + n` of `slab`.
+pub fn put_stamps(out: &mut Vec<u8>, slab: u32, first: u64, n: u32) {
+    out.extend_from_slice(&slab.to_le_bytes());
+    out.extend_from_slice(&first.to_le_bytes());
+    out.extend_from_slice(&n.to_le_bytes());
+}
+
+/// Appends a STAMPS reply body: each slot's stored version and tag, in slot order.
+pub fn put_stamps_reply(out: &mut Vec<u8>, stamps: impl ExactSizeIterator<Item = (u64, u64)>) {
+    let n = u32::try_from(stamps.len()).expect("at most MAX_STAMPS slots");
+    out.extend_from_slice(&n.to_le_bytes());
+    for (version, tag) in stamps {
+        out.extend_from_slice(&version.to_le_bytes());
+        out.extend_from_slice(&tag.to_le_bytes());
+    }
+}
+
+/// Parses a STAMPS reply body into (version, tag) per slot; fails unless it holds exactly
+/// `n` slots.
+pub fn parse_stamps_reply(body: &[u8], n: u32) -> Result<Vec<(u64, u64)>, WireError> {
+    let mut r = Reader::new(body);
+    if r.u32()? != n {
+        return Err(WireError::Invalid(
+            "a STAMPS reply of another length than asked",
+        ));
+    }
+    let mut out = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        out.push((r.u64()?, r.u64()?));
+    }
+    r.end()?;
+    Ok(out)
 }
 
 /// Appends a DRAIN request body: start (`true`) or cancel.
@@ -173,6 +229,25 @@ mod tests {
             parse(Op::Discard, &|o| put_discard(o, 7, 3, 9)),
             "Discard { slab: 7, first: 3, n: 9 }"
         );
+        assert_eq!(
+            parse(Op::Stamps, &|o| put_stamps(o, 7, 3, 9)),
+            "Stamps { slab: 7, first: 3, n: 9 }"
+        );
+        for n in [0, MAX_STAMPS + 1] {
+            let f = frame(Op::Stamps, 1, |o| put_stamps(o, 7, 3, n));
+            let (h, body) = split(&f);
+            assert_eq!(
+                parse_request(&h, body).unwrap_err(),
+                WireError::Invalid("STAMPS asks 1 to 65536 slots")
+            );
+        }
+        let mut reply = Vec::new();
+        put_stamps_reply(&mut reply, [(5, 6), (0, 0)].into_iter());
+        assert_eq!(reply.len(), 4 + 2 * 16);
+        assert_eq!((reply[0], reply[4], reply[12]), (2, 5, 6));
+        assert_eq!(parse_stamps_reply(&reply, 2).unwrap(), vec![(5, 6), (0, 0)]);
+        assert!(parse_stamps_reply(&reply, 3).is_err());
+        assert!(parse_stamps_reply(&reply[..30], 2).is_err());
         assert_eq!(parse(Op::Drain, &|o| put_drain(o, true)), "Drain(true)");
         assert_eq!(parse(Op::Drain, &|o| put_drain(o, false)), "Drain(false)");
         assert_eq!(
@@ -200,7 +275,7 @@ mod tests {
                     let body = &bytes[HEADER_LEN..];
                     let _ = parse_request(&h, body);
                     let mut delivered = 0;
-                    let _ = parse_vectored_reply(&h, body, |_, _, _, _, d| delivered += d.len());
+                    let _ = parse_vectored_reply(&h, body, |_, _, d| delivered += d.len());
                     prop_assert!(delivered <= body.len());
                 }
             }

@@ -190,14 +190,24 @@ impl Raw {
         let mut f = OpenRuns::begin(&mut out, Op::WriteV, 0).unwrap();
         let mut w = f.write_run(&mut out, run).unwrap();
         for (i, (version, crc, data)) in splits.iter().enumerate() {
-            w.split(5 + i as u64, *version, *crc, data).unwrap();
+            let fields = wire::SplitFields {
+                cookie: 5 + i as u64,
+                version: *version,
+                crc: *crc,
+                tag: 0,
+            };
+            w.split(fields, data).unwrap();
         }
         w.finish().unwrap();
         let (h, body) = self.call(Op::WriteV, &out[HEADER_LEN..]);
         let mut got = Vec::new();
-        wire::parse_vectored_reply(&h, &body, |cookie, st, v, _, _| {
-            assert_eq!(cookie, 5 + got.len() as u64, "reply entries in split order");
-            got.push((st, v))
+        wire::parse_vectored_reply(&h, &body, |st, s, _| {
+            assert_eq!(
+                s.cookie,
+                5 + got.len() as u64,
+                "reply entries in split order"
+            );
+            got.push((st, s.version))
         })
         .unwrap();
         assert_eq!(got.len(), splits.len());

@@ -310,6 +310,7 @@ fn the_transport_refuses_what_it_cannot_post_and_serves_the_rest() {
         cookie,
         version: 5,
         crc: 0,
+        tag: 0,
         data: &data,
     };
     // A node that does not exist, no splits, data of another length: refused, nothing sent.

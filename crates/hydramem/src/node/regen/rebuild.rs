@@ -49,6 +49,8 @@ pub struct Rebuild<'a> {
     good: Vec<Vec<u64>>,
     /// Per page: the version to land by decoding (0: not a plain page).
     plain: Vec<u64>,
+    /// Per page of the chunk being decoded: the target split's tag, decoded.
+    tags: Vec<u64>,
     /// One rebuilt split.
     split: Vec<u8>,
 }
@@ -86,6 +88,17 @@ fn judge(check: Option<u64>, run: &ReplyRun<'_>, p: usize, slot: u64, split: usi
     }
 }
 
+/// The target split's tag, decoded from k sources' tags (split index, tag) as its bytes are
+/// (see [`crate::tags`]).
+fn decode_tag(
+    codec: &Codec,
+    tags: impl Iterator<Item = (usize, u64)>,
+    target: usize,
+) -> Result<u64, RegenError> {
+    crate::tags::reconstruct(codec, tags, target)
+        .map_err(|e| RegenError::Invalid(format!("decoding a split's tag: {e}")))
+}
+
 impl<'a> Rebuild<'a> {
     /// A rebuild of `slab` as `req` asks.
     pub fn new(slab: &'a Slab, req: &'a Regen) -> Rebuild<'a> {
@@ -95,6 +108,7 @@ impl<'a> Rebuild<'a> {
             check: req.checksums.then_some(req.range),
             good: Vec::new(),
             plain: Vec::new(),
+            tags: Vec::new(),
             split: Vec::new(),
         }
     }
@@ -136,6 +150,19 @@ impl<'a> Rebuild<'a> {
         }
         let mut done = self.plain.iter().filter(|v| **v != 0).count() as u64;
         if done > 0 {
+            self.tags.clear();
+            let target = self.req.target as usize;
+            for page in 0..c.n {
+                let tags = p
+                    .active
+                    .iter()
+                    .map(|s| (s.split, s.fetched().split(page).tag));
+                let tag = match self.plain[page] {
+                    0 => 0,
+                    _ => decode_tag(codec, tags, target)?,
+                };
+                self.tags.push(tag);
+            }
             self.slab.prefault(c.first, c.n as u64);
             let present: Vec<(usize, &[u8])> = p
                 .active
@@ -177,6 +204,12 @@ impl<'a> Rebuild<'a> {
             .chain(&p.extra)
             .map(|src| (src.split, src.fetched().data()))
             .collect();
+        let tags: Vec<Vec<u64>> = p
+            .active
+            .iter()
+            .chain(&p.extra)
+            .map(|src| (0..c.n).map(|page| src.fetched().split(page).tag).collect())
+            .collect();
         self.split.resize(len, 0);
         let (target, check, slab) = (self.req.target as usize, self.check, self.slab);
         let (good, plain, rebuilt) = (&self.good, &self.plain, &mut self.split);
@@ -196,11 +229,13 @@ impl<'a> Rebuild<'a> {
             codec
                 .reconstruct(&present[..k], &mut [(target, &mut rebuilt[..])])
                 .map_err(|e| RegenError::Invalid(e.to_string()))?;
+            let tags = holders(v).take(k).map(|i| (all[i].0, tags[i][page]));
+            let tag = decode_tag(codec, tags, target)?;
             let slot = c.first + page as u64;
             let crc = check.map_or(0, |range| {
                 integrity::split_crc(rebuilt, range, slot, target, v)
             });
-            match slab.store(slot * len as u64, rebuilt, v, crc) {
+            match slab.store_tagged(slot * len as u64, rebuilt, (v, crc, tag)) {
                 Ok(()) | Err(Status::Stale) => done += 1,
                 Err(st) => return Err(RegenError::Invalid(format!("storing slot {slot}: {st}"))),
             }
@@ -317,6 +352,13 @@ impl Landing for Stretch<'_, '_> {
                 dst.copy_from_slice(&run.data()[bytes]);
                 Ok(())
             }
+        }
+    }
+
+    fn tag(&self, i: usize) -> u64 {
+        match self.from {
+            From::Copy { run, .. } => run.split(self.at + i).tag,
+            From::Decode { .. } => self.r.tags[self.at + i],
         }
     }
 

@@ -3,7 +3,7 @@
 //! Consecutive pages of an address range lie in consecutive split slots of every slab of its
 //! coding group, so a range of pages is one run per node, and a scattered batch is a vector
 //! of runs in one frame. A run carries its splits' per-split fields (cookie, version,
-//! checksum) in one fixed-size area and its data in one contiguous area, in slot order, so that
+//! checksum, tag) in one fixed-size area and its data in one contiguous area, in slot order, so that
 //! a node serves a read run with one copy from the slab into the reply and lands a written run
 //! with one copy into the slab.
 //!
@@ -27,8 +27,8 @@
 //! | 4      | status  | the run's outcome ([`Status`]); a run succeeds or fails as a whole |
 //! | 4      | n       | splits in the run, as asked                                        |
 //! | 4      | len     | data bytes at the end of the run: n × split_len if OK, else 0      |
-//! | 20 × n | splits  | per split, in slot order: cookie u64, version u64, crc u32 (stored |
-//! |        |         | with the split; 0 and 0 in a failed run)                           |
+//! | 28 × n | splits  | per split, in slot order: cookie u64, version u64, crc u32, tag    |
+//! |        |         | u64 (stored with the split; 0, 0 and 0 in a failed run)            |
 //! | len    | data    | the run's split slots exactly as they lie in the slab              |
 //!
 //! ## WRITEV
@@ -41,8 +41,9 @@
 //! | 4                 | split_len | as in READV                                            |
 //! | 8                 | offset    | as in READV                                            |
 //! | 4                 | n         | as in READV                                            |
-//! | 20 × n            | splits    | per split: cookie u64, version u64 (of the page the    |
-//! |                   |           | split belongs to), crc u32 (stored beside the version) |
+//! | 28 × n            | splits    | per split: cookie u64, version u64 (of the page the    |
+//! |                   |           | split belongs to), crc u32 and tag u64 (stored beside  |
+//! |                   |           | the version)                                           |
 //! | n × split_len     | data      | split i at byte i × split_len                          |
 //!
 //! Reply body (frame status OK): `count u32` (splits: the sum of the request's n), then per
@@ -55,7 +56,7 @@
 //! - **Per-split fields first, data after, each in one block.** The data of a run is then one
 //!   contiguous region on the wire that matches one contiguous region of the slab: one copy
 //!   each way, one lock and one range check per run. The per-split area has a fixed size
-//!   (20 × n), so a sender reserves it and fills it split by split while it copies each split's
+//!   (28 × n), so a sender reserves it and fills it split by split while it copies each split's
 //!   data from wherever it lies (a client's splits of consecutive pages come from different
 //!   page buffers): no list is built first ([`OpenRuns`], [`RunWriter`]).
 //! - **Runs are self-describing.** A reply run repeats n and every cookie, so a client lands
@@ -106,8 +107,8 @@ pub const MAX_SPLIT_LEN: u32 = 64 << 10;
 /// Length of a run's head: slab u32, split_len u32, offset u64, n u32.
 pub const RUN_HEAD_LEN: usize = 20;
 /// Length of one split's fields in a WRITEV request run and in a READV reply run: cookie u64,
-/// version u64, crc u32.
-pub const SPLIT_FIELDS_LEN: usize = 20;
+/// version u64, crc u32, tag u64.
+pub const SPLIT_FIELDS_LEN: usize = 28;
 /// Length of a READV reply run's head: status u32, n u32, len u32.
 pub const READ_REPLY_HEAD_LEN: usize = 12;
 /// Length of a WRITEV reply entry: cookie u64, status u32, stored version u64.
@@ -195,6 +196,8 @@ pub struct Entry {
     /// WRITEV: the split's checksum, stored with it (0 in READV, and from clients without
     /// checksums).
     pub crc: u32,
+    /// WRITEV: the split's tag, stored with it (see [`SplitFields::tag`]; 0 in READV).
+    pub tag: u64,
 }
 
 impl Entry {
@@ -226,8 +229,8 @@ fn add_splits(total: &mut usize, n: usize) -> Result<(), WireError> {
     Ok(())
 }
 
-/// One split's fields in a WRITEV run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One split's fields in a WRITEV run or a READV reply run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SplitFields {
     /// Echoed in the reply.
     pub cookie: u64,
@@ -235,6 +238,10 @@ pub struct SplitFields {
     pub version: u64,
     /// The split's checksum.
     pub crc: u32,
+    /// What the client says the split is, stored beside the version and returned with it:
+    /// a span row's piece names its page (see [`crate::span`]); 0 for a Hydra page's split.
+    /// Opaque to the node, except that a regeneration decodes it like the split's bytes.
+    pub tag: u64,
 }
 
 impl SplitFields {
@@ -245,6 +252,7 @@ impl SplitFields {
             cookie: u64_at(block, at),
             version: u64_at(block, at + 8),
             crc: u32_at(block, at + 16),
+            tag: u64_at(block, at + 20),
         }
     }
 
@@ -252,6 +260,14 @@ impl SplitFields {
         out.extend_from_slice(&self.cookie.to_le_bytes());
         out.extend_from_slice(&self.version.to_le_bytes());
         out.extend_from_slice(&self.crc.to_le_bytes());
+        out.extend_from_slice(&self.tag.to_le_bytes());
+    }
+
+    fn write_into(&self, f: &mut [u8]) {
+        f[0..8].copy_from_slice(&self.cookie.to_le_bytes());
+        f[8..16].copy_from_slice(&self.version.to_le_bytes());
+        f[16..20].copy_from_slice(&self.crc.to_le_bytes());
+        f[20..28].copy_from_slice(&self.tag.to_le_bytes());
     }
 }
 
@@ -283,7 +299,7 @@ mod tests {
         buf
     }
 
-    /// A write run's splits: (cookie, version, crc) and the byte that fills the split.
+    /// A write run's splits: their fields and the byte that fills the split.
     type Splits = Vec<(SplitFields, u8)>;
 
     fn write_frame(runs: &[(Run, Splits)], id: u64) -> Vec<u8> {
@@ -293,7 +309,7 @@ mod tests {
             let mut w = f.write_run(&mut buf, *run).unwrap();
             for (s, fill) in splits {
                 let data = vec![*fill; run.split_len as usize];
-                w.split(s.cookie, s.version, s.crc, &data).unwrap();
+                w.split(*s, &data).unwrap();
             }
             w.finish().unwrap();
         }
@@ -302,26 +318,33 @@ mod tests {
 
     #[test]
     fn write_runs_match_the_byte_table_and_their_data_is_contiguous() {
-        let f = |cookie, version, crc| SplitFields {
+        let f = |cookie, version, crc, tag| SplitFields {
             cookie,
             version,
             crc,
+            tag,
         };
         let buf = write_frame(
             &[(
                 run(3, 4, 8, 2),
-                vec![(f(1, 5, 0xC1), 0x11), (f(2, 6, 0xC2), 0x22)],
+                vec![(f(1, 5, 0xC1, 0x71), 0x11), (f(2, 6, 0xC2, 0x72), 0x22)],
             )],
             4,
         );
         let (h, body) = split(&buf);
         assert_eq!(body.len(), 4 + RUN_HEAD_LEN + 2 * SPLIT_FIELDS_LEN + 8);
-        // Split fields after the head: cookie, version, crc.
+        // Split fields after the head: cookie, version, crc, tag.
         let at = 4 + RUN_HEAD_LEN;
-        assert_eq!((body[at], body[at + 8], body[at + 16]), (1, 5, 0xC1));
-        assert_eq!((body[at + 20], body[at + 28], body[at + 36]), (2, 6, 0xC2));
         assert_eq!(
-            &body[at + 40..],
+            (body[at], body[at + 8], body[at + 16], body[at + 20]),
+            (1, 5, 0xC1, 0x71)
+        );
+        assert_eq!(
+            (body[at + 28], body[at + 36], body[at + 44], body[at + 48]),
+            (2, 6, 0xC2, 0x72)
+        );
+        assert_eq!(
+            &body[at + 56..],
             &[0x11, 0x11, 0x11, 0x11, 0x22, 0x22, 0x22, 0x22]
         );
         let Ok(Request::WriteV(runs)) = parse_request(&h, body) else {
@@ -329,7 +352,7 @@ mod tests {
         };
         assert_eq!((runs.splits(), runs.data_len()), (2, 8));
         let r = runs.iter().next().unwrap();
-        assert_eq!(r.split(1), f(2, 6, 0xC2));
+        assert_eq!(r.split(1), f(2, 6, 0xC2, 0x72));
         assert_eq!(r.split_data(1), &[0x22; 4]);
         assert_eq!(r.data().len(), 8);
 
@@ -346,8 +369,8 @@ mod tests {
             (2, 1, 0, 2, 8, 1)
         );
         let mut got = Vec::new();
-        parse_vectored_reply(&rh, rb, |c, st, v, crc, d| {
-            got.push((c, st, v, crc, d.len()))
+        parse_vectored_reply(&rh, rb, |st, s, d| {
+            got.push((s.cookie, st, s.version, s.crc, d.len()))
         })
         .unwrap();
         assert_eq!(
@@ -378,7 +401,7 @@ mod tests {
         let served = reply.serve(
             &mut out,
             &first,
-            |i| (50 + i as u64, 0xC0 + i as u32),
+            |i| (50 + i as u64, 0xC0 + i as u32, 0x70 + i as u64),
             &data,
         );
         served.data_mut(&mut out, 1)[0] = 9;
@@ -386,20 +409,20 @@ mod tests {
         reply.refuse(&mut out, &it.next().unwrap(), Status::NoSuchSlab);
         reply.finish(&mut out).unwrap();
         let (rh, rb) = split(&out);
-        assert_eq!(rb.len(), 4 + (12 + 40 + 8) + (12 + 20));
+        assert_eq!(rb.len(), 4 + (12 + 56 + 8) + (12 + 28));
         // First run: status 0, n 2, len 8, then the split fields, then the data.
         assert_eq!((rb[4], rb[8], rb[12]), (0, 2, 8));
-        assert_eq!((rb[16], rb[24], rb[32]), (10, 50, 0xC0));
-        assert_eq!((rb[36], rb[44], rb[52]), (11, 51, 0xEE));
-        assert_eq!(&rb[56..64], &[1, 1, 1, 1, 9, 2, 2, 2]);
+        assert_eq!((rb[16], rb[24], rb[32], rb[36]), (10, 50, 0xC0, 0x70));
+        assert_eq!((rb[44], rb[52], rb[60], rb[64]), (11, 51, 0xEE, 0x71));
+        assert_eq!(&rb[72..80], &[1, 1, 1, 1, 9, 2, 2, 2]);
         // Second run: refused, no data.
-        assert_eq!((rb[64], rb[68], rb[72], rb[76]), (2, 1, 0, 12));
+        assert_eq!((rb[80], rb[84], rb[88], rb[92]), (2, 1, 0, 12));
         // Where each served split's data lies (the refused run has none).
-        assert_eq!(reply_split_spans(rb).unwrap(), vec![56..60, 60..64]);
-        assert!(reply_split_spans(&rb[..60]).is_err());
+        assert_eq!(reply_split_spans(rb).unwrap(), vec![72..76, 76..80]);
+        assert!(reply_split_spans(&rb[..76]).is_err());
         let mut got = Vec::new();
-        parse_vectored_reply(&rh, rb, |c, st, v, crc, d| {
-            got.push((c, st, v, crc, d.to_vec()))
+        parse_vectored_reply(&rh, rb, |st, s, d| {
+            got.push((s.cookie, st, s.version, s.crc, d.to_vec()))
         })
         .unwrap();
         assert_eq!(
@@ -416,18 +439,24 @@ mod tests {
         (any::<u32>(), 1u32..64, 0u64..1 << 40, 1usize..6).prop_flat_map(
             |(slab, len, offset, n)| {
                 let splits = proptest::collection::vec(
-                    (any::<u64>(), any::<u64>(), any::<u32>(), any::<u8>()).prop_map(
-                        |(cookie, version, crc, fill)| {
+                    (
+                        any::<u64>(),
+                        any::<u64>(),
+                        any::<u32>(),
+                        any::<u64>(),
+                        any::<u8>(),
+                    )
+                        .prop_map(|(cookie, version, crc, tag, fill)| {
                             (
                                 SplitFields {
                                     cookie,
                                     version,
                                     crc,
+                                    tag,
                                 },
                                 fill,
                             )
-                        },
-                    ),
+                        }),
                     n,
                 );
                 splits.prop_map(move |s| (run(slab, len, offset, s.len() as u32), s))
@@ -479,11 +508,11 @@ mod tests {
                 if status == Status::Ok {
                     for (f, fill) in splits {
                         data.extend(std::iter::repeat_n(*fill, run.split_len as usize));
-                        want.push((f.cookie, status, f.version, f.crc, vec![*fill; run.split_len as usize]));
+                        want.push((status, *f, vec![*fill; run.split_len as usize]));
                     }
                 } else {
                     for f in &fields {
-                        want.push((f.cookie, status, f.version, f.crc, vec![]));
+                        want.push((status, *f, vec![]));
                     }
                 }
                 reply.put_run(&mut out, status, &fields, &data);
@@ -491,7 +520,7 @@ mod tests {
             reply.finish(&mut out).unwrap();
             let (rh, rb) = split(&out);
             let mut got = Vec::new();
-            parse_vectored_reply(&rh, rb, |c, st, v, crc, d| got.push((c, st, v, crc, d.to_vec()))).unwrap();
+            parse_vectored_reply(&rh, rb, |st, s, d| got.push((st, s, d.to_vec()))).unwrap();
             prop_assert_eq!(got, want);
         }
     }

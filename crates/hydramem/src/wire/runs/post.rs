@@ -123,13 +123,13 @@ pub fn reply_split_spans(body: &[u8]) -> Result<Vec<std::ops::Range<usize>>, Wir
 }
 
 /// Parses the body of a WRITEV or READV reply with status OK, calling
-/// `f(cookie, status, version, crc, data)` for every split in order (`data` is empty for
-/// writes and for failed reads; for writes `version` is the version stored now and crc is 0).
+/// `f(status, fields, data)` for every split in order (`data` is empty for writes and for
+/// failed reads; for writes the fields' version is the version stored now, crc and tag 0).
 /// Stops at the first malformed run or entry; splits before it have been delivered.
 pub fn parse_vectored_reply<'a>(
     h: &Header,
     body: &'a [u8],
-    mut f: impl FnMut(u64, Status, u64, u32, &'a [u8]),
+    mut f: impl FnMut(Status, SplitFields, &'a [u8]),
 ) -> Result<(), WireError> {
     if !h.reply {
         return Err(WireError::Invalid("expected a reply frame"));
@@ -143,7 +143,13 @@ pub fn parse_vectored_reply<'a>(
             for _ in 0..r.count()? {
                 let cookie = r.u64()?;
                 let status = Status::from_u32(r.u32()?)?;
-                f(cookie, status, r.u64()?, 0, &[]);
+                let version = r.u64()?;
+                let fields = SplitFields {
+                    cookie,
+                    version,
+                    ..SplitFields::default()
+                };
+                f(status, fields, &[]);
             }
             r.end()
         }
@@ -151,8 +157,7 @@ pub fn parse_vectored_reply<'a>(
             let mut runs = ReplyRuns::new(body)?;
             while let Some(run) = runs.next_run()? {
                 for i in 0..run.n {
-                    let s = run.split(i);
-                    f(s.cookie, run.status, s.version, s.crc, run.split_data(i));
+                    f(run.status, run.split(i), run.split_data(i));
                 }
             }
             Ok(())
@@ -321,14 +326,9 @@ pub struct RunWriter<'b> {
 }
 
 impl RunWriter<'_> {
-    /// Adds the next split: its cookie, version, checksum and data (exactly split_len bytes).
-    pub fn split(
-        &mut self,
-        cookie: u64,
-        version: u64,
-        crc: u32,
-        data: &[u8],
-    ) -> Result<(), WireError> {
+    /// Adds the next split: its fields (cookie, version, checksum, tag) and data (exactly
+    /// split_len bytes).
+    pub fn split(&mut self, fields: SplitFields, data: &[u8]) -> Result<(), WireError> {
         if self.next == self.run.n {
             return Err(WireError::Invalid("more splits than the run holds"));
         }
@@ -338,10 +338,7 @@ impl RunWriter<'_> {
             ));
         }
         let at = self.fields_at + SPLIT_FIELDS_LEN * self.next as usize;
-        let f = &mut self.buf[at..at + SPLIT_FIELDS_LEN];
-        f[0..8].copy_from_slice(&cookie.to_le_bytes());
-        f[8..16].copy_from_slice(&version.to_le_bytes());
-        f[16..20].copy_from_slice(&crc.to_le_bytes());
+        fields.write_into(&mut self.buf[at..at + SPLIT_FIELDS_LEN]);
         self.buf.extend_from_slice(data);
         self.next += 1;
         Ok(())
@@ -373,23 +370,31 @@ mod tests {
     use super::super::run;
     use super::*;
 
+    fn fields(cookie: u64) -> SplitFields {
+        SplitFields {
+            cookie,
+            version: 1,
+            ..SplitFields::default()
+        }
+    }
+
     #[test]
     fn a_run_that_cannot_be_written_leaves_the_open_frame_as_it_was() {
         let mut buf = Vec::new();
         let mut f = OpenRuns::begin(&mut buf, Op::WriteV, 1).unwrap();
         let mut w = f.write_run(&mut buf, run(0, 4, 0, 1)).unwrap();
-        w.split(1, 1, 0, &[1; 4]).unwrap();
+        w.split(fields(1), &[1; 4]).unwrap();
         w.finish().unwrap();
         let good = buf.clone();
         // Data of another length, too few splits, too many, an abandoned writer.
         let mut w = f.write_run(&mut buf, run(0, 4, 4, 2)).unwrap();
-        assert!(w.split(2, 1, 0, &[1; 3]).is_err());
-        w.split(2, 1, 0, &[2; 4]).unwrap();
+        assert!(w.split(fields(2), &[1; 3]).is_err());
+        w.split(fields(2), &[2; 4]).unwrap();
         assert!(w.finish().is_err());
         assert_eq!(buf, good);
         let mut w = f.write_run(&mut buf, run(0, 4, 4, 1)).unwrap();
-        w.split(2, 1, 0, &[2; 4]).unwrap();
-        assert!(w.split(3, 1, 0, &[2; 4]).is_err());
+        w.split(fields(2), &[2; 4]).unwrap();
+        assert!(w.split(fields(3), &[2; 4]).is_err());
         drop(w);
         assert_eq!(buf, good);
         // A run of another op, and runs that break the bounds.
@@ -431,7 +436,7 @@ mod tests {
         let mut w = OpenRuns::begin(&mut wbuf, Op::WriteV, 2).unwrap();
         let mut rw = w.write_run(&mut wbuf, run(0, 1, 0, 8000)).unwrap();
         for i in 0..8000 {
-            rw.split(i, 1, 0, &[0]).unwrap();
+            rw.split(fields(i), &[0]).unwrap();
         }
         rw.finish().unwrap();
         assert!(!w.fits(&wbuf, &run(0, 1, 0, 193), MAX_BODY));

@@ -247,32 +247,32 @@ impl ReadReply {
         for cookie in run.cookies() {
             SplitFields {
                 cookie,
-                version: 0,
-                crc: 0,
+                ..SplitFields::default()
             }
             .put(out);
         }
     }
 
-    /// Appends `run` served: `stamp(i)` gives split i's stored version and checksum, `data`
+    /// Appends `run` served: `stamp(i)` gives split i's stored version, checksum and tag, `data`
     /// is the run's bytes (`n × split_len`), copied once into the reply. The caller checked
     /// [`ReadReply::fits`].
     pub fn serve(
         &mut self,
         out: &mut Vec<u8>,
         run: &ReadRun<'_>,
-        mut stamp: impl FnMut(usize) -> (u64, u32),
+        mut stamp: impl FnMut(usize) -> (u64, u32, u64),
         data: &[u8],
     ) -> ServedRun {
         debug_assert_eq!(data.len(), run.run.data_len());
         self.head(out, Status::Ok, run.run.n, data.len() as u32);
         let fields_at = out.len();
         for (i, cookie) in run.cookies().enumerate() {
-            let (version, crc) = stamp(i);
+            let (version, crc, tag) = stamp(i);
             SplitFields {
                 cookie,
                 version,
                 crc,
+                tag,
             }
             .put(out);
         }
@@ -396,7 +396,7 @@ mod tests {
         };
         // Well formed: a READV run of one, a WRITEV run of one 4-byte split.
         assert!(parse(Op::ReadV, &with(head(0, 4, 0, 1), 8)).is_ok());
-        assert!(parse(Op::WriteV, &with(head(0, 4, 0, 1), 24)).is_ok());
+        assert!(parse(Op::WriteV, &with(head(0, 4, 0, 1), 32)).is_ok());
         for (op, body) in [
             (Op::ReadV, with(head(0, 4, 0, 0), 0)), // no splits
             (Op::ReadV, with(head(0, 0, 0, 1), 8)), // 0-byte splits
@@ -405,8 +405,8 @@ mod tests {
             (Op::ReadV, with(head(0, 4, 0, 2), 8)), // a cookie short
             (Op::ReadV, with(head(0, 4, 0, 1), 9)), // a byte trailing
             (Op::ReadV, with(head(0, 1, 0, MAX_ENTRIES as u32 + 1), 0)),
-            (Op::WriteV, with(head(0, 4, 0, 1), 23)), // data short
-            (Op::WriteV, with(head(0, 4, 0, 1), 25)), // data long
+            (Op::WriteV, with(head(0, 4, 0, 1), 31)), // data short
+            (Op::WriteV, with(head(0, 4, 0, 1), 33)), // data long
         ] {
             assert!(parse(op, &body).is_err(), "{op:?} {:?}", &body[..24]);
         }

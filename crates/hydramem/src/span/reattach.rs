@@ -1,0 +1,69 @@
+//! Reattaching: a span client that comes back under a kept identity (`--client-id`) rebuilds
+//! its page map and row table from what the nodes hold, since both lived in the process that
+//! ended.
+//!
+//! Every piece carries its row's version and a tag ([`crate::tags`]): a data piece names its
+//! page, the parity pieces hold the code's parity over those names. The client reads every
+//! piece's version and tag (STAMPS: no data moves), and for each row takes the newest version
+//! at least k of its pieces carry — the row as last written whole ([`RemoteMemory::held_rows`]);
+//! the names of data pieces whose node is gone are decoded from k others. A page then lives in
+//! the row with the newest version that names it.
+//!
+//! Why the newest version is the page's current location: a row's version is taken when the
+//! row is written, and the writes of one page are never concurrent — the store's writes go
+//! one batch at a time ([`super::gather`]), a batch writes each page once, and compaction
+//! copies only pages no write holds ([`super::busy`]) — so the page's last write has the
+//! highest version of all rows naming it. A write that failed part way may have left k pieces
+//! of a new row: the page then reads as that write's bytes, which a failed write allows.
+
+use crate::client::{IoError, RemoteMemory};
+
+use super::map::{Loc, PageMap};
+use super::table::RowTable;
+
+/// The page map and row table the nodes' rows describe, and the pages found.
+pub fn rebuild(mem: &RemoteMemory, map: &PageMap, rows: u64) -> Result<(RowTable, u64), IoError> {
+    let (held, garbage) = mem.held_rows()?;
+    let n = usize::try_from(rows).expect("a row count that fits memory");
+    let mut held_flags = vec![false; n];
+    for row in garbage.iter().chain(held.iter().map(|h| &h.row)) {
+        if let Some(f) = held_flags.get_mut(*row as usize) {
+            *f = true;
+        }
+    }
+    let mut ignored = 0u64;
+    for h in &held {
+        if h.row >= rows {
+            ignored += 1;
+            continue;
+        }
+        for &(pos, page) in &h.pages {
+            if page >= map.pages() {
+                ignored += 1;
+                continue;
+            }
+            let loc = Loc {
+                row: h.row,
+                pos,
+                version: h.version,
+            };
+            if map.get(page).is_none_or(|old| old.version < loc.version) {
+                map.set(page, loc);
+            }
+        }
+    }
+    if ignored > 0 {
+        tracing::warn!(
+            ignored,
+            "rows or page names outside this client's address space were ignored (a smaller \
+             --size than the identity was written with?)"
+        );
+    }
+    let mut live = vec![0u8; n];
+    let mut pages = 0;
+    map.for_each(|_, loc| {
+        live[loc.row as usize] += 1;
+        pages += 1;
+    });
+    Ok((RowTable::rebuilt(rows, &live, &held_flags), pages))
+}
