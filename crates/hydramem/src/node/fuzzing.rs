@@ -1,14 +1,14 @@
 //! Entry point of the stateful fuzz target for the node's request handler (feature `fuzzing`).
 //!
 //! [`requests`] turns arbitrary bytes into a sequence of requests — HELLO, ALLOC, WRITEV,
-//! READV, FREE, LIST, REGEN, PING, STATS, DRAIN, CORRUPT, RECLAIMS, DISCARD and raw frames — from two
+//! READV, FREE, LIST, REGEN, PING, STATS, DRAIN, CORRUPT, RECLAIMS, DISCARD, STAMPS and raw frames — from two
 //! identities, on sessions of one in-memory node, exactly as the server would hand them to
 //! [`Session::handle`]. WRITEV and READV carry one to four runs of one to four splits each.
 //! Invariants it asserts against a model of what was acknowledged: every request that parses
 //! gets exactly one well-formed reply with its op and id; a split reads back exactly as the
-//! newest acknowledged write of it left it, with that version, whatever run it was written or
-//! read in; a stale write reports the stored version; a discarded split reads as never
-//! written; one identity never reaches another's slabs; and nothing panics (the fuzzer sees a
+//! newest acknowledged write of it left it, with that version and tag, whatever run it was
+//! written or read in, and STAMPS reports that version and tag; a stale write reports the
+//! stored version; a discarded split reads as never written; one identity never reaches another's slabs; and nothing panics (the fuzzer sees a
 //! panic as a crash).
 
 use std::collections::HashMap;
@@ -19,8 +19,9 @@ use crate::wire::{
     self, ClientId, FrameBuilder, Header, Hello, Op, OpenRuns, ReplyRuns, Run, Status, HEADER_LEN,
 };
 
-/// The model: (identity, slab, offset) → (version, bytes) of the newest acknowledged write.
-type Model = HashMap<(u8, u32, u64), (u64, Vec<u8>)>;
+/// The model: (identity, slab, offset) → (version, bytes, tag) of the newest acknowledged
+/// write.
+type Model = HashMap<(u8, u32, u64), (u64, Vec<u8>, u64)>;
 
 /// A cursor over the fuzz input; reads past the end give zeros.
 struct Bytes<'a>(&'a [u8]);
@@ -128,7 +129,7 @@ fn request(
             .copied()
             .unwrap_or((who, b.u8().into(), 512))
     };
-    let op = match pick % 13 {
+    let op = match pick % 14 {
         0 => {
             Hello {
                 client: ids[who as usize],
@@ -206,6 +207,12 @@ fn request(
             wire::put_discard(&mut body, slab, b.small_or_any(1), b.small_or_any(1));
             Op::Discard
         }
+        12 => {
+            let (_, slab, _) = slab_of(b);
+            let n = u32::try_from(b.small_or_any(1)).unwrap_or(u32::MAX);
+            wire::put_stamps(&mut body, slab, b.small_or_any(1), n);
+            Op::Stamps
+        }
         _ => {
             let op = Op::ALL[b.u8() as usize % Op::ALL.len()];
             let n = b.u8() as usize;
@@ -263,6 +270,24 @@ fn check(
             let slots = first..first + n;
             model.retain(|k, _| !(k.0 == who && k.1 == slab && slots.contains(&(k.2 / len))));
         }
+        Op::Stamps if h.status == Status::Ok => {
+            let Ok(wire::Request::Stamps { slab, first, n }) = wire::parse_request(req_h, req)
+            else {
+                panic!("the node answered a STAMPS it should have refused");
+            };
+            let len = slabs
+                .iter()
+                .find(|s| s.0 == who && s.1 == slab)
+                .map(|s| s.2)
+                .expect("STAMPS succeeds only on the caller's slab");
+            let got = wire::parse_stamps_reply(reply, n).expect("a well-formed STAMPS reply");
+            for (slot, (version, tag)) in (first..).zip(got) {
+                let want = model
+                    .get(&(who, slab, slot * len))
+                    .map_or((0, 0), |(v, _, t)| (*v, *t));
+                assert_eq!((version, tag), want, "STAMPS of slot {slot}");
+            }
+        }
         Op::WriteV if h.status == Status::Ok => {
             let Ok(wire::Request::WriteV(runs)) = wire::parse_request(req_h, req) else {
                 return;
@@ -282,10 +307,10 @@ fn check(
                 let key = (who, r.run.slab, r.run.split_offset(i));
                 match status {
                     Status::Ok => {
-                        let stored = model.entry(key).or_insert((0, Vec::new()));
+                        let stored = model.entry(key).or_insert((0, Vec::new(), 0));
                         assert!(e.version >= stored.0, "older version acknowledged");
                         if e.version > stored.0 {
-                            *stored = (e.version, r.split_data(i).to_vec());
+                            *stored = (e.version, r.split_data(i).to_vec(), e.tag);
                         }
                         assert_eq!(version, e.version);
                     }
@@ -311,12 +336,15 @@ fn check(
                     if got.status != Status::Ok {
                         continue;
                     }
-                    let (version, data) = (got.split(i).version, got.split_data(i));
+                    let f = got.split(i);
+                    let data = got.split_data(i);
                     match model.get(&(who, r.run.slab, r.run.split_offset(i))) {
-                        Some((v, bytes)) => {
-                            assert_eq!((version, data), (*v, &bytes[..]), "read back wrong")
-                        }
-                        None => assert!(version == 0 && data.iter().all(|b| *b == 0)),
+                        Some((v, bytes, tag)) => assert_eq!(
+                            (f.version, data, f.tag),
+                            (*v, &bytes[..], *tag),
+                            "read back wrong"
+                        ),
+                        None => assert!(f.version == 0 && data.iter().all(|b| *b == 0)),
                     }
                 }
             }
