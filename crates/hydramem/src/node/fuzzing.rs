@@ -233,6 +233,15 @@ fn run_of(b: &mut Bytes<'_>, &(_, slab, len): &(u8, u32, u64)) -> Run {
     }
 }
 
+/// The split length of `who`'s slab `slab`, which an OK reply to `op` says exists.
+fn split_len(slabs: &[(u8, u32, u64)], who: u8, slab: u32, op: &str) -> u64 {
+    slabs
+        .iter()
+        .find(|s| s.0 == who && s.1 == slab)
+        .map(|s| s.2)
+        .unwrap_or_else(|| panic!("{op} succeeded on a slab that is not the caller's"))
+}
+
 /// Checks a reply against the model and updates it.
 fn check(
     model: &mut Model,
@@ -262,11 +271,7 @@ fn check(
             else {
                 panic!("the node discarded for a DISCARD it should have refused");
             };
-            let len = slabs
-                .iter()
-                .find(|s| s.0 == who && s.1 == slab)
-                .map(|s| s.2)
-                .expect("a discard succeeds only on the caller's slab");
+            let len = split_len(slabs, who, slab, "DISCARD");
             let slots = first..first + n;
             model.retain(|k, _| !(k.0 == who && k.1 == slab && slots.contains(&(k.2 / len))));
         }
@@ -275,11 +280,7 @@ fn check(
             else {
                 panic!("the node answered a STAMPS it should have refused");
             };
-            let len = slabs
-                .iter()
-                .find(|s| s.0 == who && s.1 == slab)
-                .map(|s| s.2)
-                .expect("STAMPS succeeds only on the caller's slab");
+            let len = split_len(slabs, who, slab, "STAMPS");
             let got = wire::parse_stamps_reply(reply, n).expect("a well-formed STAMPS reply");
             for (slot, (version, tag)) in (first..).zip(got) {
                 let want = model
