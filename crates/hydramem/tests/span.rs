@@ -142,10 +142,23 @@ fn a_span_client_that_reattaches_rebuilds_its_page_map_from_the_nodes() {
     );
     // Writes after reattaching win over every older row of their pages, here and at the
     // next reattach; compaction moves pages of the rebuilt rows.
-    for i in 0..200u64 {
-        write(&s, (i * 71) % 1400, 1 + i % 7, 5000 + i, &mut last);
-    }
-    s.compact().expect("compacts");
+    // Writes race compactions: no compaction's copy of a page may outrank a write of it at
+    // the next reattach.
+    let done = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut mine = HashMap::new();
+            for i in 0..300u64 {
+                write(&s, (i * 71) % 1400, 1 + i % 7, 5000 + i, &mut mine);
+            }
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            mine
+        });
+        while !done.load(std::sync::atomic::Ordering::SeqCst) {
+            s.compact().expect("compacts");
+        }
+        last.extend(writer.join().expect("the writer"));
+    });
     check(&s, &last);
     drop(s);
     drop(mem);

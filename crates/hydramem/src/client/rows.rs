@@ -135,6 +135,22 @@ impl RemoteMemory {
     /// A row that cannot be written (more nodes lost than replacements found, a timeout),
     /// or a row index outside the row space.
     pub fn write_rows(&self, rows: &[RowWrite<'_>]) -> Result<Vec<u64>, IoError> {
+        self.write_rows_at(rows, None)
+    }
+
+    /// [`RemoteMemory::write_rows`], every row under `version` when given (one the caller
+    /// took with [`RemoteMemory::take_version`] before it decided what to write) instead of
+    /// versions taken now. A node that holds a newer version of one of those rows' pieces
+    /// then fails the call, where [`RemoteMemory::write_rows`] writes the row again past it:
+    /// the caller's version must stay the one it took.
+    ///
+    /// # Errors
+    /// As [`RemoteMemory::write_rows`], and a row a node holds newer than `version`.
+    pub fn write_rows_at(
+        &self,
+        rows: &[RowWrite<'_>],
+        version: Option<u64>,
+    ) -> Result<Vec<u64>, IoError> {
         let k = self.layout.k;
         if let Some(bad) = rows
             .iter()
@@ -156,7 +172,8 @@ impl RemoteMemory {
         let mut versions = vec![0; rows.len()];
         let mut done = 0;
         while done < rows.len() {
-            done += self.write_row_window(&rows[done..], &mut versions[done..], start)?;
+            done +=
+                self.write_row_window(&rows[done..], &mut versions[done..], (start, version))?;
         }
         Ok(versions)
     }
@@ -168,11 +185,14 @@ impl RemoteMemory {
         &self,
         rows: &[RowWrite<'_>],
         versions: &mut [u64],
-        start: Instant,
+        (start, fixed): (Instant, Option<u64>),
     ) -> Result<usize, IoError> {
         let l = &self.layout;
         let first = rows[0].row.saturating_mul(PAGE_SIZE as u64);
-        let version = self.next_version(first, 0)?;
+        let version = match fixed {
+            Some(v) => v,
+            None => self.next_version(first, 0)?,
+        };
         let mut ops = vec![self.slots.acquire_write()];
         while ops.len() < rows.len().min(super::batch::WINDOW) {
             match self.slots.try_acquire_write() {
@@ -218,6 +238,16 @@ impl RemoteMemory {
             drop(op);
             *v = match outcome {
                 Written::Done => stamp.version,
+                Written::Stale(held) if fixed.is_some() => {
+                    return Err(IoError::Store(
+                        format!(
+                            "row {} is held at version {held}, newer than the {} it was to be \
+                             written with",
+                            row.row, stamp.version
+                        )
+                        .into(),
+                    ))
+                }
                 Written::Stale(held) => self.rewrite_stale_row(row, stamp, held, start)?,
             };
         }

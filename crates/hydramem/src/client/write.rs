@@ -137,6 +137,15 @@ impl RemoteMemory {
         Ok(next)
     }
 
+    /// A fresh version (see [`RemoteMemory::next_version`]) for a caller that must know it
+    /// before it writes ([`RemoteMemory::write_rows_at`]).
+    ///
+    /// # Errors
+    /// No valid version is left.
+    pub fn take_version(&self) -> Result<u64, IoError> {
+        self.next_version(0, 0)
+    }
+
     /// Writes one page. Returns once the mode's acknowledgements are in.
     ///
     /// A node that refuses a split as stale holds a newer version of it than this client's

@@ -313,9 +313,11 @@ fn pass(store: &SpanStore, victims: &[u64]) -> Result<u64, IoError> {
             found.push((*i, page, loc));
         }
     });
-    // Hold the pages (those a write holds are skipped: the write moves them), then look each
+    // Hold the pages (those being written are skipped: the write moves them), then look each
     // up again: a write may have moved it between the scan and the hold.
-    let held = store.busy.hold_free(found.iter().map(|(_, page, _)| *page));
+    let held = store
+        .busy
+        .begin_compaction(found.iter().map(|(_, page, _)| *page));
     found.retain_mut(|(i, page, loc)| {
         let now = store.map.get(*page);
         match now {
@@ -363,9 +365,15 @@ fn pass(store: &SpanStore, victims: &[u64]) -> Result<u64, IoError> {
     }
     let mut keep = keep.into_iter();
     bytes.retain(|_| keep.next().unwrap_or(false));
-    let list: Vec<(u64, &Page)> = kept.iter().map(|(p, _)| *p).zip(bytes.iter()).collect();
-    let expected: Vec<Loc> = kept.iter().map(|(_, l)| *l).collect();
-    let moved = store.write_packed(&list, Some(&expected));
-    drop(held);
-    moved
+    // The copies' version, fixed before any write that could race them starts; the pages a
+    // write took meanwhile are left to it (see [`super::busy`]).
+    let (version, committed) = held.commit(|| store.mem.take_version());
+    let version = version?;
+    let (list, expected): (Vec<(u64, &Page)>, Vec<Loc>) = kept
+        .iter()
+        .zip(bytes.iter())
+        .filter(|((page, _), _)| committed.contains(page))
+        .map(|((page, loc), bytes)| ((*page, bytes), *loc))
+        .unzip();
+    store.write_packed(&list, Some((&expected, version)))
 }

@@ -262,27 +262,31 @@ impl SpanStore {
     /// Writes `pages` (page number, bytes) packed into fresh rows, and once every row is
     /// acknowledged points the pages at them, in list order. `expected`: compaction's
     /// condition, per page the location it read the bytes from (the page moves only if it is
-    /// still there). Returns how many pages moved.
+    /// still there), and the version it committed its copies to (see [`busy`]). Returns how
+    /// many pages moved.
     fn write_packed(
         &self,
         pages: &[(u64, &Page)],
-        expected: Option<&[Loc]>,
+        expected: Option<(&[Loc], u64)>,
     ) -> Result<u64, IoError> {
         if pages.is_empty() {
             return Ok(0);
         }
-        // A write holds its pages while it moves them (compaction holds its own: see
-        // [`busy`]), and writes each page once: of two in one batch, the later wins, and two
-        // rows of one version naming one page would leave a reattaching client to guess.
+        // A write marks its pages as moving (see [`busy`]; compaction's copies come with
+        // the version they committed to), and writes each page once: of two in one batch,
+        // the later wins, and two rows of one version naming one page would leave a
+        // reattaching client to guess.
         let deduped;
-        let (pages, _held) = if expected.is_none() {
-            self.compactor.note_write();
-            deduped = last_of_each(pages);
-            let numbers: Vec<u64> = deduped.iter().map(|(n, _)| *n).collect();
-            (&deduped[..], Some(self.busy.hold_all(&numbers)))
-        } else {
-            (pages, None)
+        let (pages, _moving, version) = match expected {
+            None => {
+                self.compactor.note_write();
+                deduped = last_of_each(pages);
+                let numbers: Vec<u64> = deduped.iter().map(|(n, _)| *n).collect();
+                (&deduped[..], Some(self.busy.begin_write(&numbers)), None)
+            }
+            Some((_, version)) => (pages, None, Some(version)),
         };
+        let expected = expected.map(|(e, _)| e);
         let rows = self.take_rows(pages.len())?;
         let refs: Vec<&Page> = pages.iter().map(|(_, p)| *p).collect();
         let ids: Vec<u64> = pages.iter().map(|(n, _)| *n).collect();
@@ -291,7 +295,7 @@ impl SpanStore {
             .zip(refs.chunks(self.k).zip(ids.chunks(self.k)))
             .map(|(&row, (pages, ids))| RowWrite { row, pages, ids })
             .collect();
-        let versions = match self.mem.write_rows(&writes) {
+        let versions = match self.mem.write_rows_at(&writes, version) {
             Ok(v) => v,
             Err(e) => {
                 let mut t = self.table.lock();

@@ -11,9 +11,9 @@
 //!
 //! Why the newest version is the page's current location: a row's version is taken when the
 //! row is written, and the writes of one page are never concurrent — the store's writes go
-//! one batch at a time ([`super::gather`]), a batch writes each page once, and compaction
-//! copies only pages no write holds ([`super::busy`]) — so the page's last write has the
-//! highest version of all rows naming it. A write that failed part way may have left k pieces
+//! one batch at a time ([`super::gather`]), a batch writes each page once, and a compaction's
+//! copy of a page never carries a newer version than a write of it ([`super::busy`]) — so
+//! the page's last write has the highest version of all rows naming it. A write that failed part way may have left k pieces
 //! of a new row: the page then reads as that write's bytes, which a failed write allows.
 
 use crate::client::{IoError, RemoteMemory};
