@@ -28,18 +28,12 @@ fn main() {
     let burst = args.next().as_deref() != Some("none");
     let slow = args.next().as_deref() != Some("healthy");
     let slab = 64u64 << 20;
-    let cluster = EmbeddedCluster::start(EmbeddedOptions {
+    let cluster = EmbeddedCluster::start(EmbeddedOptions::fault_injecting(
         binary,
-        nodes: 11,
-        slab_size: slab,
-        capacity: 64 * slab,
-        extra_args: vec![
-            "--log".into(),
-            "error".into(),
-            "--allow-fault-injection".into(),
-        ],
-        cluster_file: None,
-    })
+        11,
+        slab,
+        64 * slab,
+    ))
     .expect("the nodes start");
     let config = ClientConfig::new(Resilience::Span { k: 8, r: 2 }, PAGES * PAGE);
     let mem = RemoteMemory::connect(cluster.cluster(), config).expect("connects");

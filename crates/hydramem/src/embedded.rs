@@ -53,6 +53,31 @@ pub struct EmbeddedOptions {
     pub cluster_file: Option<PathBuf>,
 }
 
+impl EmbeddedOptions {
+    /// `nodes` nodes of `binary` with slabs of `slab_size` and `capacity` bytes each, that log
+    /// errors only and take injected faults ([`EmbeddedCluster::inject`]): what the failure
+    /// benchmarks and experiments start.
+    pub fn fault_injecting(
+        binary: PathBuf,
+        nodes: usize,
+        slab_size: u64,
+        capacity: u64,
+    ) -> EmbeddedOptions {
+        EmbeddedOptions {
+            binary,
+            nodes,
+            slab_size,
+            capacity,
+            extra_args: vec![
+                "--log".into(),
+                "error".into(),
+                "--allow-fault-injection".into(),
+            ],
+            cluster_file: None,
+        }
+    }
+}
+
 /// Errors starting or controlling the embedded cluster.
 #[derive(Debug, thiserror::Error)]
 pub enum EmbeddedError {

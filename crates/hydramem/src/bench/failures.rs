@@ -54,18 +54,12 @@ pub fn failure_scenarios(
     // each scheme's working set in one address range (up to 16384 pages).
     let slab = 64u64 << 20;
     let nodes = 11u16;
-    let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
+    let mut cluster = EmbeddedCluster::start(EmbeddedOptions::fault_injecting(
         binary,
-        nodes: nodes as usize,
-        slab_size: slab,
-        capacity: 64 * slab,
-        extra_args: vec![
-            "--log".into(),
-            "error".into(),
-            "--allow-fault-injection".into(),
-        ],
-        cluster_file: None,
-    })
+        nodes as usize,
+        slab,
+        64 * slab,
+    ))
     .map_err(|e| BenchError::Client {
         scheme: "cluster".into(),
         source: crate::client::ClientError::Io(std::io::Error::other(e.to_string())),
