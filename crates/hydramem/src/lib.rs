@@ -37,6 +37,7 @@ pub mod mount;
 pub mod nbd;
 pub mod node;
 pub mod placement;
+pub mod priority;
 #[cfg(feature = "tools")]
 pub mod release;
 pub mod rpc;

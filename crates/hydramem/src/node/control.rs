@@ -20,7 +20,10 @@
 //! Then, in this order:
 //! - **Pre-allocation.** Up to `prealloc` slabs of the budget not in use are mapped and backed
 //!   with memory ahead of time (an unmapped pool), so that an ALLOC — notably a replacement slab
-//!   a regeneration is about to fill — gets memory that is already there.
+//!   a regeneration is about to fill — gets memory that is already there. The backing is done
+//!   after the step lets go of its locks, at background priority and in steps (see
+//!   [`super::memory::SlabMemory::populate`]): it must not hold up an ALLOC or the machine's
+//!   other threads.
 //! - **Release.** When the budget shrinks, pooled slabs go first: they hold no data.
 //! - **Batch eviction.** If the slabs that stay (mapped and not already reclaimed) still exceed
 //!   the budget by E, the node samples E + E′ of them at random and reclaims the E least active
@@ -283,6 +286,7 @@ pub fn run(
     config: ControlConfig,
     stop: Arc<super::server::Shutdown>,
 ) {
+    crate::priority::background("node memory control");
     let mut warned = false;
     while !stop.is_triggered() {
         match source.sample() {

@@ -406,22 +406,7 @@ impl Node {
             pool.pop();
             metrics::counter!("hydramem_node_pool_released_total").increment(1);
         }
-        while (pool.len() as u64) < want {
-            match self
-                .slab_bytes()
-                .map_err(|_| std::io::Error::other("slab size"))
-                .and_then(SlabMemory::new)
-            {
-                Ok(mut m) => {
-                    m.populate();
-                    pool.push(m);
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "cannot pre-allocate a slab");
-                    break;
-                }
-            }
-        }
+        let refill = want.saturating_sub(pool.len() as u64);
         metrics::gauge!("hydramem_node_pool_slabs").set(pool.len() as f64);
         drop(pool);
         // Batch eviction: reclaim the E least active of E + E' random candidates.
@@ -480,6 +465,33 @@ impl Node {
         }
         metrics::gauge!("hydramem_node_reclaiming_slabs")
             .set(self.reclaiming.load(Ordering::Relaxed) as f64);
+        drop(slabs);
+        drop(_g);
+        self.refill_pool(refill);
+    }
+
+    /// Maps and backs `n` slabs ahead of their ALLOC and pools them, outside every lock: a
+    /// 64 MiB slab takes milliseconds of page faults, which an ALLOC must not wait behind
+    /// (the control thread runs at background priority, see [`crate::priority`]).
+    fn refill_pool(&self, n: u64) {
+        for _ in 0..n {
+            let made = self
+                .slab_bytes()
+                .map_err(|_| std::io::Error::other("slab size"))
+                .and_then(SlabMemory::new);
+            match made {
+                Ok(mut m) => {
+                    m.populate();
+                    let mut pool = self.pool.lock();
+                    pool.push(m);
+                    metrics::gauge!("hydramem_node_pool_slabs").set(pool.len() as f64);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot pre-allocate a slab");
+                    break;
+                }
+            }
+        }
     }
 
     /// Capacity, use and per-slab counters.

@@ -141,30 +141,11 @@ pub fn start(store: &Arc<SpanStore>) {
     let spawned = std::thread::Builder::new()
         .name("hydramem-span-compact".into())
         .spawn(move || {
-            background_priority();
+            crate::priority::background("span compaction");
             compaction_loop(&weak, &signal);
         });
     if let Err(e) = spawned {
         tracing::warn!(error = %e, "cannot start the span compaction thread: garbage stays");
-    }
-}
-
-/// Gives the calling thread (the compaction thread) the lowest CPU priority (nice 19; Linux
-/// keeps a nice value per thread): compaction is background work, and on a small machine it
-/// must not take the cores from the reads and writes it makes room for — measured on two
-/// cores, span's read latency rose while compaction repacked the latency rounds' rows. Best
-/// effort: a refusal only leaves the thread at its inherited priority.
-fn background_priority() {
-    // SAFETY: gettid takes nothing and returns the calling thread's id; it touches no memory.
-    let tid = unsafe { libc::gettid() };
-    let Ok(tid) = libc::id_t::try_from(tid) else {
-        return;
-    };
-    // SAFETY: setpriority takes plain integers and touches no memory of ours; a bad argument
-    // only makes it fail with an error code.
-    let r = unsafe { libc::setpriority(libc::PRIO_PROCESS, tid, 19) };
-    if r != 0 {
-        tracing::debug!("span compaction runs at its inherited priority");
     }
 }
 
