@@ -162,8 +162,17 @@ fn a_span_client_that_reattaches_rebuilds_its_page_map_from_the_nodes() {
     check(&s, &last);
     drop(s);
     drop(mem);
-    let mem = RemoteMemory::connect(c.cluster(), cfg).expect("reconnects");
+    let mem = RemoteMemory::connect(c.cluster(), cfg.clone()).expect("reconnects");
     let s = SpanStore::new(mem).expect("the page map is rebuilt");
     check(&s, &last);
     assert_eq!(s.stats().live_pages, last.len() as u64);
+    drop(s);
+    // A smaller size than the pages held is refused, not silently cut.
+    let mut small = ClientConfig::new(Resilience::Span { k: 8, r: 2 }, 1024 * PAGE);
+    small.client_id = cfg.client_id;
+    let mem = RemoteMemory::connect(c.cluster(), small).expect("the ranges fit");
+    let err = SpanStore::new(mem)
+        .err()
+        .expect("pages beyond the size are refused");
+    assert!(err.to_string().contains("beyond its size"), "{err}");
 }

@@ -53,11 +53,15 @@ pub fn rebuild(mem: &RemoteMemory, map: &PageMap, rows: u64) -> Result<(RowTable
         }
     }
     if ignored > 0 {
-        tracing::warn!(
-            ignored,
-            "rows or page names outside this client's address space were ignored (a smaller \
-             --size than the identity was written with?)"
-        );
+        return Err(IoError::Store(
+            format!(
+                "the memory nodes hold {ignored} pages of this identity beyond its size of {} \
+                 bytes: connect with the size it was written with (or larger), or free the \
+                 identity with `hydramem free`",
+                mem.size()
+            )
+            .into(),
+        ));
     }
     let mut live = vec![0u8; n];
     let mut pages = 0;
