@@ -57,6 +57,13 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(wire::Regen::parse(&out), Ok(req));
     }
     let _ = wire::parse_corrupt_reply(data);
+    if let Some(n) = data.get(..4) {
+        // A STAMPS reply of the length it claims: exactly n slots, or refused.
+        let n = u32::from_le_bytes(n.try_into().expect("4 bytes"));
+        if let Ok(stamps) = wire::parse_stamps_reply(data, n) {
+            assert_eq!((stamps.len(), data.len()), (n as usize, 4 + 16 * n as usize));
+        }
+    }
     if let Ok(list) = wire::parse_corrupt(data) {
         // Every byte of a CORRUPT body means something: a list that parses re-encodes to it.
         let mut out = Vec::new();

@@ -177,10 +177,11 @@ pub fn put_stamps_reply(out: &mut Vec<u8>, stamps: impl ExactSizeIterator<Item =
 }
 
 /// Parses a STAMPS reply body into (version, tag) per slot; fails unless it holds exactly
-/// `n` slots.
+/// `n` slots. Nothing is allocated before the body's length is checked against `n`.
 pub fn parse_stamps_reply(body: &[u8], n: u32) -> Result<Vec<(u64, u64)>, WireError> {
     let mut r = Reader::new(body);
-    if r.u32()? != n {
+    let fits = body.len().saturating_sub(4) as u64 == 16 * u64::from(n);
+    if r.u32()? != n || !fits {
         return Err(WireError::Invalid(
             "a STAMPS reply of another length than asked",
         ));
