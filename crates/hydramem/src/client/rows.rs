@@ -54,13 +54,12 @@ pub struct RowWrite<'a> {
 }
 
 /// What the nodes hold for one address range of the row space ([`RemoteMemory::row_stamps`]).
-#[derive(Debug, Clone)]
-pub struct RangeStamps {
+struct RangeStamps {
     /// The range's first row.
-    pub first_row: u64,
+    first_row: u64,
     /// Per piece position (k + r): the (version, tag) of each of the range's rows, or `None`
     /// when that piece's node is gone or did not answer.
-    pub pieces: Vec<Option<Vec<(u64, u64)>>>,
+    pieces: Vec<Option<Vec<(u64, u64)>>>,
 }
 
 /// One row as the nodes hold it ([`RemoteMemory::held_rows`]).
@@ -347,7 +346,7 @@ impl RemoteMemory {
     /// identity holds (STAMPS, no data): what a span client that reattaches rebuilds its page
     /// map from. A piece whose node is gone or fails to answer is `None` (its tag can be
     /// decoded from k others).
-    pub fn row_stamps(&self) -> Vec<RangeStamps> {
+    fn row_stamps(&self) -> Vec<RangeStamps> {
         let l = &self.layout;
         let mut out = Vec::new();
         for (range, slot) in self.ranges.iter().enumerate() {

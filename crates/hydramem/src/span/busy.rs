@@ -49,18 +49,15 @@ pub struct Compacting<'a> {
 impl Busy {
     /// A write starts moving `pages`: a compaction will not copy them, and those it holds
     /// uncommitted are taken from it.
-    pub fn begin_write(&self, pages: &[u64]) -> Writing<'_> {
+    pub fn begin_write(&self, pages: Vec<u64>) -> Writing<'_> {
         let mut s = self.state.lock();
-        for p in pages {
+        for p in &pages {
             *s.writing.entry(*p).or_insert(0) += 1;
             if s.compacting.contains(p) {
                 s.stolen.insert(*p);
             }
         }
-        Writing {
-            busy: self,
-            pages: pages.to_vec(),
-        }
+        Writing { busy: self, pages }
     }
 
     /// A compaction holds those of `pages` that no write moves and no other compaction holds.
@@ -136,14 +133,14 @@ mod tests {
     #[test]
     fn writes_never_wait_and_take_pages_from_an_uncommitted_compaction() {
         let b = Busy::default();
-        let w = b.begin_write(&[1, 2]);
+        let w = b.begin_write(vec![1, 2]);
         let c = b.begin_compaction([2, 3, 4, 5].into_iter());
         assert!(
             c.holds(3) && c.holds(4) && !c.holds(2),
             "pages being written are skipped"
         );
         // A write of a held page goes ahead and takes it from the compaction.
-        let w2 = b.begin_write(&[4]);
+        let w2 = b.begin_write(vec![4]);
         let (version, kept) = c.commit(|| 7);
         assert_eq!(version, 7);
         assert_eq!(kept, HashSet::from([3, 5]));
@@ -160,7 +157,7 @@ mod tests {
     fn a_compaction_dropped_uncommitted_leaves_nothing_behind() {
         let b = Busy::default();
         let c = b.begin_compaction([1, 2].into_iter());
-        let w = b.begin_write(&[2]);
+        let w = b.begin_write(vec![2]);
         drop(c);
         drop(w);
         let s = b.state.lock();

@@ -281,8 +281,8 @@ impl SpanStore {
             None => {
                 self.compactor.note_write();
                 deduped = last_of_each(pages);
-                let numbers: Vec<u64> = deduped.iter().map(|(n, _)| *n).collect();
-                (&deduped[..], Some(self.busy.begin_write(&numbers)), None)
+                let numbers = deduped.iter().map(|(n, _)| *n).collect();
+                (&deduped[..], Some(self.busy.begin_write(numbers)), None)
             }
             Some((_, version)) => (pages, None, Some(version)),
         };

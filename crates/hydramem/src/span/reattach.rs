@@ -13,8 +13,9 @@
 //! row is written, and the writes of one page are never concurrent — the store's writes go
 //! one batch at a time ([`super::gather`]), a batch writes each page once, and a compaction's
 //! copy of a page never carries a newer version than a write of it ([`super::busy`]) — so
-//! the page's last write has the highest version of all rows naming it. A write that failed part way may have left k pieces
-//! of a new row: the page then reads as that write's bytes, which a failed write allows.
+//! the page's last write has the highest version of all rows naming it. A write that failed
+//! part way may have left k pieces of a new row: the page then reads as that write's bytes,
+//! which a failed write allows. Pages named beyond the client's size refuse the reattach.
 
 use crate::client::{IoError, RemoteMemory};
 
@@ -31,15 +32,15 @@ pub fn rebuild(mem: &RemoteMemory, map: &PageMap, rows: u64) -> Result<(RowTable
             *f = true;
         }
     }
-    let mut ignored = 0u64;
+    let mut beyond = 0u64;
     for h in &held {
         if h.row >= rows {
-            ignored += 1;
+            beyond += 1;
             continue;
         }
         for &(pos, page) in &h.pages {
             if page >= map.pages() {
-                ignored += 1;
+                beyond += 1;
                 continue;
             }
             let loc = Loc {
@@ -52,11 +53,11 @@ pub fn rebuild(mem: &RemoteMemory, map: &PageMap, rows: u64) -> Result<(RowTable
             }
         }
     }
-    if ignored > 0 {
+    if beyond > 0 {
         return Err(IoError::Store(
             format!(
-                "the memory nodes hold {ignored} pages of this identity beyond its size of {} \
-                 bytes: connect with the size it was written with (or larger), or free the \
+                "the memory nodes hold {beyond} pages or rows of this identity beyond its size \
+                 of {} bytes: connect with the size it was written with (or larger), or free the \
                  identity with `hydramem free`",
                 mem.size()
             )
