@@ -41,6 +41,7 @@ pub mod priority;
 #[cfg(feature = "tools")]
 pub mod release;
 pub mod rpc;
+pub mod run_config;
 pub mod shutdown;
 #[cfg(feature = "tools")]
 pub mod sim;

@@ -1,5 +1,6 @@
 //! The `hydramem` command line: memory nodes, the embedded cluster, status, benchmark, demo,
-//! soak, the NBD block device, and the placement simulator.
+//! soak, the NBD block device, the file system, paging a program (`run`), and the placement
+//! simulator.
 //!
 //! Precedence of settings: command-line flags, then the environment (`HYDRAMEM_<OPTION>`), then
 //! an optional TOML file given with `--config FILE` (or `HYDRAMEM_CONFIG`), whose tables are
@@ -11,6 +12,7 @@ mod client_cli;
 mod demo;
 mod mount_cli;
 mod nbd_cli;
+mod run_cli;
 mod sim_cli;
 mod soak;
 mod up_cli;
@@ -69,6 +71,9 @@ enum Cmd {
     /// Mount a file system whose files live in the cluster's memory (FUSE): scratch space,
     /// and the fast way to swap to hydramem (scripts/swap).
     Mount(mount_cli::MountArgs),
+    /// Run a program with its memory paged to the cluster from user space (userfaultfd):
+    /// no swap device, no cgroup, no change to the program.
+    Run(run_cli::RunArgs),
     /// Placement simulator: probability of data loss and load balance of CodingSets, EC-Cache
     /// and power of two choices (paper Figures 15 and 16).
     Sim(sim_cli::SimArgs),
@@ -336,6 +341,7 @@ fn main() {
         Cmd::Soak(a) => soak::run(a),
         Cmd::Nbd(a) => stop_flag().and_then(|stop| nbd_cli::run(a, stop)),
         Cmd::Mount(a) => stop_flag().and_then(|stop| mount_cli::run(a, stop)),
+        Cmd::Run(a) => run_cli::run(a),
         Cmd::Sim(a) => sim_cli::run(a),
         Cmd::Free(a) => run_free(a),
     };

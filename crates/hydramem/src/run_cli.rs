@@ -1,0 +1,305 @@
+//! `hydramem run -- CMD ARGS…`: starts CMD with the pager preloaded (the hydramem-pager
+//! library), which keeps CMD's resident anonymous memory under `--local-memory` by paging
+//! its large mappings to the cluster with userfaultfd: no swap device, no cgroup, no root
+//! (where userfaultfd is allowed), no change to CMD.
+//!
+//! This process checks what it can before CMD starts (the library, userfaultfd, the cluster
+//! file and its nodes), waits for CMD, passes SIGINT/SIGTERM/SIGHUP on to it, prints what
+//! each paged process reported, releases the remote memory of every process that connected
+//! (also of one that died without a word), and exits with CMD's status.
+
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use hydramem::cluster::Cluster;
+use hydramem::run_config::{RunConfig, ENV};
+use hydramem::status::{self, StatusResult};
+use hydramem::units::{human, parse_size, Size};
+use serde::Deserialize;
+
+use crate::client_cli::ClientArgs;
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    client: ClientArgs,
+    /// Anonymous memory the program may keep resident (e.g. 512MiB); the rest of its large
+    /// mappings is paged to the cluster. Each process the program executes gets this budget.
+    #[arg(long, env = "HYDRAMEM_LOCAL_MEMORY", value_parser = parse_size)]
+    local_memory: Size,
+    /// Remote space for the program's pages that are out; only the part used costs memory
+    /// on the nodes.
+    #[arg(long, env = "HYDRAMEM_REMOTE_SIZE", default_value = "8GiB", value_parser = parse_size)]
+    remote_size: Size,
+    /// Smallest anonymous mapping that is paged; smaller ones stay local.
+    #[arg(long, default_value = "1MiB", value_parser = parse_size)]
+    min_region: Size,
+    /// The pager library (default: libhydramem_pager.so beside this executable).
+    #[arg(long, env = "HYDRAMEM_PAGER_LIB")]
+    pager: Option<PathBuf>,
+    /// Also keep the pager's report here: one JSON line when a process connects, one with
+    /// its numbers when it exits.
+    #[arg(long)]
+    report: Option<PathBuf>,
+    /// The program and its arguments (after --).
+    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    command: Vec<OsString>,
+}
+
+fn bytes(s: Size, flag: &str) -> Result<u64> {
+    match s {
+        Size::Bytes(b) => Ok(b),
+        Size::Percent(_) => bail!("{flag} takes a byte count (e.g. 512MiB), not a percentage"),
+    }
+}
+
+fn absolute(p: &Path) -> Result<PathBuf> {
+    std::path::absolute(p).with_context(|| format!("resolving {}", p.display()))
+}
+
+/// The pager library: given, or beside this executable.
+fn pager_library(given: Option<PathBuf>) -> Result<PathBuf> {
+    let path = match given {
+        Some(p) => p,
+        None => std::env::current_exe()
+            .context("finding this executable")?
+            .with_file_name("libhydramem_pager.so"),
+    };
+    if !path.is_file() {
+        bail!(
+            "the pager library {} is missing: build it with `cargo build --release -p hydramem-pager` \
+             (it goes beside the hydramem executable), or give --pager",
+            path.display()
+        );
+    }
+    absolute(&path)
+}
+
+/// Whether this user may handle page faults in user space.
+fn check_userfaultfd() -> Result<()> {
+    // SAFETY: the system call takes flags only; the descriptor is closed at once.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
+    if fd >= 0 {
+        // SAFETY: our own descriptor.
+        unsafe { libc::close(fd as i32) };
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .is_ok()
+    {
+        return Ok(());
+    }
+    bail!(
+        "this user may not handle page faults in user space (userfaultfd: {e}): run as root, \
+         or allow it with `sudo sysctl vm.unprivileged_userfaultfd=1`, or give the user \
+         read-write access to /dev/userfaultfd"
+    )
+}
+
+#[derive(Deserialize)]
+struct Line {
+    event: String,
+    pid: u32,
+    command: String,
+    client_id: String,
+    stats: Option<Stats>,
+    seconds: Option<f64>,
+}
+
+#[derive(Deserialize)]
+struct Pct {
+    p50: u64,
+    p99: u64,
+}
+
+#[derive(Deserialize)]
+struct Stats {
+    page_ins: u64,
+    page_in_us: Pct,
+    zero_fills: u64,
+    written: u64,
+    clean_drops: u64,
+    zero_drops: u64,
+    lost: u64,
+    peak_resident: u64,
+}
+
+fn short(cmd: &str) -> String {
+    let c: String = cmd.chars().take(40).collect();
+    if c.len() < cmd.len() {
+        format!("{c}…")
+    } else {
+        c
+    }
+}
+
+/// Prints what each paged process reported, and returns the identities that connected.
+fn summarize(report: &Path, local: u64) -> Vec<String> {
+    let text = std::fs::read_to_string(report).unwrap_or_default();
+    let lines: Vec<Line> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let mut ids = Vec::new();
+    for l in &lines {
+        match (l.event.as_str(), &l.stats) {
+            ("connected", _) => ids.push(l.client_id.clone()),
+            ("exit", Some(s)) => eprintln!(
+                "hydramem run: pid {} ({}) ran {:.1} s: {} page-ins (p50 {} µs, p99 {} µs), \
+                 {} first touches, {} pages written out, {} clean and {} zero pages dropped \
+                 without a write, {} lost; peak resident {} of {}",
+                l.pid,
+                short(&l.command),
+                l.seconds.unwrap_or(0.0),
+                s.page_ins,
+                s.page_in_us.p50,
+                s.page_in_us.p99,
+                s.zero_fills,
+                s.written,
+                s.clean_drops,
+                s.zero_drops,
+                s.lost,
+                human(s.peak_resident),
+                human(local)
+            ),
+            _ => {}
+        }
+    }
+    let exited = lines.iter().filter(|l| l.event == "exit").count();
+    if ids.len() > exited {
+        eprintln!(
+            "hydramem run: {} paged process(es) ended without a report (killed?)",
+            ids.len() - exited
+        );
+    }
+    ids
+}
+
+/// Releases the remote memory of each identity.
+fn release(cluster: &Cluster, ids: &[String]) {
+    let mut slabs = 0u64;
+    for hex in ids {
+        let Ok(id) = hydramem::wire::ClientId::from_hex(hex) else {
+            continue;
+        };
+        for n in hydramem::release::release(cluster, id, Duration::from_secs(5)) {
+            match n.result {
+                Ok(k) => slabs += k,
+                Err(e) => eprintln!(
+                    "hydramem run: node {} ({}) did not release identity {hex}: {e}; \
+                     run `hydramem free --client-id {hex}` once it answers",
+                    n.id, n.addr
+                ),
+            }
+        }
+    }
+    if slabs > 0 {
+        eprintln!(
+            "hydramem run: released {} of remote memory ({slabs} slabs)",
+            human(slabs * cluster.slab_size)
+        );
+    }
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let local_memory = bytes(a.local_memory, "--local-memory")?;
+    if local_memory < 16 << 20 {
+        bail!("--local-memory must be at least 16MiB");
+    }
+    let remote_size = bytes(a.remote_size, "--remote-size")?;
+    let min_region = bytes(a.min_region, "--min-region")?.max(4096);
+    let library = pager_library(a.pager)?;
+    check_userfaultfd()?;
+    let cluster_path = absolute(&a.client.cluster)?;
+    let cluster = Cluster::load(&cluster_path)?;
+    // The client's own checks of its options, with their messages.
+    a.client.config(remote_size)?;
+    let up = status::collect(&cluster)
+        .iter()
+        .filter(|n| matches!(n.result, StatusResult::Up(_)))
+        .count();
+    if up == 0 {
+        bail!(
+            "no memory node of {} answered: start them (hydramem up) or check the cluster file",
+            cluster_path.display()
+        );
+    }
+    let backup = a.client.backup.config()?;
+    let own_report = a.report.is_none();
+    let report = match a.report {
+        Some(p) => absolute(&p)?,
+        None => std::env::temp_dir().join(format!("hydramem-run-{}.jsonl", std::process::id())),
+    };
+    let _ = std::fs::remove_file(&report);
+    let config = RunConfig {
+        cluster: cluster_path,
+        scheme: a.client.scheme.to_string(),
+        checksums: !a.client.no_checksums,
+        poll_us: a.client.poll_us,
+        op_timeout: a.client.op_timeout,
+        error_correction_limit: a.client.error_correction_limit,
+        slab_regeneration_limit: a.client.slab_regeneration_limit,
+        backup_dir: absolute(&backup.dir)?,
+        backup_queue: backup.queue_bytes,
+        local_memory,
+        remote_size,
+        min_region,
+        report: Some(report.clone()),
+    };
+    let preload = match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = library.clone().into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => library.into_os_string(),
+    };
+    let mut child = Command::new(&a.command[0])
+        .args(&a.command[1..])
+        .env(ENV, config.to_env())
+        .env("LD_PRELOAD", preload)
+        .spawn()
+        .with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
+    let pid = child.id() as i32;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGHUP,
+    ])
+    .context("catching signals to pass them on")?;
+    let handle = signals.handle();
+    let forward = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            // SAFETY: sends a signal to our own child.
+            unsafe { libc::kill(pid, sig) };
+        }
+    });
+    let status = child.wait().context("waiting for the program")?;
+    handle.close();
+    let _ = forward.join();
+    let ids = summarize(&report, local_memory);
+    release(&cluster, &ids);
+    if own_report {
+        let _ = std::fs::remove_file(&report);
+    }
+    let code = match (
+        status.code(),
+        std::os::unix::process::ExitStatusExt::signal(&status),
+    ) {
+        (Some(c), _) => c,
+        (None, Some(s)) => {
+            eprintln!("hydramem run: the program was ended by signal {s}");
+            128 + s
+        }
+        (None, None) => 1,
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,159 @@
+//! The contract between `hydramem run` and its pager (the preloaded library of the
+//! hydramem-pager crate): what the command asked for, passed to the program's process in one
+//! environment variable, and how the pager connects to the cluster from it. Both sides use
+//! this file alone, so the two cannot disagree on a field.
+//!
+//! Invariants: the variable holds one JSON object; every path in it is absolute (the program
+//! may change directory before its pager connects); sizes are bytes.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backup::{BackupConfig, FrontStore, StoreScheme};
+use crate::client::{ClientConfig, RemoteMemory};
+use crate::cluster::Cluster;
+use crate::wire::ClientId;
+
+/// The environment variable that carries the configuration.
+pub const ENV: &str = "HYDRAMEM_PAGER";
+
+/// What `hydramem run` asked the pager of each process it starts to do.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RunConfig {
+    /// The cluster file (absolute).
+    pub cluster: PathBuf,
+    /// The scheme, as `--scheme` takes it.
+    pub scheme: String,
+    /// Per-split checksums.
+    pub checksums: bool,
+    /// Microseconds a waiting thread polls before it sleeps.
+    pub poll_us: u64,
+    /// Seconds one page operation may take.
+    pub op_timeout: f64,
+    /// The paper's ErrorCorrectionLimit.
+    pub error_correction_limit: f64,
+    /// The paper's SlabRegenerationLimit.
+    pub slab_regeneration_limit: f64,
+    /// The ssd-backup scheme's directory.
+    pub backup_dir: PathBuf,
+    /// The ssd-backup scheme's queue, in bytes.
+    pub backup_queue: u64,
+    /// Anonymous memory the program may keep resident, in bytes.
+    pub local_memory: u64,
+    /// Bytes of remote space for the program's pages that are out.
+    pub remote_size: u64,
+    /// Smallest mapping that is paged, in bytes.
+    pub min_region: u64,
+    /// File the pager appends its report lines to (JSON, one per line).
+    pub report: Option<PathBuf>,
+}
+
+/// Why the pager could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RunConfigError {
+    /// The variable does not parse.
+    #[error(
+        "{ENV} is not a hydramem run configuration ({0}): start the program with hydramem run"
+    )]
+    Parse(serde_json::Error),
+    /// The scheme does not parse.
+    #[error("scheme {0:?}: {1}")]
+    Scheme(String, String),
+    /// The cluster file does not load.
+    #[error("loading the cluster file {}: {}", .0.display(), .1)]
+    Cluster(PathBuf, String),
+    /// The nodes cannot be reached.
+    #[error("connecting to the memory nodes of {} as {scheme}: {source}", .cluster.display())]
+    Connect {
+        /// The cluster file.
+        cluster: PathBuf,
+        /// The scheme.
+        scheme: String,
+        /// What failed.
+        source: Box<crate::client::ClientError>,
+    },
+    /// The scheme's store does not start.
+    #[error("starting the {0} store: {1}")]
+    Store(String, Box<crate::backup::BackupError>),
+}
+
+impl RunConfig {
+    /// The configuration as the environment variable's value.
+    pub fn to_env(&self) -> String {
+        serde_json::to_string(self).expect("a RunConfig always serializes")
+    }
+
+    /// The configuration in `value` (the variable's value).
+    pub fn from_env(value: &str) -> Result<RunConfig, RunConfigError> {
+        serde_json::from_str(value).map_err(RunConfigError::Parse)
+    }
+
+    /// The scheme, parsed.
+    pub fn store_scheme(&self) -> Result<StoreScheme, RunConfigError> {
+        StoreScheme::from_str(&self.scheme)
+            .map_err(|e| RunConfigError::Scheme(self.scheme.clone(), e.to_string()))
+    }
+
+    /// The client configuration for the remote space, with identity `id`.
+    pub fn client_config(&self, id: ClientId) -> Result<ClientConfig, RunConfigError> {
+        let scheme = self.store_scheme()?;
+        let mut c = ClientConfig::new(scheme.resilience(), self.remote_size);
+        c.client_id = id;
+        c.poll = Duration::from_micros(self.poll_us);
+        c.op_timeout = Duration::from_secs_f64(self.op_timeout);
+        c.checksums = self.checksums;
+        c.error_correction_limit = self.error_correction_limit;
+        c.slab_regeneration_limit = self.slab_regeneration_limit;
+        Ok(c)
+    }
+
+    /// Connects to the cluster as `id` and opens the scheme's store over the remote space.
+    pub fn open(&self, id: ClientId) -> Result<FrontStore, RunConfigError> {
+        let cluster = Cluster::load(&self.cluster)
+            .map_err(|e| RunConfigError::Cluster(self.cluster.clone(), e.to_string()))?;
+        let config = self.client_config(id)?;
+        let mem: Arc<RemoteMemory> =
+            RemoteMemory::connect(&cluster, config).map_err(|source| RunConfigError::Connect {
+                cluster: self.cluster.clone(),
+                scheme: self.scheme.clone(),
+                source: Box::new(source),
+            })?;
+        let backup = BackupConfig {
+            dir: self.backup_dir.clone(),
+            queue_bytes: self.backup_queue,
+        };
+        FrontStore::new(mem, self.store_scheme()?, &backup)
+            .map_err(|e| RunConfigError::Store(self.scheme.clone(), Box::new(e)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips_through_the_environment() {
+        let c = RunConfig {
+            cluster: "/etc/hydramem/cluster.toml".into(),
+            scheme: "span-8+2".into(),
+            checksums: true,
+            poll_us: 50,
+            op_timeout: 10.0,
+            error_correction_limit: 0.001,
+            slab_regeneration_limit: 0.01,
+            backup_dir: "/var/tmp".into(),
+            backup_queue: 64 << 20,
+            local_memory: 256 << 20,
+            remote_size: 8 << 30,
+            min_region: 1 << 20,
+            report: None,
+        };
+        assert_eq!(RunConfig::from_env(&c.to_env()).unwrap(), c);
+        assert!(c.store_scheme().is_ok());
+        assert!(RunConfig::from_env("{}").is_err());
+    }
+}

@@ -1,0 +1,346 @@
+//! The evictor: keeps the program's resident anonymous memory under its budget by sending
+//! cold pages to the cluster and dropping them.
+//!
+//! Which pages are cold: a clock over the registered regions' resident pages, in address
+//! order, where a page faulted in since the hand last passed it keeps its place once (second
+//! chance). User space cannot see the accessed bits the kernel's own reclaim uses (reading
+//! them needs root and physical addresses); what the pager sees is its own faults, so a page
+//! it brought in is young, and a page it never saw is as old as the hand says.
+//!
+//! One batch, in order (see `table.rs` for the invariants it keeps):
+//! 1. select up to `BATCH` resident pages (they become `evicting`: faults on them wait);
+//! 2. write-protect them — a failure means the range is no longer registered: left alone;
+//! 3. copy them (process_vm_readv, so a page the program unmapped meanwhile is an error, not
+//!    a crash) and decide: all zeros → nothing to store; clean → its slot already holds it;
+//!    otherwise → written to its slot, the whole batch in one batched write;
+//! 4. under the lock, once no report is pending: commit each page, drop the committed ones
+//!    (MADV_DONTNEED), wake the faults that waited.
+
+use std::fs::File;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use crate::pager::Pager;
+use crate::regions::{self, Pagemap, Region};
+use crate::stats::Stats;
+use crate::table::{Commit, Outcome};
+use crate::PAGE;
+
+/// Pages sent out per batch.
+const BATCH: usize = 256;
+/// Pages the hand reads from pagemap at a time.
+const SCAN: usize = 512;
+
+/// The clock hand: a region and an address in it.
+struct Hand {
+    region: usize,
+    addr: usize,
+}
+
+/// The evictor's own state.
+pub struct Evictor<'p> {
+    pager: &'p Pager,
+    pagemap: Pagemap,
+    statm: File,
+    hand: Hand,
+    last_scan: Instant,
+    pages: Vec<[u8; PAGE]>,
+}
+
+impl<'p> Evictor<'p> {
+    /// An evictor for `pager`.
+    pub fn new(pager: &'p Pager) -> std::io::Result<Evictor<'p>> {
+        Ok(Evictor {
+            pager,
+            pagemap: Pagemap::open()?,
+            statm: File::open("/proc/self/statm")?,
+            hand: Hand { region: 0, addr: 0 },
+            last_scan: Instant::now() - Duration::from_secs(10),
+            pages: vec![[0u8; PAGE]; BATCH],
+        })
+    }
+
+    /// The program's resident anonymous memory now.
+    pub fn resident(&self) -> u64 {
+        regions::resident_anon(&self.statm).unwrap_or(0)
+    }
+
+    /// Runs until the pager stops.
+    pub fn run(&mut self) {
+        let p = self.pager;
+        let low = p.budget - (p.budget / 64).max(1 << 20).min(p.budget / 2);
+        let mut warned = false;
+        while !p.stop.load(Ordering::Relaxed) {
+            let rss = self.resident();
+            p.stats.resident(rss);
+            if rss <= p.budget || p.shared.lock().paused {
+                let mut g = p.kick_lock.lock();
+                p.kick.wait_for(&mut g, Duration::from_millis(2));
+                continue;
+            }
+            // Evict down to the low mark, a batch at a time, reading the memory again
+            // between batches.
+            let want = ((rss - low) as usize).div_ceil(PAGE).min(BATCH);
+            let freed = self.batch(want);
+            if freed == 0 {
+                if !warned {
+                    tracing::warn!(
+                        "the program's resident memory ({} MiB) is above --local-memory ({} MiB) \
+                         and nothing more can be paged out (the rest is its brk heap, stacks, \
+                         small mappings, or the pager's own)",
+                        rss >> 20,
+                        p.budget >> 20
+                    );
+                    warned = true;
+                }
+                let mut g = p.kick_lock.lock();
+                p.kick.wait_for(&mut g, Duration::from_millis(20));
+            }
+        }
+    }
+
+    /// Reads the regions again and registers them (idempotent for those already registered).
+    fn rescan(&mut self) {
+        let maps = match regions::read_maps() {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!("reading /proc/self/maps: {e}");
+                return;
+            }
+        };
+        let found = regions::pageable(&maps, self.pager.min_region, crate::exclude::overlaps);
+        let mut registered = Vec::with_capacity(found.len());
+        for r in found {
+            // SAFETY: `pageable` lists the program's anonymous mappings outside every range
+            // of the pager's own (its heap, its threads' stacks): no Rust reference points
+            // into them.
+            match unsafe { self.pager.uffd.register(r.start, r.end - r.start) } {
+                Ok(()) => registered.push(r),
+                Err(e) => tracing::debug!("{e}"),
+            }
+        }
+        *self.pager.regions.lock() = registered;
+        self.last_scan = Instant::now();
+    }
+
+    /// Picks up to `n` pages with the clock; returns (address, generation) of each.
+    fn choose(&mut self, n: usize) -> Vec<(usize, u64)> {
+        let p = self.pager;
+        {
+            let mut s = p.shared.lock();
+            if s.rescan || self.last_scan.elapsed() > Duration::from_secs(1) {
+                s.rescan = false;
+                drop(s);
+                self.rescan();
+            }
+        }
+        let regions: Vec<Region> = p.regions.lock().clone();
+        let total: usize = regions.iter().map(|r| (r.end - r.start) / PAGE).sum();
+        let mut chosen = Vec::with_capacity(n);
+        let mut scanned = 0usize;
+        let mut resident = Vec::with_capacity(SCAN);
+        while chosen.len() < n && scanned <= 2 * total && !regions.is_empty() {
+            if self.hand.region >= regions.len() {
+                self.hand = Hand { region: 0, addr: 0 };
+            }
+            let r = regions[self.hand.region];
+            if self.hand.addr < r.start || self.hand.addr >= r.end {
+                self.hand.addr = r.start;
+            }
+            let count = ((r.end - self.hand.addr) / PAGE).min(SCAN);
+            resident.clear();
+            if self
+                .pagemap
+                .resident(self.hand.addr, count, |a| resident.push(a))
+                .is_err()
+            {
+                resident.clear();
+            }
+            {
+                let mut s = p.shared.lock();
+                for &a in &resident {
+                    if chosen.len() == n {
+                        break;
+                    }
+                    if let Some(g) = s.table.select((a / PAGE) as u64) {
+                        chosen.push((a, g));
+                    }
+                }
+                if !chosen.is_empty() {
+                    s.in_batch = true;
+                }
+            }
+            let stop_at = chosen
+                .last()
+                .map(|&(a, _)| a + PAGE)
+                .filter(|_| chosen.len() == n)
+                .unwrap_or(self.hand.addr + count * PAGE);
+            self.hand.addr = stop_at;
+            if self.hand.addr >= r.end {
+                self.hand = Hand {
+                    region: self.hand.region + 1,
+                    addr: 0,
+                };
+            }
+            scanned += count;
+        }
+        chosen
+    }
+
+    /// One batch of at most `n` pages; returns how many pages were dropped.
+    fn batch(&mut self, n: usize) -> usize {
+        let p = self.pager;
+        let chosen = self.choose(n);
+        if chosen.is_empty() {
+            return 0;
+        }
+        // 2. Write-protect each run of consecutive pages.
+        let mut ok = vec![true; chosen.len()];
+        let mut i = 0;
+        while i < chosen.len() {
+            let mut j = i + 1;
+            while j < chosen.len() && chosen[j].0 == chosen[j - 1].0 + PAGE {
+                j += 1;
+            }
+            if !p.uffd.protect(chosen[i].0, (j - i) * PAGE) {
+                ok[i..j].iter_mut().for_each(|o| *o = false);
+            }
+            i = j;
+        }
+        // 3. Copy, decide, write.
+        let copied = self.copy(&chosen, &mut ok);
+        let mut outcome = vec![Outcome::Kept; chosen.len()];
+        let mut writes: Vec<(usize, u64)> = Vec::new();
+        {
+            let mut s = p.shared.lock();
+            for (k, &(a, g)) in chosen.iter().enumerate() {
+                if !ok[k] || k >= copied {
+                    continue;
+                }
+                if self.pages[k].iter().all(|&b| b == 0) {
+                    outcome[k] = Outcome::Zero;
+                    continue;
+                }
+                match s.table.slot_for((a / PAGE) as u64, g) {
+                    Ok(None) => {
+                        if let Some(slot) =
+                            s.table.get((a / PAGE) as u64).and_then(|e| match e.state {
+                                crate::table::State::Resident { slot, .. } => slot,
+                                crate::table::State::Out { slot } => Some(slot),
+                            })
+                        {
+                            outcome[k] = Outcome::Stored { slot };
+                            Stats::add(&p.stats.clean_drops, 1);
+                        }
+                    }
+                    Ok(Some(slot)) => {
+                        outcome[k] = Outcome::Stored { slot };
+                        writes.push((k, slot));
+                    }
+                    Err(full) => {
+                        tracing::warn!("{full}");
+                        Stats::add(&p.stats.kept, 1);
+                    }
+                }
+            }
+        }
+        if !writes.is_empty() {
+            let start = Instant::now();
+            let list: Vec<(u64, &[u8; PAGE])> = writes
+                .iter()
+                .map(|&(k, slot)| (slot * PAGE as u64, &self.pages[k]))
+                .collect();
+            match p.store.write_list(&list) {
+                Ok(()) => {
+                    p.stats.batch(start.elapsed());
+                    Stats::add(&p.stats.written, writes.len() as u64);
+                }
+                Err(e) => {
+                    tracing::error!(
+                        "writing {} pages to the cluster failed ({e}): they stay in local memory",
+                        writes.len()
+                    );
+                    Stats::add(&p.stats.kept, writes.len() as u64);
+                    for &(k, _) in &writes {
+                        outcome[k] = Outcome::Kept;
+                    }
+                }
+            }
+        }
+        self.commit(&chosen, &outcome)
+    }
+
+    /// Copies the chosen pages into `self.pages`; returns how many were copied (a failure
+    /// ends the copy: the pages from there on are left).
+    fn copy(&mut self, chosen: &[(usize, u64)], ok: &mut [bool]) -> usize {
+        let local: Vec<libc::iovec> = self.pages[..chosen.len()]
+            .iter_mut()
+            .map(|p| libc::iovec {
+                iov_base: p.as_mut_ptr().cast(),
+                iov_len: PAGE,
+            })
+            .collect();
+        let remote: Vec<libc::iovec> = chosen
+            .iter()
+            .map(|&(a, _)| libc::iovec {
+                iov_base: a as *mut libc::c_void,
+                iov_len: PAGE,
+            })
+            .collect();
+        // SAFETY: the local iovecs cover our own page buffers, writable and alive for the
+        // call; the remote ones are only read, by the kernel, which fails instead of faulting
+        // on an address that is not mapped.
+        let got = unsafe {
+            libc::process_vm_readv(
+                libc::getpid(),
+                local.as_ptr(),
+                local.len() as libc::c_ulong,
+                remote.as_ptr(),
+                remote.len() as libc::c_ulong,
+                0,
+            )
+        };
+        let pages = if got < 0 { 0 } else { got as usize / PAGE };
+        for o in ok.iter_mut().skip(pages) {
+            *o = false;
+        }
+        pages
+    }
+
+    /// Commits the batch under the lock once no report is pending, drops the pages whose
+    /// bytes are safe, and wakes the faults that waited. Returns the pages dropped.
+    fn commit(&mut self, chosen: &[(usize, u64)], outcome: &[Outcome]) -> usize {
+        let p = self.pager;
+        let mut s = p.shared.lock();
+        // A pending munmap or mremap report must be applied first: the pages it names may
+        // no longer be the ones selected.
+        let mut tries = 0;
+        while p.pending() && tries < 1000 {
+            drop(s);
+            std::thread::yield_now();
+            tries += 1;
+            s = p.shared.lock();
+        }
+        let mut dropped = 0;
+        for (&(a, g), &o) in chosen.iter().zip(outcome) {
+            if s.table.commit((a / PAGE) as u64, g, o) == Commit::Drop {
+                // SAFETY: the page is the program's, write-protected, and its bytes are in the
+                // cluster (or it is all zeros): the next touch faults and gets them back.
+                let r = unsafe { libc::syscall(libc::SYS_madvise, a, PAGE, libc::MADV_DONTNEED) };
+                if r == 0 {
+                    dropped += 1;
+                    if o == Outcome::Zero {
+                        Stats::add(&p.stats.zero_drops, 1);
+                    }
+                }
+            }
+        }
+        s.in_batch = false;
+        let waiters = std::mem::take(&mut s.waiters);
+        drop(s);
+        for a in waiters {
+            p.uffd.wake(a);
+        }
+        dropped
+    }
+}

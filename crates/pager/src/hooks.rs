@@ -1,0 +1,183 @@
+//! The C functions the preloaded library puts in front of the C library's: `pthread_create`
+//! (a thread the pager starts gets a stack of the pager's own, recorded in `exclude` before
+//! the thread exists, so its stack is never paged out) and `madvise` (a discard by the
+//! program forgets the pages it had out, so they read as zeros as the kernel promises).
+//! munmap and mremap need no hook: the kernel reports them to the pager (userfaultfd
+//! events), including those the C library makes internally, which no hook would see.
+//!
+//! Invariants: with no pager running (not started, or in a forked child, which the pager
+//! does not follow) both functions do exactly what the C library's do; neither allocates
+//! from the program's allocator.
+
+use std::cell::Cell;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use libc::{c_int, c_void, pthread_attr_t, pthread_t, size_t};
+
+thread_local! {
+    /// This thread belongs to the pager (its threads, and the main thread while it starts
+    /// the pager).
+    static PAGER_THREAD: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the calling thread as the pager's (or no longer).
+pub fn set_pager_thread(on: bool) {
+    PAGER_THREAD.with(|c| c.set(on));
+}
+
+/// Whether the calling thread is the pager's.
+pub fn is_pager_thread() -> bool {
+    PAGER_THREAD.with(|c| c.get())
+}
+
+extern "C" {
+    // Not in the libc crate.
+    fn pthread_attr_getdetachstate(attr: *const pthread_attr_t, state: *mut c_int) -> c_int;
+}
+
+type StartFn = extern "C" fn(*mut c_void) -> *mut c_void;
+type CreateFn =
+    unsafe extern "C" fn(*mut pthread_t, *const pthread_attr_t, StartFn, *mut c_void) -> c_int;
+
+static REAL_CREATE: AtomicUsize = AtomicUsize::new(0);
+
+fn real_create() -> Option<CreateFn> {
+    let mut f = REAL_CREATE.load(Ordering::Acquire);
+    if f == 0 {
+        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the C library's.
+        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
+        REAL_CREATE.store(f, Ordering::Release);
+    }
+    if f == 0 {
+        return None;
+    }
+    // SAFETY: the C library's pthread_create has exactly this signature.
+    Some(unsafe { std::mem::transmute::<usize, CreateFn>(f) })
+}
+
+struct Start {
+    f: StartFn,
+    arg: *mut c_void,
+}
+
+extern "C" fn pager_thread_start(p: *mut c_void) -> *mut c_void {
+    set_pager_thread(true);
+    // SAFETY: `p` is the Box made by `pthread_create` below, handed over exactly once.
+    let s = unsafe { Box::from_raw(p.cast::<Start>()) };
+    (s.f)(s.arg)
+}
+
+/// Default stack of a pager thread when the caller gives none.
+const DEFAULT_STACK: usize = 2 << 20;
+
+/// A stack for a pager thread: a fresh mapping with a guard page below, recorded as the
+/// pager's own. Returns (stack base above the guard, size).
+fn pager_stack(size: usize) -> Option<(*mut c_void, usize)> {
+    let size = size.max(256 << 10).next_multiple_of(crate::PAGE);
+    let total = size + crate::PAGE;
+    // SAFETY: a fresh private anonymous mapping.
+    let base = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            total,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE | libc::MAP_STACK,
+            -1,
+            0,
+        )
+    };
+    if base == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the first page of our own fresh mapping becomes the guard.
+    unsafe { libc::mprotect(base, crate::PAGE, libc::PROT_NONE) };
+    if !crate::exclude::add(base as usize, base as usize + total) {
+        // SAFETY: our own mapping, unused.
+        unsafe { libc::munmap(base, total) };
+        return None;
+    }
+    // SAFETY: within the mapping.
+    Some((unsafe { base.cast::<u8>().add(crate::PAGE) }.cast(), size))
+}
+
+/// `pthread_create`, as the C library's, except that a thread the pager starts gets a stack
+/// the pager never pages out.
+///
+/// # Safety
+/// As the C library's `pthread_create`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn pthread_create(
+    thread: *mut pthread_t,
+    attr: *const pthread_attr_t,
+    start: StartFn,
+    arg: *mut c_void,
+) -> c_int {
+    let Some(real) = real_create() else {
+        return libc::EAGAIN;
+    };
+    if !is_pager_thread() || crate::disabled() {
+        // SAFETY: the caller's arguments, unchanged.
+        return unsafe { real(thread, attr, start, arg) };
+    }
+    // SAFETY: pthread_attr_t is plain data that pthread_attr_init fills in.
+    let mut own: pthread_attr_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `own` is ours to initialise.
+    unsafe { libc::pthread_attr_init(&mut own) };
+    let mut size: size_t = DEFAULT_STACK;
+    if !attr.is_null() {
+        let mut detach: c_int = 0;
+        // SAFETY: the caller's attributes are initialised (pthread_create's contract).
+        unsafe {
+            libc::pthread_attr_getstacksize(attr, &mut size);
+            pthread_attr_getdetachstate(attr, &mut detach);
+            libc::pthread_attr_setdetachstate(&mut own, detach);
+        }
+    }
+    let Some((stack, size)) = pager_stack(size) else {
+        // SAFETY: `own` was initialised above.
+        unsafe { libc::pthread_attr_destroy(&mut own) };
+        return libc::EAGAIN;
+    };
+    // SAFETY: `stack` is a mapping of `size` bytes that stays for the life of the process
+    // (a pager thread's stack is not reused or unmapped).
+    unsafe { libc::pthread_attr_setstack(&mut own, stack, size) };
+    let boxed = Box::into_raw(Box::new(Start { f: start, arg })).cast::<c_void>();
+    // SAFETY: `own` is initialised; `boxed` is handed to the new thread, or taken back below.
+    let r = unsafe { real(thread, &own, pager_thread_start, boxed) };
+    // SAFETY: `own` was initialised above and is not used again.
+    unsafe { libc::pthread_attr_destroy(&mut own) };
+    if r != 0 {
+        // SAFETY: the thread was not created, so the box is still ours.
+        drop(unsafe { Box::from_raw(boxed.cast::<Start>()) });
+    }
+    r
+}
+
+/// Advice after which the kernel reads the pages as zeros (or may).
+fn discards(advice: c_int) -> bool {
+    matches!(
+        advice,
+        libc::MADV_DONTNEED | libc::MADV_FREE | libc::MADV_REMOVE
+    ) || advice == 24 // MADV_DONTNEED_LOCKED
+}
+
+fn raw_madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    // SAFETY: the system call itself, with the caller's arguments; it checks them.
+    let r = unsafe { libc::syscall(libc::SYS_madvise, addr, len, advice) };
+    r as c_int
+}
+
+/// `madvise`, as the C library's; a discard of the program's pages also forgets those the
+/// pager had out.
+///
+/// # Safety
+/// As the C library's `madvise`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) -> c_int {
+    if discards(advice) && !is_pager_thread() {
+        if let Some(p) = crate::running() {
+            return p.discard(addr as usize, len, || raw_madvise(addr, len, advice));
+        }
+    }
+    raw_madvise(addr, len, advice)
+}

@@ -1,0 +1,283 @@
+//! The pager of one process: its userfaultfd, its page table, the cluster store its pages
+//! go out to, and the fault thread, which resolves every fault the kernel reports — a page
+//! that is out is fetched and mapped, a first touch gets zeros, a write to a clean page makes
+//! it dirty — and follows the program's munmap and mremap.
+//!
+//! Invariants (with `table.rs`):
+//! - the lock of `Shared` is held while a report is read from the userfaultfd and while its
+//!   decision is applied to memory, but never across a remote read or write: so the program's
+//!   munmap/mremap (reported as events) and discards (the madvise hook) are ordered with every
+//!   fault and every eviction commit;
+//! - a page the store cannot return (more nodes lost than the scheme survives) is poisoned:
+//!   the thread that touches it gets SIGBUS and a log line says which page, never other bytes.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hydramem::backup::FrontStore;
+use hydramem::nbd::PageStore;
+use parking_lot::{Condvar, Mutex, MutexGuard};
+
+use crate::regions::Region;
+use crate::stats::Stats;
+use crate::table::{FaultPlan, Table};
+use crate::uffd::{Report, Uffd};
+use crate::PAGE;
+
+/// State shared by the fault thread, the evictor and the madvise hook.
+pub struct Shared {
+    /// The page table.
+    pub table: Table,
+    /// Faults that wait for the eviction in flight to end.
+    pub waiters: Vec<usize>,
+    /// The regions changed (munmap, mremap): the evictor reads /proc/self/maps again.
+    pub rescan: bool,
+    /// No eviction may start (a fork is being prepared).
+    pub paused: bool,
+    /// An eviction batch is between its selection and its commit.
+    pub in_batch: bool,
+}
+
+/// One process's pager.
+pub struct Pager {
+    /// The program's userfaultfd.
+    pub uffd: Uffd,
+    /// What the fault thread, the evictor and the hook share.
+    pub shared: Mutex<Shared>,
+    /// Where pages go out to.
+    pub store: Arc<dyn PageStore>,
+    /// The scheme's store (kept open for the life of the process).
+    pub front: FrontStore,
+    /// What the pager did.
+    pub stats: Stats,
+    /// Anonymous bytes the program may keep resident.
+    pub budget: u64,
+    /// Smallest mapping that is paged, in bytes.
+    pub min_region: usize,
+    /// Set at exit: the threads stop.
+    pub stop: AtomicBool,
+    /// Wakes the evictor early (page-ins raise the resident memory).
+    pub kick: Condvar,
+    /// The lock `kick` waits with.
+    pub kick_lock: Mutex<()>,
+    /// The regions registered with the userfaultfd (the evictor's view).
+    pub regions: Mutex<Vec<Region>>,
+}
+
+fn vpn(addr: usize) -> u64 {
+    (addr / PAGE) as u64
+}
+
+impl Pager {
+    /// A pager over `front`'s store of `slots` pages.
+    pub fn new(uffd: Uffd, front: FrontStore, slots: u64, budget: u64, min_region: usize) -> Pager {
+        Pager {
+            uffd,
+            shared: Mutex::new(Shared {
+                table: Table::new(slots),
+                waiters: Vec::new(),
+                rescan: true,
+                paused: false,
+                in_batch: false,
+            }),
+            store: front.store(),
+            front,
+            stats: Stats::default(),
+            budget,
+            min_region,
+            stop: AtomicBool::new(false),
+            kick: Condvar::new(),
+            kick_lock: Mutex::new(()),
+            regions: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Waits until the userfaultfd has a report (or `timeout` passes).
+    fn wait_readable(&self, timeout: Duration) {
+        let mut p = libc::pollfd {
+            fd: self.uffd.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut p, 1, ms) };
+    }
+
+    /// Whether reports are waiting to be read.
+    pub fn pending(&self) -> bool {
+        let mut p = libc::pollfd {
+            fd: self.uffd.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+    }
+
+    /// The fault thread: resolves reports until the pager stops.
+    pub fn fault_loop(&self) {
+        let mut page = Box::new([0u8; PAGE]);
+        let mut since_kick = 0u32;
+        while !self.stop.load(Ordering::Relaxed) {
+            self.wait_readable(Duration::from_millis(200));
+            let mut s = self.shared.lock();
+            let report = match self.uffd.read() {
+                Ok(Some(r)) => r,
+                Ok(None) => continue,
+                Err(e) => {
+                    tracing::warn!("reading a fault report: {e}");
+                    continue;
+                }
+            };
+            match report {
+                Report::Missing { addr, write, tid } => {
+                    let start = Instant::now();
+                    if self.missing(s, addr, write, tid, &mut page) {
+                        self.stats.page_in(start.elapsed());
+                        since_kick += 1;
+                        if since_kick >= 32 {
+                            since_kick = 0;
+                            self.kick.notify_one();
+                        }
+                    }
+                }
+                Report::WriteProtect { addr } => {
+                    Stats::add(&self.stats.write_protect_faults, 1);
+                    if s.table.on_write_protect(vpn(addr)) {
+                        self.uffd.unprotect(addr);
+                    } else {
+                        Stats::add(&self.stats.deferred, 1);
+                        s.waiters.push(addr);
+                    }
+                }
+                Report::Remap { from, to, len } => {
+                    s.table.remap(vpn(from), vpn(to), (len / PAGE) as u64);
+                    s.rescan = true;
+                }
+                Report::Unmap { start, end } => {
+                    s.table.forget(vpn(start), ((end - start) / PAGE) as u64);
+                    s.rescan = true;
+                }
+            }
+        }
+    }
+
+    /// Resolves a missing-page fault; true if the page came from the cluster.
+    fn missing(
+        &self,
+        mut s: MutexGuard<'_, Shared>,
+        addr: usize,
+        write: bool,
+        tid: i32,
+        page: &mut [u8; PAGE],
+    ) -> bool {
+        let v = vpn(addr);
+        match s.table.on_missing(v) {
+            FaultPlan::Zero => {
+                if !self.uffd.zero(addr) {
+                    self.uffd.wake(addr);
+                }
+                s.table.zeroed(v);
+                Stats::add(&self.stats.zero_fills, 1);
+                false
+            }
+            FaultPlan::Defer => {
+                Stats::add(&self.stats.deferred, 1);
+                s.waiters.push(addr);
+                false
+            }
+            FaultPlan::Fetch { slot, gen } => {
+                drop(s);
+                let read = self.store.read_page(slot * PAGE as u64, page);
+                let mut s = self.shared.lock();
+                if !s.table.still(v, slot, gen) {
+                    // The program discarded or moved it meanwhile: the thread faults again
+                    // and gets what the page is now.
+                    self.uffd.wake(addr);
+                    return false;
+                }
+                match read {
+                    Ok(()) => {
+                        if self.uffd.copy(addr, page, write) {
+                            s.table.fetched(v, slot, gen, write);
+                        } else {
+                            self.uffd.wake(addr);
+                        }
+                        true
+                    }
+                    Err(e) => {
+                        Stats::add(&self.stats.lost, 1);
+                        let at = self.store.location(slot * PAGE as u64).unwrap_or_default();
+                        if self.uffd.poison(addr) {
+                            tracing::error!(
+                                "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}): \
+                                 more memory nodes are lost than the scheme survives; the program gets SIGBUS on it"
+                            );
+                        } else {
+                            tracing::error!(
+                                "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}), \
+                                 and this kernel cannot poison it (Linux 6.6 can): ending the program with SIGBUS"
+                            );
+                            // SAFETY: tgkill on this process's own thread.
+                            unsafe {
+                                libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGBUS)
+                            };
+                        }
+                        false
+                    }
+                }
+            }
+        }
+    }
+
+    /// The program discards `[addr, addr + len)` (madvise DONTNEED, FREE or REMOVE): the pages
+    /// that were out are forgotten, then `apply` does the discard, under the lock, so no
+    /// eviction or fault can slip between the two.
+    pub fn discard(&self, addr: usize, len: usize, apply: impl FnOnce() -> i32) -> i32 {
+        let first = addr / PAGE;
+        let last = addr.saturating_add(len).div_ceil(PAGE);
+        let mut s = self.shared.lock();
+        s.table.forget(first as u64, (last - first) as u64);
+        apply()
+    }
+
+    /// Before a fork: no eviction may run, and every page that is out comes back, so that
+    /// the child (which the pager does not follow) has all of the program's bytes.
+    pub fn before_fork(&self) {
+        loop {
+            let mut s = self.shared.lock();
+            s.paused = true;
+            if !s.in_batch {
+                break;
+            }
+            drop(s);
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        let mut s = self.shared.lock();
+        let out: Vec<(u64, u64)> = s.table.out_pages().collect();
+        let mut page = Box::new([0u8; PAGE]);
+        for (v, slot) in out {
+            let addr = v as usize * PAGE;
+            let Some(gen) = s.table.get(v).map(|e| e.gen) else {
+                continue;
+            };
+            match self.store.read_page(slot * PAGE as u64, &mut page) {
+                Ok(()) => {
+                    if self.uffd.copy(addr, &page, true) {
+                        s.table.fetched(v, slot, gen, true);
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("bringing page {addr:#x} back before fork: {e}");
+                }
+            }
+        }
+    }
+
+    /// After a fork, in the parent: evictions go on.
+    pub fn after_fork(&self) {
+        self.shared.lock().paused = false;
+    }
+}

@@ -1,0 +1,212 @@
+//! Starting and ending the pager of one process: the constructor that runs when the
+//! library is loaded, the evictor thread that connects once the program grows, the fork
+//! handlers, and the report written at exit (see the crate documentation for the life of a
+//! pager).
+
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+use hydramem::run_config::{RunConfig, ENV};
+use hydramem::wire::ClientId;
+use serde::Serialize;
+
+use crate::pager::Pager;
+use crate::{evict, hooks, regions, stats, uffd, PAGE};
+
+/// Set in a forked child: the pager does not run there.
+static DISABLED: AtomicBool = AtomicBool::new(false);
+/// The running pager, once connected.
+static PAGER: OnceLock<Arc<Pager>> = OnceLock::new();
+/// What this process was started with, for its report.
+static START: OnceLock<(RunConfig, ClientId, Instant)> = OnceLock::new();
+
+/// Whether the pager is off in this process (a forked child).
+pub fn disabled() -> bool {
+    DISABLED.load(Ordering::Relaxed)
+}
+
+/// The running pager, if this process has one.
+pub fn running() -> Option<&'static Arc<Pager>> {
+    if disabled() {
+        return None;
+    }
+    PAGER.get()
+}
+
+/// One line of the report file.
+#[derive(Serialize)]
+struct ReportLine<'a> {
+    event: &'a str,
+    pid: u32,
+    command: String,
+    client_id: String,
+    scheme: &'a str,
+    local_memory: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    seconds: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stats: Option<stats::Summary>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    remote_pages: Option<u64>,
+}
+
+fn command() -> String {
+    std::fs::read("/proc/self/cmdline")
+        .map(|b| {
+            b.split(|&c| c == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default()
+}
+
+fn report(event: &str, with_stats: bool) {
+    let Some((config, id, start)) = START.get() else {
+        return;
+    };
+    let Some(path) = &config.report else {
+        return;
+    };
+    let pager = PAGER.get();
+    let line = ReportLine {
+        event,
+        pid: std::process::id(),
+        command: command(),
+        client_id: id.to_hex(),
+        scheme: &config.scheme,
+        local_memory: config.local_memory,
+        seconds: with_stats.then(|| start.elapsed().as_secs_f64()),
+        stats: pager.filter(|_| with_stats).map(|p| p.stats.summary()),
+        remote_pages: pager
+            .filter(|_| with_stats)
+            .map(|p| p.shared.lock().table.slots_used()),
+    };
+    if let Ok(mut f) = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+    {
+        let mut text = serde_json::to_string(&line).unwrap_or_default();
+        text.push('\n');
+        let _ = f.write_all(text.as_bytes());
+    }
+}
+
+fn fail(what: &str) -> ! {
+    eprintln!("hydramem run: {what}");
+    // SAFETY: ends the process at once, as a failed start should.
+    unsafe { libc::_exit(70) }
+}
+
+/// Connects to the cluster and starts the fault thread; returns the pager.
+fn connect(config: &RunConfig, id: ClientId, uffd: uffd::Uffd) -> Arc<Pager> {
+    let front = config.open(id).unwrap_or_else(|e| fail(&e.to_string()));
+    let slots = config.remote_size / PAGE as u64;
+    let pager = Arc::new(Pager::new(
+        uffd,
+        front,
+        slots,
+        config.local_memory,
+        usize::try_from(config.min_region).unwrap_or(usize::MAX),
+    ));
+    let p = pager.clone();
+    std::thread::Builder::new()
+        .name("hm-fault".into())
+        .spawn(move || p.fault_loop())
+        .unwrap_or_else(|e| fail(&format!("starting the fault thread: {e}")));
+    report("connected", false);
+    pager
+}
+
+/// The evictor thread: waits for the program to grow, connects, then keeps it in budget.
+fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd) {
+    let statm = std::fs::File::open("/proc/self/statm")
+        .unwrap_or_else(|e| fail(&format!("opening /proc/self/statm: {e}")));
+    loop {
+        let rss = regions::resident_anon(&statm).unwrap_or(0);
+        if rss > config.local_memory / 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let pager = connect(&config, id, uffd);
+    let _ = PAGER.set(pager.clone());
+    match evict::Evictor::new(&pager) {
+        Ok(mut e) => e.run(),
+        Err(e) => fail(&format!("starting the evictor: {e}")),
+    }
+}
+
+extern "C" fn before_fork() {
+    if let Some(p) = running() {
+        p.before_fork();
+    }
+}
+
+extern "C" fn after_fork_parent() {
+    if let Some(p) = running() {
+        p.after_fork();
+    }
+}
+
+extern "C" fn after_fork_child() {
+    DISABLED.store(true, Ordering::Relaxed);
+}
+
+extern "C" fn at_exit() {
+    if disabled() {
+        return;
+    }
+    if let Some(p) = PAGER.get() {
+        p.stop.store(true, Ordering::Relaxed);
+        report("exit", true);
+    }
+}
+
+/// Starts the pager if the process was started by `hydramem run`.
+fn init() {
+    let Ok(value) = std::env::var(ENV) else {
+        return;
+    };
+    let config = RunConfig::from_env(&value).unwrap_or_else(|e| fail(&e.to_string()));
+    let _ = tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("HYDRAMEM_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .try_init();
+    let uffd = uffd::Uffd::new().unwrap_or_else(|e| fail(&e.to_string()));
+    let id = ClientId::random();
+    let _ = START.set((config.clone(), id, Instant::now()));
+    // SAFETY: handlers that only touch this library's state.
+    unsafe {
+        libc::pthread_atfork(
+            Some(before_fork),
+            Some(after_fork_parent),
+            Some(after_fork_child),
+        );
+        libc::atexit(at_exit);
+    }
+    std::thread::Builder::new()
+        .name("hm-evict".into())
+        .spawn(move || evictor(config, id, uffd))
+        .unwrap_or_else(|e| fail(&format!("starting the evictor: {e}")));
+}
+
+extern "C" fn constructor() {
+    hooks::set_pager_thread(true);
+    init();
+    hooks::set_pager_thread(false);
+}
+
+/// Runs `constructor` when the library is loaded, before the program's main.
+#[cfg(not(test))]
+#[used]
+#[link_section = ".init_array"]
+static INIT: extern "C" fn() = constructor;

@@ -1,0 +1,147 @@
+//! What the pager did, for its report: page-ins and their latency (fault read to page
+//! mapped), page-outs by kind, and the faults it resolved without the cluster.
+//!
+//! Invariants: counters only grow; a page-in is timed from the moment its fault was read to
+//! the moment the page was mapped and its thread woken.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use parking_lot::Mutex;
+use serde::Serialize;
+
+/// Counters of one pager.
+#[derive(Default)]
+pub struct Stats {
+    /// Pages fetched from the cluster and mapped.
+    pub page_ins: AtomicU64,
+    /// Missing faults answered with zeros (first touches).
+    pub zero_fills: AtomicU64,
+    /// Writes to clean pages (which made them dirty).
+    pub write_protect_faults: AtomicU64,
+    /// Faults that waited for an eviction in flight.
+    pub deferred: AtomicU64,
+    /// Pages written to the cluster.
+    pub written: AtomicU64,
+    /// Clean pages dropped without a write (their slot held them).
+    pub clean_drops: AtomicU64,
+    /// All-zero pages dropped without a write.
+    pub zero_drops: AtomicU64,
+    /// Pages that could not be written out and stayed resident.
+    pub kept: AtomicU64,
+    /// Pages the cluster could not return (poisoned: SIGBUS).
+    pub lost: AtomicU64,
+    /// Batched writes of evicted pages.
+    pub batches: AtomicU64,
+    /// Highest resident anonymous memory seen, in bytes.
+    pub peak_resident: AtomicU64,
+    page_in_us: Mutex<Option<Histogram<u64>>>,
+    write_us: Mutex<Option<Histogram<u64>>>,
+}
+
+/// Latency percentiles in microseconds.
+#[derive(Debug, Serialize, Default, Clone, Copy)]
+pub struct Percentiles {
+    /// Median.
+    pub p50: u64,
+    /// 90th percentile.
+    pub p90: u64,
+    /// 99th percentile.
+    pub p99: u64,
+    /// Largest.
+    pub max: u64,
+}
+
+/// The report's numbers.
+#[derive(Debug, Serialize, Default)]
+pub struct Summary {
+    /// Pages fetched from the cluster and mapped.
+    pub page_ins: u64,
+    /// Page-in latency, fault read to page mapped (µs).
+    pub page_in_us: Percentiles,
+    /// Missing faults answered with zeros (first touches).
+    pub zero_fills: u64,
+    /// Writes to clean pages (which made them dirty).
+    pub write_protect_faults: u64,
+    /// Faults that waited for an eviction in flight.
+    pub deferred: u64,
+    /// Pages written to the cluster.
+    pub written: u64,
+    /// Clean pages dropped without a write (their slot held them).
+    pub clean_drops: u64,
+    /// All-zero pages dropped without a write.
+    pub zero_drops: u64,
+    /// Pages that could not be written out and stayed resident.
+    pub kept: u64,
+    /// Pages the cluster could not return (poisoned: SIGBUS).
+    pub lost: u64,
+    /// Batched writes of evicted pages.
+    pub batches: u64,
+    /// Latency of one batched write of evicted pages (µs).
+    pub batch_write_us: Percentiles,
+    /// Highest resident anonymous memory seen, in bytes.
+    pub peak_resident: u64,
+}
+
+fn record(h: &Mutex<Option<Histogram<u64>>>, d: Duration) {
+    let mut h = h.lock();
+    let h = h
+        .get_or_insert_with(|| Histogram::new_with_bounds(1, 60_000_000, 2).expect("valid bounds"));
+    let _ = h.record(d.as_micros().clamp(1, 60_000_000) as u64);
+}
+
+fn percentiles(h: &Mutex<Option<Histogram<u64>>>) -> Percentiles {
+    h.lock()
+        .as_ref()
+        .map_or(Percentiles::default(), |h| Percentiles {
+            p50: h.value_at_quantile(0.5),
+            p90: h.value_at_quantile(0.9),
+            p99: h.value_at_quantile(0.99),
+            max: h.max(),
+        })
+}
+
+impl Stats {
+    /// Adds one to `c`.
+    pub fn add(c: &AtomicU64, n: u64) {
+        c.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// A page-in that took `d`.
+    pub fn page_in(&self, d: Duration) {
+        Stats::add(&self.page_ins, 1);
+        record(&self.page_in_us, d);
+    }
+
+    /// A batch write that took `d`.
+    pub fn batch(&self, d: Duration) {
+        Stats::add(&self.batches, 1);
+        record(&self.write_us, d);
+    }
+
+    /// The resident memory seen now.
+    pub fn resident(&self, bytes: u64) {
+        self.peak_resident.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// The numbers so far.
+    pub fn summary(&self) -> Summary {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        Summary {
+            page_ins: g(&self.page_ins),
+            page_in_us: percentiles(&self.page_in_us),
+            zero_fills: g(&self.zero_fills),
+            write_protect_faults: g(&self.write_protect_faults),
+            deferred: g(&self.deferred),
+            written: g(&self.written),
+            clean_drops: g(&self.clean_drops),
+            zero_drops: g(&self.zero_drops),
+            kept: g(&self.kept),
+            lost: g(&self.lost),
+            batches: g(&self.batches),
+            batch_write_us: percentiles(&self.write_us),
+            peak_resident: g(&self.peak_resident),
+        }
+    }
+}

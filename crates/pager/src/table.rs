@@ -1,0 +1,585 @@
+//! The page table of the pager: for every page of the program it has seen, where the page's
+//! bytes are — in the program's memory (resident), or in the cluster at a slot of the store
+//! (out) — and the slot allocator of the store. Pages it has never seen are either resident
+//! (the kernel mapped them on first touch) or were never touched: both read as the program
+//! left them, and a missing fault on such a page is a first touch, answered with zeros.
+//!
+//! Invariants (the caller holds the table's lock across each call and across the memory
+//! operation the call decides, see `pager.rs`):
+//! - a page is `Out` only after its bytes were acknowledged at its slot; a fault on an `Out`
+//!   page fetches that slot, a fault on any other page gets zeros;
+//! - a slot belongs to at most one entry, and goes back to the free list exactly once, when
+//!   its entry is dropped or replaced;
+//! - a page being evicted (`evicting`) is never resolved by a fault: the fault waits for the
+//!   eviction to end (the evictor wakes it), so a write can never land between the copy the
+//!   evictor sends and the moment it drops the page;
+//! - every change made by someone other than the evictor (a fault, the program's madvise,
+//!   munmap or mremap) gives the entry a new generation, and the evictor commits an eviction
+//!   only to an entry whose generation it selected: a page the program discarded or moved
+//!   meanwhile is never dropped or recorded as out.
+
+use std::collections::BTreeMap;
+
+/// A page number (virtual address / 4096).
+pub type Vpn = u64;
+
+/// Where a page's bytes are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// In the program's memory. `clean`: the bytes equal what `slot` holds (the page was
+    /// fetched from there and has not been written since), so dropping it needs no write.
+    Resident {
+        /// Its slot holds the same bytes.
+        clean: bool,
+        /// Its slot in the store, if it has one.
+        slot: Option<u64>,
+    },
+    /// Not in the program's memory; the bytes are at `slot` in the store.
+    Out {
+        /// Where the bytes are.
+        slot: u64,
+    },
+}
+
+/// One page the pager knows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// Where the bytes are.
+    pub state: State,
+    /// Faulted in since the clock hand last passed it (the second chance).
+    pub referenced: bool,
+    /// Being evicted: faults on it wait.
+    pub evicting: bool,
+    /// Changes with every change not made by the evictor.
+    pub gen: u64,
+}
+
+impl Entry {
+    fn slot(&self) -> Option<u64> {
+        match self.state {
+            State::Resident { slot, .. } => slot,
+            State::Out { slot } => Some(slot),
+        }
+    }
+}
+
+/// What to do with a missing-page fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FaultPlan {
+    /// Map a page of zeros (first touch, or a page the program discarded).
+    Zero,
+    /// Read the page from `slot`, then map it if the entry still has generation `gen`.
+    Fetch {
+        /// The page's slot.
+        slot: u64,
+        /// The entry's generation when the fetch was planned.
+        gen: u64,
+    },
+    /// The page is being evicted: wait for the evictor to wake the thread.
+    Defer,
+}
+
+/// What the evictor does with a page it selected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// Its bytes are at `slot` (written now, or already there for a clean page).
+    Stored {
+        /// The page's slot.
+        slot: u64,
+    },
+    /// It is all zeros: nothing is stored; a later fault maps zeros.
+    Zero,
+    /// It could not be written: it stays resident.
+    Kept,
+}
+
+/// What the evictor must do with a selected page after `commit`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Commit {
+    /// Drop it from memory: its bytes are stored (or zero).
+    Drop,
+    /// Leave it: the program discarded, moved or faulted it meanwhile, or the write failed.
+    Leave,
+}
+
+/// Pages the pager knows, and the store's slots.
+#[derive(Debug, Default)]
+pub struct Table {
+    pages: BTreeMap<Vpn, Entry>,
+    free: Vec<u64>,
+    next_slot: u64,
+    slots: u64,
+    next_gen: u64,
+}
+
+/// The store has no free slot left.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("all {0} pages of the remote space are in use: give hydramem run a larger --remote-size")]
+pub struct Full(pub u64);
+
+impl Table {
+    /// A table over a store of `slots` pages.
+    pub fn new(slots: u64) -> Table {
+        Table {
+            slots,
+            ..Table::default()
+        }
+    }
+
+    fn gen(&mut self) -> u64 {
+        self.next_gen += 1;
+        self.next_gen
+    }
+
+    fn release(&mut self, slot: Option<u64>) {
+        if let Some(s) = slot {
+            self.free.push(s);
+        }
+    }
+
+    fn alloc(&mut self) -> Result<u64, Full> {
+        if let Some(s) = self.free.pop() {
+            return Ok(s);
+        }
+        if self.next_slot == self.slots {
+            return Err(Full(self.slots));
+        }
+        self.next_slot += 1;
+        Ok(self.next_slot - 1)
+    }
+
+    /// The entry of `vpn`, if the pager knows it.
+    pub fn get(&self, vpn: Vpn) -> Option<&Entry> {
+        self.pages.get(&vpn)
+    }
+
+    /// Pages whose bytes are only in the store.
+    pub fn out_pages(&self) -> impl Iterator<Item = (Vpn, u64)> + '_ {
+        self.pages.iter().filter_map(|(v, e)| match e.state {
+            State::Out { slot } => Some((*v, slot)),
+            State::Resident { .. } => None,
+        })
+    }
+
+    /// Slots in use (pages whose bytes the store holds or will hold).
+    pub fn slots_used(&self) -> u64 {
+        self.next_slot - self.free.len() as u64
+    }
+
+    /// A missing-page fault on `vpn`.
+    pub fn on_missing(&mut self, vpn: Vpn) -> FaultPlan {
+        let Some(e) = self.pages.get(&vpn).copied() else {
+            return FaultPlan::Zero;
+        };
+        if e.evicting {
+            return FaultPlan::Defer;
+        }
+        match e.state {
+            State::Out { slot } => FaultPlan::Fetch { slot, gen: e.gen },
+            // Known as resident, yet missing: the program dropped it (madvise the pager did
+            // not see, e.g. from inside the C library): it reads as zeros.
+            State::Resident { slot, .. } => {
+                self.pages.remove(&vpn);
+                self.release(slot);
+                FaultPlan::Zero
+            }
+        }
+    }
+
+    /// A fetched page was mapped; `write`: the fault was a write (the page is mapped
+    /// writable, so it is dirty), otherwise it is mapped write-protected and clean. Returns
+    /// false if the entry changed since `plan` (the caller must not map the bytes).
+    pub fn fetched(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool) -> bool {
+        let g = self.gen();
+        match self.pages.get_mut(&vpn) {
+            Some(e) if e.gen == gen && e.state == (State::Out { slot }) && !e.evicting => {
+                *e = Entry {
+                    state: State::Resident {
+                        clean: !write,
+                        slot: Some(slot),
+                    },
+                    referenced: true,
+                    evicting: false,
+                    gen: g,
+                };
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Whether the entry of a planned fetch is unchanged (the bytes may be mapped).
+    pub fn still(&self, vpn: Vpn, slot: u64, gen: u64) -> bool {
+        matches!(self.pages.get(&vpn), Some(e) if e.gen == gen && e.state == (State::Out { slot }) && !e.evicting)
+    }
+
+    /// A page of zeros was mapped at `vpn` on a first touch: it gets its second chance.
+    pub fn zeroed(&mut self, vpn: Vpn) {
+        let g = self.gen();
+        let old = self.pages.insert(
+            vpn,
+            Entry {
+                state: State::Resident {
+                    clean: false,
+                    slot: None,
+                },
+                referenced: true,
+                evicting: false,
+                gen: g,
+            },
+        );
+        self.release(old.and_then(|e| e.slot()));
+    }
+
+    /// A write-protect fault on `vpn`: true if the write may go on (the page is now dirty),
+    /// false if it waits for an eviction.
+    pub fn on_write_protect(&mut self, vpn: Vpn) -> bool {
+        let g = self.gen();
+        match self.pages.get_mut(&vpn) {
+            Some(e) if e.evicting => false,
+            Some(e) => {
+                if let State::Resident { clean, .. } = &mut e.state {
+                    *clean = false;
+                }
+                e.gen = g;
+                true
+            }
+            None => true,
+        }
+    }
+
+    /// The clock hand reached resident page `vpn`: Some(generation) if it is selected for
+    /// eviction (now `evicting`), None if it keeps its place (its second chance, or it is
+    /// already being evicted).
+    pub fn select(&mut self, vpn: Vpn) -> Option<u64> {
+        let g = self.gen();
+        let e = self.pages.entry(vpn).or_insert(Entry {
+            state: State::Resident {
+                clean: false,
+                slot: None,
+            },
+            referenced: false,
+            evicting: false,
+            gen: g,
+        });
+        if e.evicting || matches!(e.state, State::Out { .. }) {
+            return None;
+        }
+        if e.referenced {
+            e.referenced = false;
+            return None;
+        }
+        e.evicting = true;
+        Some(e.gen)
+    }
+
+    /// Where the selected page `vpn` goes: Ok(None) if it is clean (its slot already holds
+    /// its bytes), Ok(Some(slot)) for the slot to write it to.
+    pub fn slot_for(&mut self, vpn: Vpn, gen: u64) -> Result<Option<u64>, Full> {
+        let (clean, slot) = match self.pages.get(&vpn) {
+            Some(e) if e.gen == gen && e.evicting => match e.state {
+                State::Resident { clean, slot } => (clean, slot),
+                State::Out { .. } => return Ok(None),
+            },
+            // Changed meanwhile: nothing to write (commit will leave it).
+            _ => return Ok(None),
+        };
+        match (clean, slot) {
+            (true, Some(_)) => Ok(None),
+            (_, Some(s)) => Ok(Some(s)),
+            (_, None) => {
+                let s = self.alloc()?;
+                if let Some(e) = self.pages.get_mut(&vpn) {
+                    e.state = State::Resident {
+                        clean: false,
+                        slot: Some(s),
+                    };
+                }
+                Ok(Some(s))
+            }
+        }
+    }
+
+    /// The eviction of `vpn` (selected with generation `gen`) ended with `outcome`.
+    pub fn commit(&mut self, vpn: Vpn, gen: u64, outcome: Outcome) -> Commit {
+        let Some(e) = self.pages.get_mut(&vpn) else {
+            return Commit::Leave;
+        };
+        if e.gen != gen || !e.evicting {
+            return Commit::Leave;
+        }
+        e.evicting = false;
+        let slot = e.slot();
+        match outcome {
+            Outcome::Kept => Commit::Leave,
+            Outcome::Stored { slot: s } => {
+                debug_assert_eq!(slot, Some(s));
+                e.state = State::Out { slot: s };
+                Commit::Drop
+            }
+            Outcome::Zero => {
+                self.pages.remove(&vpn);
+                self.release(slot);
+                Commit::Drop
+            }
+        }
+    }
+
+    /// The program discarded `[first, first + n)` (madvise DONTNEED/FREE/REMOVE, munmap):
+    /// the pages read as zeros from now on, their slots are free.
+    pub fn forget(&mut self, first: Vpn, n: u64) {
+        let gone: Vec<(Vpn, Entry)> = self
+            .pages
+            .range(first..first.saturating_add(n))
+            .map(|(v, e)| (*v, *e))
+            .collect();
+        for (v, e) in gone {
+            self.pages.remove(&v);
+            self.release(e.slot());
+        }
+    }
+
+    /// The program moved `[from, from + n)` to `to` (mremap): each page's entry moves with
+    /// its bytes. A page being evicted is left to the evictor at its old place (the move
+    /// changes its generation, so the eviction is not committed) and arrives as a dirty
+    /// resident page.
+    pub fn remap(&mut self, from: Vpn, to: Vpn, n: u64) {
+        self.forget(to, n);
+        let moved: Vec<(Vpn, Entry)> = self
+            .pages
+            .range(from..from.saturating_add(n))
+            .map(|(v, e)| (*v, *e))
+            .collect();
+        for (v, e) in moved {
+            self.pages.remove(&v);
+            let g = self.gen();
+            let entry = match e.state {
+                State::Resident { slot, .. } => Entry {
+                    state: State::Resident { clean: false, slot },
+                    referenced: e.referenced,
+                    evicting: false,
+                    gen: g,
+                },
+                State::Out { .. } => Entry { gen: g, ..e },
+            };
+            self.pages.insert(to + (v - from), entry);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn evict(t: &mut Table, vpn: Vpn) -> Commit {
+        let g = t.select(vpn).expect("selected");
+        let out = match t.slot_for(vpn, g).unwrap() {
+            Some(s) => Outcome::Stored { slot: s },
+            None => match t.get(vpn).unwrap().state {
+                State::Resident { slot: Some(s), .. } => Outcome::Stored { slot: s },
+                s => panic!("clean without slot: {s:?}"),
+            },
+        };
+        t.commit(vpn, g, out)
+    }
+
+    #[test]
+    fn first_touch_is_zero_then_evicted_page_is_fetched_clean() {
+        let mut t = Table::new(10);
+        assert_eq!(t.on_missing(7), FaultPlan::Zero);
+        // An untracked resident page is selected at once, written to a new slot.
+        assert_eq!(evict(&mut t, 7), Commit::Drop);
+        let FaultPlan::Fetch { slot, gen } = t.on_missing(7) else {
+            panic!("not fetched")
+        };
+        assert!(t.fetched(7, slot, gen, false));
+        // Referenced: the hand passes it once.
+        assert_eq!(t.select(7), None);
+        let g = t.select(7).unwrap();
+        // Clean: nothing to write.
+        assert_eq!(t.slot_for(7, g).unwrap(), None);
+        assert_eq!(t.commit(7, g, Outcome::Stored { slot }), Commit::Drop);
+        assert_eq!(t.slots_used(), 1);
+    }
+
+    #[test]
+    fn a_write_makes_a_fetched_page_dirty() {
+        let mut t = Table::new(10);
+        evict(&mut t, 1);
+        let FaultPlan::Fetch { slot, gen } = t.on_missing(1) else {
+            panic!()
+        };
+        assert!(t.fetched(1, slot, gen, false));
+        assert!(t.on_write_protect(1));
+        t.select(1);
+        let g = t.select(1).unwrap();
+        assert_eq!(
+            t.slot_for(1, g).unwrap(),
+            Some(slot),
+            "dirty page reuses its slot"
+        );
+    }
+
+    #[test]
+    fn faults_on_an_evicting_page_wait_and_discards_win() {
+        let mut t = Table::new(10);
+        let g = t.select(3).unwrap();
+        assert_eq!(t.on_missing(3), FaultPlan::Defer);
+        assert!(!t.on_write_protect(3));
+        let s = t.slot_for(3, g).unwrap().unwrap();
+        // The program discards the page while its copy is written.
+        t.forget(3, 1);
+        assert_eq!(t.commit(3, g, Outcome::Stored { slot: s }), Commit::Leave);
+        assert_eq!(t.on_missing(3), FaultPlan::Zero);
+        assert_eq!(t.slots_used(), 0);
+    }
+
+    #[test]
+    fn a_fetch_is_not_mapped_when_the_page_changed() {
+        let mut t = Table::new(10);
+        evict(&mut t, 5);
+        let FaultPlan::Fetch { slot, gen } = t.on_missing(5) else {
+            panic!()
+        };
+        t.forget(5, 1);
+        assert!(!t.still(5, slot, gen));
+        assert!(!t.fetched(5, slot, gen, true));
+    }
+
+    #[test]
+    fn remap_moves_out_pages_and_cancels_evictions() {
+        let mut t = Table::new(10);
+        evict(&mut t, 100);
+        let g = t.select(101).unwrap();
+        let s = t.slot_for(101, g).unwrap().unwrap();
+        t.remap(100, 500, 2);
+        assert_eq!(t.on_missing(100), FaultPlan::Zero);
+        assert!(matches!(t.on_missing(500), FaultPlan::Fetch { .. }));
+        assert_eq!(t.commit(101, g, Outcome::Stored { slot: s }), Commit::Leave);
+        assert_eq!(
+            t.get(501).unwrap().state,
+            State::Resident {
+                clean: false,
+                slot: Some(s)
+            }
+        );
+    }
+
+    #[test]
+    fn full_store_is_an_error() {
+        let mut t = Table::new(1);
+        evict(&mut t, 1);
+        let g = t.select(2).unwrap();
+        assert_eq!(t.slot_for(2, g), Err(Full(1)));
+        assert_eq!(t.commit(2, g, Outcome::Kept), Commit::Leave);
+        assert!(!t.get(2).unwrap().evicting);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Touch(u8, bool),
+        Evict(u8),
+        Forget(u8, u8),
+        Remap(u8, u8, u8),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u8..32, any::<bool>()).prop_map(|(v, w)| Op::Touch(v, w)),
+            (0u8..32).prop_map(Op::Evict),
+            (0u8..32, 1u8..4).prop_map(|(v, n)| Op::Forget(v, n)),
+            (0u8..32, 0u8..32, 1u8..4).prop_map(|(a, b, n)| Op::Remap(a, b, n)),
+        ]
+    }
+
+    proptest! {
+        /// A model of memory (page → value) against the table driving a simulated store and
+        /// address space: every page always reads back what was last written to it, and no
+        /// slot is held twice.
+        #[test]
+        fn table_keeps_every_page(ops in proptest::collection::vec(op(), 1..200)) {
+            let mut t = Table::new(64);
+            let mut model = [0u64; 64];
+            // Simulated memory: resident pages and their values; the store's slots.
+            let mut mem: BTreeMap<u64, u64> = BTreeMap::new();
+            let mut store = [0u64; 64];
+            let mut value = 0u64;
+            let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &[u64; 64], v: u64, w: bool| {
+                if mem.contains_key(&v) { return; }
+                match t.on_missing(v) {
+                    FaultPlan::Zero => { mem.insert(v, 0); t.zeroed(v); }
+                    FaultPlan::Fetch { slot, gen } => {
+                        assert!(t.fetched(v, slot, gen, w));
+                        mem.insert(v, store[slot as usize]);
+                    }
+                    FaultPlan::Defer => panic!("no eviction in flight"),
+                }
+            };
+            for op in ops {
+                match op {
+                    Op::Touch(v, w) => {
+                        let v = u64::from(v);
+                        fault_in(&mut t, &mut mem, &store, v, w);
+                        if w {
+                            value += 1;
+                            t.on_write_protect(v);
+                            mem.insert(v, value);
+                            model[v as usize] = value;
+                        }
+                        prop_assert_eq!(mem[&v], model[v as usize]);
+                    }
+                    Op::Evict(v) => {
+                        let v = u64::from(v);
+                        if !mem.contains_key(&v) { continue; }
+                        let Some(g) = t.select(v).or_else(|| t.select(v)) else { continue };
+                        let outcome = if mem[&v] == 0 {
+                            Outcome::Zero
+                        } else {
+                            match t.slot_for(v, g).unwrap() {
+                                Some(s) => { store[s as usize] = mem[&v]; Outcome::Stored { slot: s } }
+                                None => match t.get(v).unwrap().state {
+                                    State::Resident { slot: Some(s), .. } => {
+                                        prop_assert_eq!(store[s as usize], mem[&v], "clean page differs from its slot");
+                                        Outcome::Stored { slot: s }
+                                    }
+                                    s => panic!("{s:?}"),
+                                },
+                            }
+                        };
+                        if t.commit(v, g, outcome) == Commit::Drop { mem.remove(&v); }
+                    }
+                    Op::Forget(v, n) => {
+                        let (v, n) = (u64::from(v), u64::from(n));
+                        t.forget(v, n);
+                        for p in v..(v + n).min(64) { mem.remove(&p); model[p as usize] = 0; }
+                    }
+                    Op::Remap(a, b, n) => {
+                        let (a, b, n) = (u64::from(a), u64::from(b), u64::from(n));
+                        if a + n > 64 || b + n > 64 || (a < b + n && b < a + n) { continue; }
+                        t.remap(a, b, n);
+                        let vals: Vec<u64> = (a..a + n).map(|p| model[p as usize]).collect();
+                        let res: Vec<Option<u64>> = (a..a + n).map(|p| mem.remove(&p)).collect();
+                        for p in b..b + n { mem.remove(&p); }
+                        for i in 0..n {
+                            model[(a + i) as usize] = 0;
+                            model[(b + i) as usize] = vals[i as usize];
+                            if let Some(x) = res[i as usize] { mem.insert(b + i, x); }
+                        }
+                    }
+                }
+            }
+            // Read everything back.
+            for v in 0..64u64 {
+                fault_in(&mut t, &mut mem, &store, v, false);
+                prop_assert_eq!(mem[&v], model[v as usize], "page {}", v);
+            }
+            let mut held: Vec<u64> = t.pages.values().filter_map(|e| e.slot()).collect();
+            let n = held.len();
+            held.sort_unstable();
+            held.dedup();
+            prop_assert_eq!(held.len(), n, "a slot is held twice");
+            prop_assert_eq!(t.slots_used(), n as u64);
+        }
+    }
+}
