@@ -9,6 +9,7 @@
 //! only the pages the pager touches cost memory.
 
 use std::alloc::Layout;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use talc::base::binning::Binning;
 use talc::base::Talc;
@@ -16,6 +17,15 @@ use talc::source::Source;
 
 /// Address space reserved for the pager's heap (only touched pages cost memory).
 const RESERVE: usize = 64 << 30;
+
+/// Where the heap region is (0 before the first allocation).
+static BASE: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `p` points into the pager's heap.
+pub fn owns(p: *const u8) -> bool {
+    let base = BASE.load(Ordering::Acquire);
+    base != 0 && (p as usize).wrapping_sub(base) < RESERVE
+}
 
 /// Reserves the heap region on the first allocation.
 #[derive(Debug)]
@@ -61,6 +71,7 @@ unsafe impl Source for Reserve {
             return Err(());
         }
         talc.source.claimed = true;
+        BASE.store(base as usize, Ordering::Release);
         // SAFETY: the region is ours alone, readable and writable, and lives forever.
         match unsafe { talc.claim(base.cast(), RESERVE) } {
             Some(_) => Ok(()),

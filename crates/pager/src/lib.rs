@@ -23,6 +23,7 @@ pub mod alloc;
 pub mod evict;
 pub mod exclude;
 pub mod hooks;
+pub mod malloc;
 pub mod pager;
 pub mod regions;
 // The start of the pager is only reached from the constructor, which tests do not build.
@@ -39,9 +40,10 @@ use crate::pager::Pager;
 /// The page size the pager works in.
 pub const PAGE: usize = 4096;
 
-#[cfg(not(test))]
-#[global_allocator]
-static ALLOC: alloc::PagerAlloc = alloc::new();
+/// The pager's heap: the global allocator of the library, and where the C allocator's entry
+/// points serve the pager's threads from (`malloc.rs`).
+#[cfg_attr(not(test), global_allocator)]
+static HEAP: alloc::PagerAlloc = alloc::new();
 
 /// Whether the pager is off in this process (a forked child).
 pub fn disabled() -> bool {

@@ -11,7 +11,7 @@
 //! - a page the store cannot return (more nodes lost than the scheme survives) is poisoned:
 //!   the thread that touches it gets SIGBUS and a log line says which page, never other bytes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -55,7 +55,9 @@ pub struct Pager {
     pub budget: u64,
     /// Smallest mapping that is paged, in bytes.
     pub min_region: usize,
-    /// Set at exit: the threads stop.
+    /// Set at exit: no more evictions. The fault thread never stops: the program's exit
+    /// path (later exit handlers, stdio flushes, other threads) may still touch pages that
+    /// are out, up to the moment the process is gone.
     pub stop: AtomicBool,
     /// Wakes the evictor early (page-ins raise the resident memory).
     pub kick: Condvar,
@@ -116,11 +118,11 @@ impl Pager {
         unsafe { libc::poll(&mut p, 1, 0) > 0 }
     }
 
-    /// The fault thread: resolves reports until the pager stops.
+    /// The fault thread: resolves reports for the life of the process.
     pub fn fault_loop(&self) {
         let mut page = Box::new([0u8; PAGE]);
         let mut since_kick = 0u32;
-        while !self.stop.load(Ordering::Relaxed) {
+        loop {
             self.wait_readable(Duration::from_millis(200));
             let mut s = self.shared.lock();
             let report = match self.uffd.read() {

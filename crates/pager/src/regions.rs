@@ -1,6 +1,13 @@
 //! Which memory of the program the pager pages: its large private anonymous mappings (heap
-//! arenas of the C library, big allocations, allocators' chunks), found in /proc/self/maps.
-//! The brk heap, stacks, file mappings, shared memory and the pager's own ranges stay local.
+//! arenas of the C library, big allocations, allocators' chunks) and its brk heap, found in
+//! /proc/self/maps. Stacks, file mappings, shared memory and the pager's own ranges stay
+//! local.
+//!
+//! The brk heap is paged although it grows and shrinks by brk: it is where the C library's
+//! main arena puts every small allocation of a single-threaded program (sqlite's page cache,
+//! most of a Python program's objects), so leaving it local would leave those programs' data
+//! local. Growth adds a new mapping (found at the next scan); shrinking is an unmap, which
+//! the kernel reports like munmap.
 //! Also which pages of a range are resident (/proc/self/pagemap, which needs no privilege
 //! for the present bit).
 //!
@@ -35,7 +42,8 @@ pub fn pageable(maps: &str, min: usize, excluded: impl Fn(usize, usize) -> bool)
             let (a, b) = range.split_once('-')?;
             let start = usize::from_str_radix(a, 16).ok()?;
             let end = usize::from_str_radix(b, 16).ok()?;
-            let anon = inode == "0" && (path.is_empty() || path.starts_with("[anon:"));
+            let anon =
+                inode == "0" && (path.is_empty() || path.starts_with("[anon:") || path == "[heap]");
             let ok = perms.starts_with("rw-p") && anon && end - start >= min;
             (ok && !excluded(start, end)).then_some(Region { start, end })
         })
@@ -115,11 +123,15 @@ mod tests {
 ";
 
     #[test]
-    fn only_large_private_anonymous_mappings() {
+    fn only_large_private_anonymous_mappings_and_the_brk_heap() {
         let r = pageable(MAPS, 1 << 20, |_, _| false);
         assert_eq!(
             r,
             vec![
+                Region {
+                    start: 0x55d0c1a00000,
+                    end: 0x55d0c1c21000
+                },
                 Region {
                     start: 0x7f0000000000,
                     end: 0x7f0004000000
@@ -135,7 +147,7 @@ mod tests {
     #[test]
     fn excluded_ranges_are_skipped() {
         let r = pageable(MAPS, 1 << 20, |s, _| s == 0x7f0000000000);
-        assert_eq!(r.len(), 1);
+        assert_eq!(r.len(), 2);
     }
 
     #[test]

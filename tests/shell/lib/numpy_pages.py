@@ -1,0 +1,24 @@
+"""A program with a large numpy array, for `hydramem run` tests: fills N MiB with seeded
+random words, prints a SHA-256 of the whole array, then updates random elements in place
+(seeded) and prints the SHA-256 again. With GO_FILE set, it waits for that file to exist
+between the fill and the updates (a test can kill memory nodes there)."""
+import hashlib
+import os
+import sys
+import time
+
+import numpy as np
+
+mib = int(sys.argv[1])
+rng = np.random.default_rng(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
+a = rng.integers(0, 2**63, size=mib * (1 << 20) // 8, dtype=np.uint64)
+print("filled", hashlib.sha256(a.tobytes()).hexdigest(), flush=True)
+go = os.environ.get("GO_FILE")
+if go:
+    print("waiting", flush=True)
+    while not os.path.exists(go):
+        time.sleep(0.01)
+idx = rng.integers(0, a.size, size=200_000)
+a[idx] += np.uint64(1)
+a[::4096] ^= np.uint64(0xFFFF)
+print("updated", hashlib.sha256(a.tobytes()).hexdigest(), flush=True)
