@@ -270,7 +270,7 @@ pub unsafe extern "C" fn posix_memalign(
     align: size_t,
     size: size_t,
 ) -> c_int {
-    if !align.is_power_of_two() || align % std::mem::size_of::<usize>() != 0 {
+    if !align.is_power_of_two() || !align.is_multiple_of(std::mem::size_of::<usize>()) {
         return libc::EINVAL;
     }
     // SAFETY: as memalign; `out` is writable (posix_memalign's contract).

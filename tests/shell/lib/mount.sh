@@ -71,12 +71,6 @@ stop_mount() {
   grep -q 'remote memory released' "$dir/mount.out" || fail "no 'remote memory released' after $1"
 }
 
-# kill_node I: SIGKILLs memory node I (quietly: no job notice from the shell).
-kill_node() {
-  kill -KILL "${NODE_PIDS[$1]}"
-  wait "${NODE_PIDS[$1]}" 2>/dev/null || true
-}
-
 # slabs_held: slabs the nodes of the cluster hold (hydramem status).
 slabs_held() {
   "$BIN" status --cluster "$dir/cluster.toml" --json |

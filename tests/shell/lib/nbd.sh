@@ -81,6 +81,12 @@ need_nbdsh() {
   skip "no python3 with the libnbd bindings (Debian package python3-libnbd)"
 }
 
+# kill_node I: SIGKILLs memory node I (quietly: no job notice from the shell).
+kill_node() {
+  kill -KILL "${NODE_PIDS[$1]}"
+  wait "${NODE_PIDS[$1]}" 2>/dev/null || true
+}
+
 # start_nodes: starts $NODES (default 10) memory nodes one by one, each donating
 # $NODE_CAPACITY (default 1GiB) in slabs of $NODE_SLAB (default 4MiB), and writes their cluster
 # file $dir/cluster.toml; NODE_PIDS[i] is node i's pid.

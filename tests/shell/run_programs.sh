@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Real programs under `hydramem run` at about half of their memory local, each on another
+# scheme, each with its data verified: python3 with a numpy array (SHA-256 of the array after
+# filling and after in-place updates, equal to those of the same program run plainly),
+# sqlite3 with a large page cache (an in-memory database, checksum of every row equal to the
+# plain run's), redis-server and memcached (every value read back exactly over the network).
+# The run summary must show pages going out and coming back, none lost, memory released.
+set -euo pipefail
+. "$(dirname "$0")/lib/run.sh"
+need_run
+need sqlite3 sqlite3
+need redis-server redis-server
+need memcached memcached
+/usr/bin/python3 -c 'import numpy' 2>/dev/null || install_package python3-numpy ||
+  skip "python3-numpy is missing and could not be installed"
+
+NODES=10 start_nodes
+
+# python3 + numpy: 48 MiB array (and its 48 MiB copy while hashing) with 48 MiB local.
+plain=$(/usr/bin/python3 tests/shell/lib/numpy_pages.py 48)
+run_paged hydra-8+2-d1 48MiB /usr/bin/python3 tests/shell/lib/numpy_pages.py 48 ||
+  fail "python3 under hydramem run exited with $?"
+[ "$(grep -E '^(filled|updated)' "$dir/run.out")" = "$plain" ] ||
+  fail "numpy array differs from the plain run: $(grep -E '^(filled|updated)' "$dir/run.out")"
+check_paged "python3/numpy (hydra-8+2-d1)"
+
+# sqlite3: ~60 MiB database in memory with its cache, 32 MiB local.
+cat >"$dir/db.sql" <<'SQL'
+PRAGMA cache_size=-131072;
+CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 20000)
+INSERT INTO t SELECT i, replace(printf('%.47c','x'),'x',hex(sha3(i))) FROM n;
+UPDATE t SET v = zeroblob(100) || v WHERE id % 7 = 0;
+DELETE FROM t WHERE id % 13 = 0;
+SELECT count(*), hex(sha3_query('SELECT * FROM t ORDER BY id')) FROM t;
+SQL
+plain=$(sqlite3 :memory: <"$dir/db.sql")
+run_paged span-8+2 32MiB sqlite3 :memory: <"$dir/db.sql" || fail "sqlite3 under hydramem run exited with $?"
+grep -qx "$plain" "$dir/run.out" || fail "sqlite3 checksum differs from the plain run ($plain)"
+check_paged "sqlite3 (span-8+2)"
+
+# A server under hydramem run in the background: start_server SCHEME LOCAL PROGRAM...
+start_server() {
+  local scheme=$1 local=$2
+  shift 2
+  "$BIN" run --cluster "$dir/cluster.toml" --scheme "$scheme" --local-memory "$local" -- "$@" \
+    >"$dir/run.out" 2>&1 &
+  server_pid=$!
+}
+port_open() {
+  /usr/bin/python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null
+}
+free_port() {
+  /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# redis-server: 20,000 values of 4 KiB (~90 MiB with its overhead), 48 MiB local.
+port=$(free_port)
+start_server rep2 48MiB redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no
+wait_until 30 port_open "$port" || fail "redis-server did not start"
+/usr/bin/python3 tests/shell/lib/kv_check.py redis "127.0.0.1:$port" load 20000 4096
+/usr/bin/python3 tests/shell/lib/kv_check.py redis "127.0.0.1:$port" verify 20000 4096 ||
+  fail "redis-server returned a wrong value"
+kill -TERM "$server_pid"
+wait "$server_pid" || fail "redis-server under hydramem run exited with $? after SIGTERM"
+check_paged "redis-server (rep2)"
+
+# memcached: the same data, 48 MiB local.
+port=$(free_port)
+start_server hydra-8+2-d1 48MiB memcached -u "$(id -un)" -m 1024 -p "$port" -l 127.0.0.1 -U 0
+wait_until 30 port_open "$port" || fail "memcached did not start"
+/usr/bin/python3 tests/shell/lib/kv_check.py memcached "127.0.0.1:$port" load 20000 4096
+/usr/bin/python3 tests/shell/lib/kv_check.py memcached "127.0.0.1:$port" verify 20000 4096 ||
+  fail "memcached returned a wrong value"
+kill -TERM "$server_pid"
+wait "$server_pid" || fail "memcached under hydramem run exited with $? after SIGTERM"
+check_paged "memcached (hydra-8+2-d1)"
+echo "PASS run_programs"
