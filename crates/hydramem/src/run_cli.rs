@@ -37,6 +37,10 @@ pub struct RunArgs {
     /// Smallest anonymous mapping that is paged; smaller ones stay local.
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     min_region: Size,
+    /// Pages after a faulting page that are fetched with it, in the same batched read, when
+    /// they are out too (objects cross page boundaries; 0 turns it off).
+    #[arg(long, default_value_t = 1)]
+    read_ahead: u64,
     /// The pager library (default: libhydramem_pager.so beside this executable).
     #[arg(long, env = "HYDRAMEM_PAGER_LIB")]
     pager: Option<PathBuf>,
@@ -126,6 +130,8 @@ struct Stats {
     zero_fills: u64,
     written: u64,
     clean_drops: u64,
+    #[serde(default)]
+    read_ahead: u64,
     zero_drops: u64,
     lost: u64,
     peak_resident: u64,
@@ -152,15 +158,16 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
         match (l.event.as_str(), &l.stats) {
             ("connected", _) => ids.push(l.client_id.clone()),
             ("exit", Some(s)) => eprintln!(
-                "hydramem run: pid {} ({}) ran {:.1} s: {} page-ins (p50 {} µs, p99 {} µs), \
-                 {} first touches, {} pages written out, {} clean and {} zero pages dropped \
-                 without a write, {} lost; peak resident {} of {}",
+                "hydramem run: pid {} ({}) ran {:.1} s: {} page-ins (p50 {} µs, p99 {} µs) and \
+                 {} pages read ahead, {} first touches, {} pages written out, {} clean and {} \
+                 zero pages dropped without a write, {} lost; peak resident {} of {}",
                 l.pid,
                 short(&l.command),
                 l.seconds.unwrap_or(0.0),
                 s.page_ins,
                 s.page_in_us.p50,
                 s.page_in_us.p99,
+                s.read_ahead,
                 s.zero_fills,
                 s.written,
                 s.clean_drops,
@@ -251,6 +258,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         local_memory,
         remote_size,
         min_region,
+        read_ahead: a.read_ahead.min(64),
         report: Some(report.clone()),
     };
     let preload = match std::env::var_os("LD_PRELOAD") {

@@ -48,6 +48,9 @@ pub struct RunConfig {
     pub remote_size: u64,
     /// Smallest mapping that is paged, in bytes.
     pub min_region: u64,
+    /// Pages after a faulting page fetched with it when they are out too.
+    #[serde(default)]
+    pub read_ahead: u64,
     /// File the pager appends its report lines to (JSON, one per line).
     pub report: Option<PathBuf>,
 }
@@ -150,6 +153,7 @@ mod tests {
             local_memory: 256 << 20,
             remote_size: 8 << 30,
             min_region: 1 << 20,
+            read_ahead: 1,
             report: None,
         };
         assert_eq!(RunConfig::from_env(&c.to_env()).unwrap(), c);

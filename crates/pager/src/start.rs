@@ -112,6 +112,7 @@ fn connect(config: &RunConfig, id: ClientId, uffd: uffd::Uffd) -> Arc<Pager> {
         slots,
         config.local_memory,
         usize::try_from(config.min_region).unwrap_or(usize::MAX),
+        config.read_ahead,
     ));
     let p = pager.clone();
     std::thread::Builder::new()

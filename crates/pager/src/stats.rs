@@ -26,6 +26,8 @@ pub struct Stats {
     pub written: AtomicU64,
     /// Clean pages dropped without a write (their slot held them).
     pub clean_drops: AtomicU64,
+    /// Pages read ahead of a fault and mapped.
+    pub read_ahead: AtomicU64,
     /// All-zero pages dropped without a write.
     pub zero_drops: AtomicU64,
     /// Pages that could not be written out and stayed resident.
@@ -70,6 +72,8 @@ pub struct Summary {
     pub written: u64,
     /// Clean pages dropped without a write (their slot held them).
     pub clean_drops: u64,
+    /// Pages read ahead of a fault and mapped.
+    pub read_ahead: u64,
     /// All-zero pages dropped without a write.
     pub zero_drops: u64,
     /// Pages that could not be written out and stayed resident.
@@ -136,6 +140,7 @@ impl Stats {
             deferred: g(&self.deferred),
             written: g(&self.written),
             clean_drops: g(&self.clean_drops),
+            read_ahead: g(&self.read_ahead),
             zero_drops: g(&self.zero_drops),
             kept: g(&self.kept),
             lost: g(&self.lost),

@@ -190,6 +190,16 @@ impl Table {
     /// writable, so it is dirty), otherwise it is mapped write-protected and clean. Returns
     /// false if the entry changed since `plan` (the caller must not map the bytes).
     pub fn fetched(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool) -> bool {
+        self.mapped(vpn, slot, gen, write, true)
+    }
+
+    /// A page read ahead of a fault was mapped (clean, write-protected). It has no second
+    /// chance: the program has not touched it yet. False as for `fetched`.
+    pub fn read_ahead(&mut self, vpn: Vpn, slot: u64, gen: u64) -> bool {
+        self.mapped(vpn, slot, gen, false, false)
+    }
+
+    fn mapped(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool, referenced: bool) -> bool {
         let g = self.gen();
         match self.pages.get_mut(&vpn) {
             Some(e) if e.gen == gen && e.state == (State::Out { slot }) && !e.evicting => {
@@ -198,13 +208,25 @@ impl Table {
                         clean: !write,
                         slot: Some(slot),
                     },
-                    referenced: true,
+                    referenced,
                     evicting: false,
                     gen: g,
                 };
                 true
             }
             _ => false,
+        }
+    }
+
+    /// The slot and generation of page `vpn` if it is out and not being evicted: a page worth
+    /// reading ahead.
+    pub fn out(&self, vpn: Vpn) -> Option<(u64, u64)> {
+        match self.pages.get(&vpn) {
+            Some(e) if !e.evicting => match e.state {
+                State::Out { slot } => Some((slot, e.gen)),
+                State::Resident { .. } => None,
+            },
+            _ => None,
         }
     }
 

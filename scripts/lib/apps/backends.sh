@@ -1,18 +1,22 @@
 # Sourced by scripts/bench-apps: the swap backends. start_backend NAME sets up NAME's swap
 # device and turns it on (none for local); stop_backend turns it off and removes everything it
 # set up. Uses $BIN, $dir (the run's scratch directory), $swapsize and $cluster_pid; sets
-# $swapdev (the device as /proc/swaps names it).
+# $swapdev (the device as /proc/swaps names it). The *-run backends have no swap device: the
+# server runs under `hydramem run` with the limit as its --local-memory (run_prefix), and the
+# cgroup only measures.
 
-ALL_BACKENDS=local,disk,zram,nbdkit-memory,hydra,span,rep2,single,ssd-backup,ram-mount,hydra-mount,span-mount,rep2-mount,single-mount,ssd-backup-mount
+ALL_BACKENDS=local,disk,zram,nbdkit-memory,hydra,span,rep2,single,ssd-backup,ram-mount,hydra-mount,span-mount,rep2-mount,single-mount,ssd-backup-mount,hydra-run,span-run,rep2-run
 bk_pids=() loop="" swapdev="" zram=""
 
 # backend_scheme NAME: the `--scheme` (and its options) of a hydramem backend, one per line;
 # nothing for the others.
 backend_scheme() {
-  case "${1%-mount}" in
+  local b=${1%-mount}
+  b=${b%-run}
+  case "$b" in
     hydra) echo --scheme; echo hydra-8+2-d1 ;;
     span) echo --scheme; echo span-8+2 ;;
-    rep2 | single) echo --scheme; echo "${1%-mount}" ;;
+    rep2 | single) echo --scheme; echo "$b" ;;
     ssd-backup) printf '%s\n' --scheme ssd-backup --backup-dir "$dir/backup" ;;
   esac
 }
@@ -32,7 +36,21 @@ backend_unavailable() {
   esac
   case "$1" in
     *-mount | hydra | span | rep2 | single | ssd-backup | nbdkit-memory) [ -e /dev/fuse ] || echo "no /dev/fuse" ;;
+    *-run) [ -f "$(dirname "$BIN")/libhydramem_pager.so" ] ||
+      echo "the pager library is missing (cargo build --release -p hydramem-pager)" ;;
   esac
+}
+
+# is_run_backend NAME: whether NAME pages the server with `hydramem run` (no swap device).
+is_run_backend() { [[ $1 == *-run ]]; }
+
+# run_prefix BACKEND LIMIT: the command words that start a server under `hydramem run` with
+# LIMIT bytes local, one per line (nothing for the other backends).
+run_prefix() {
+  is_run_backend "$1" || return 0
+  printf '%s\n' "$BIN" run --cluster "$dir/cluster.toml"
+  backend_scheme "$1"
+  printf '%s\n' --local-memory "$2" --
 }
 
 # backend_needs_cluster NAME: whether NAME keeps its memory on the nodes of `hydramem up`.
@@ -106,6 +124,7 @@ backend_error() { echo "bench-apps: $*" >&2; }
 # fails (after saying why) when it cannot, leaving what it set up for stop_backend.
 start_backend() {
   [ "$1" = local ] && return
+  is_run_backend "$1" && return
   wait_no_swap
   case "$1" in
     disk)
