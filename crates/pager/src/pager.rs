@@ -294,8 +294,13 @@ impl Pager {
     }
 
     /// Before a fork: no eviction may run, and every page that is out comes back, so that
-    /// the child (which the pager does not follow) has all of the program's bytes.
+    /// the child (which the pager does not follow) has all of the program's bytes. Runs on
+    /// the program's forking thread, as a pager thread for the while (what it allocates comes
+    /// from the pager's heap), and reads without the lock, which the fault thread needs if
+    /// another thread of the program faults meanwhile.
     pub fn before_fork(&self) {
+        let was = crate::hooks::is_pager_thread();
+        crate::hooks::set_pager_thread(true);
         loop {
             let mut s = self.shared.lock();
             s.paused = true;
@@ -305,25 +310,27 @@ impl Pager {
             drop(s);
             std::thread::sleep(Duration::from_micros(200));
         }
-        let mut s = self.shared.lock();
-        let out: Vec<(u64, u64)> = s.table.out_pages().collect();
+        let out: Vec<(u64, u64, u64)> = {
+            let s = self.shared.lock();
+            s.table
+                .out_pages()
+                .filter_map(|(v, slot)| s.table.get(v).map(|e| (v, slot, e.gen)))
+                .collect()
+        };
         let mut page = Box::new([0u8; PAGE]);
-        for (v, slot) in out {
+        for (v, slot, gen) in out {
             let addr = v as usize * PAGE;
-            let Some(gen) = s.table.get(v).map(|e| e.gen) else {
-                continue;
-            };
             match self.store.read_page(slot * PAGE as u64, &mut page) {
                 Ok(()) => {
-                    if self.uffd.copy(addr, &page, true) {
+                    let mut s = self.shared.lock();
+                    if s.table.still(v, slot, gen) && self.uffd.copy(addr, &page, true) {
                         s.table.fetched(v, slot, gen, true);
                     }
                 }
-                Err(e) => {
-                    tracing::error!("bringing page {addr:#x} back before fork: {e}");
-                }
+                Err(e) => tracing::error!("bringing page {addr:#x} back before fork: {e}"),
             }
         }
+        crate::hooks::set_pager_thread(was);
     }
 
     /// After a fork, in the parent: evictions go on.

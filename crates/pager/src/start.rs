@@ -164,7 +164,11 @@ extern "C" fn at_exit() {
     }
     if let Some(p) = PAGER.get() {
         p.stop.store(true, Ordering::Relaxed);
+        // What the report allocates comes from the pager's heap, never from pages that
+        // may be out.
+        hooks::set_pager_thread(true);
         report("exit", true);
+        hooks::set_pager_thread(false);
     }
 }
 

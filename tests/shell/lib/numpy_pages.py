@@ -1,7 +1,9 @@
 """A program with a large numpy array, for `hydramem run` tests: fills N MiB with seeded
 random words, prints a SHA-256 of the whole array, then updates random elements in place
 (seeded) and prints the SHA-256 again. With GO_FILE set, it waits for that file to exist
-between the fill and the updates (a test can kill memory nodes there)."""
+between the fill and the updates (a test can kill memory nodes there). With FORK_CHECK set,
+it then forks: the child prints the array's SHA-256 as it sees it ("child ...") and exits,
+and the parent waits for it before going on."""
 import hashlib
 import os
 import sys
@@ -18,6 +20,14 @@ if go:
     print("waiting", flush=True)
     while not os.path.exists(go):
         time.sleep(0.01)
+if os.environ.get("FORK_CHECK"):
+    pid = os.fork()
+    if pid == 0:
+        print("child", hashlib.sha256(a.tobytes()).hexdigest(), flush=True)
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    if status != 0:
+        sys.exit("the child exited with status %d" % status)
 idx = rng.integers(0, a.size, size=200_000)
 a[idx] += np.uint64(1)
 a[::4096] ^= np.uint64(0xFFFF)
