@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use crate::pager::Pager;
 use crate::regions::{self, Pagemap, Region};
 use crate::stats::Stats;
-use crate::table::{Commit, Outcome};
+use crate::table::{Commit, Dest, Outcome};
 use crate::PAGE;
 
 /// Pages sent out per batch.
@@ -222,21 +222,16 @@ impl<'p> Evictor<'p> {
                     continue;
                 }
                 match s.table.slot_for((a / PAGE) as u64, g) {
-                    Ok(None) => {
-                        if let Some(slot) =
-                            s.table.get((a / PAGE) as u64).and_then(|e| match e.state {
-                                crate::table::State::Resident { slot, .. } => slot,
-                                crate::table::State::Out { slot } => Some(slot),
-                            })
-                        {
-                            outcome[k] = Outcome::Stored { slot };
-                            Stats::add(&p.stats.clean_drops, 1);
-                        }
+                    Ok(Dest::Clean(slot)) => {
+                        outcome[k] = Outcome::Stored { slot };
+                        Stats::add(&p.stats.clean_drops, 1);
                     }
-                    Ok(Some(slot)) => {
+                    Ok(Dest::Write(slot)) => {
                         outcome[k] = Outcome::Stored { slot };
                         writes.push((k, slot));
                     }
+                    // Commit leaves it.
+                    Ok(Dest::Changed) => {}
                     Err(full) => {
                         tracing::warn!("{full}");
                         Stats::add(&p.stats.kept, 1);

@@ -312,10 +312,7 @@ impl Pager {
         }
         let out: Vec<(u64, u64, u64)> = {
             let s = self.shared.lock();
-            s.table
-                .out_pages()
-                .filter_map(|(v, slot)| s.table.get(v).map(|e| (v, slot, e.gen)))
-                .collect()
+            s.table.out_pages().collect()
         };
         let mut page = Box::new([0u8; PAGE]);
         for (v, slot, gen) in out {

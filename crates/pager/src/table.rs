@@ -93,6 +93,17 @@ pub enum Outcome {
     Kept,
 }
 
+/// Where a selected page's bytes go (`Table::slot_for`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dest {
+    /// It is clean: `slot` already holds its bytes, nothing to write.
+    Clean(u64),
+    /// Write it to this slot.
+    Write(u64),
+    /// The entry changed since it was selected: nothing to write (commit will leave it).
+    Changed,
+}
+
 /// What the evictor must do with a selected page after `commit`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Commit {
@@ -153,10 +164,10 @@ impl Table {
         self.pages.get(&vpn)
     }
 
-    /// Pages whose bytes are only in the store.
-    pub fn out_pages(&self) -> impl Iterator<Item = (Vpn, u64)> + '_ {
+    /// Pages whose bytes are only in the store: (page, slot, generation).
+    pub fn out_pages(&self) -> impl Iterator<Item = (Vpn, u64, u64)> + '_ {
         self.pages.iter().filter_map(|(v, e)| match e.state {
-            State::Out { slot } => Some((*v, slot)),
+            State::Out { slot } => Some((*v, slot, e.gen)),
             State::Resident { .. } => None,
         })
     }
@@ -200,22 +211,23 @@ impl Table {
     }
 
     fn mapped(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool, referenced: bool) -> bool {
-        let g = self.gen();
-        match self.pages.get_mut(&vpn) {
-            Some(e) if e.gen == gen && e.state == (State::Out { slot }) && !e.evicting => {
-                *e = Entry {
-                    state: State::Resident {
-                        clean: !write,
-                        slot: Some(slot),
-                    },
-                    referenced,
-                    evicting: false,
-                    gen: g,
-                };
-                true
-            }
-            _ => false,
+        if !self.still(vpn, slot, gen) {
+            return false;
         }
+        let g = self.gen();
+        self.pages.insert(
+            vpn,
+            Entry {
+                state: State::Resident {
+                    clean: !write,
+                    slot: Some(slot),
+                },
+                referenced,
+                evicting: false,
+                gen: g,
+            },
+        );
+        true
     }
 
     /// The slot and generation of page `vpn` if it is out and not being evicted: a page worth
@@ -295,20 +307,19 @@ impl Table {
         Some(e.gen)
     }
 
-    /// Where the selected page `vpn` goes: Ok(None) if it is clean (its slot already holds
-    /// its bytes), Ok(Some(slot)) for the slot to write it to.
-    pub fn slot_for(&mut self, vpn: Vpn, gen: u64) -> Result<Option<u64>, Full> {
+    /// Where the selected page `vpn` goes: its slot if it is clean, else the slot to write it
+    /// to (allocated now if it has none).
+    pub fn slot_for(&mut self, vpn: Vpn, gen: u64) -> Result<Dest, Full> {
         let (clean, slot) = match self.pages.get(&vpn) {
             Some(e) if e.gen == gen && e.evicting => match e.state {
                 State::Resident { clean, slot } => (clean, slot),
-                State::Out { .. } => return Ok(None),
+                State::Out { .. } => return Ok(Dest::Changed),
             },
-            // Changed meanwhile: nothing to write (commit will leave it).
-            _ => return Ok(None),
+            _ => return Ok(Dest::Changed),
         };
         match (clean, slot) {
-            (true, Some(_)) => Ok(None),
-            (_, Some(s)) => Ok(Some(s)),
+            (true, Some(s)) => Ok(Dest::Clean(s)),
+            (_, Some(s)) => Ok(Dest::Write(s)),
             (_, None) => {
                 let s = self.alloc()?;
                 if let Some(e) = self.pages.get_mut(&vpn) {
@@ -317,7 +328,7 @@ impl Table {
                         slot: Some(s),
                     };
                 }
-                Ok(Some(s))
+                Ok(Dest::Write(s))
             }
         }
     }
@@ -397,11 +408,8 @@ mod tests {
     fn evict(t: &mut Table, vpn: Vpn) -> Commit {
         let g = t.select(vpn).expect("selected");
         let out = match t.slot_for(vpn, g).unwrap() {
-            Some(s) => Outcome::Stored { slot: s },
-            None => match t.get(vpn).unwrap().state {
-                State::Resident { slot: Some(s), .. } => Outcome::Stored { slot: s },
-                s => panic!("clean without slot: {s:?}"),
-            },
+            Dest::Write(s) | Dest::Clean(s) => Outcome::Stored { slot: s },
+            Dest::Changed => panic!("changed"),
         };
         t.commit(vpn, g, out)
     }
@@ -420,7 +428,7 @@ mod tests {
         assert_eq!(t.select(7), None);
         let g = t.select(7).unwrap();
         // Clean: nothing to write.
-        assert_eq!(t.slot_for(7, g).unwrap(), None);
+        assert_eq!(t.slot_for(7, g).unwrap(), Dest::Clean(slot));
         assert_eq!(t.commit(7, g, Outcome::Stored { slot }), Commit::Drop);
         assert_eq!(t.slots_used(), 1);
     }
@@ -438,7 +446,7 @@ mod tests {
         let g = t.select(1).unwrap();
         assert_eq!(
             t.slot_for(1, g).unwrap(),
-            Some(slot),
+            Dest::Write(slot),
             "dirty page reuses its slot"
         );
     }
@@ -449,7 +457,9 @@ mod tests {
         let g = t.select(3).unwrap();
         assert_eq!(t.on_missing(3), FaultPlan::Defer);
         assert!(!t.on_write_protect(3));
-        let s = t.slot_for(3, g).unwrap().unwrap();
+        let Dest::Write(s) = t.slot_for(3, g).unwrap() else {
+            panic!("no slot")
+        };
         // The program discards the page while its copy is written.
         t.forget(3, 1);
         assert_eq!(t.commit(3, g, Outcome::Stored { slot: s }), Commit::Leave);
@@ -474,7 +484,9 @@ mod tests {
         let mut t = Table::new(10);
         evict(&mut t, 100);
         let g = t.select(101).unwrap();
-        let s = t.slot_for(101, g).unwrap().unwrap();
+        let Dest::Write(s) = t.slot_for(101, g).unwrap() else {
+            panic!("no slot")
+        };
         t.remap(100, 500, 2);
         assert_eq!(t.on_missing(100), FaultPlan::Zero);
         assert!(matches!(t.on_missing(500), FaultPlan::Fetch { .. }));
@@ -559,14 +571,12 @@ mod tests {
                             Outcome::Zero
                         } else {
                             match t.slot_for(v, g).unwrap() {
-                                Some(s) => { store[s as usize] = mem[&v]; Outcome::Stored { slot: s } }
-                                None => match t.get(v).unwrap().state {
-                                    State::Resident { slot: Some(s), .. } => {
-                                        prop_assert_eq!(store[s as usize], mem[&v], "clean page differs from its slot");
-                                        Outcome::Stored { slot: s }
-                                    }
-                                    s => panic!("{s:?}"),
-                                },
+                                Dest::Write(s) => { store[s as usize] = mem[&v]; Outcome::Stored { slot: s } }
+                                Dest::Clean(s) => {
+                                    prop_assert_eq!(store[s as usize], mem[&v], "clean page differs from its slot");
+                                    Outcome::Stored { slot: s }
+                                }
+                                Dest::Changed => panic!("changed without a change"),
                             }
                         };
                         if t.commit(v, g, outcome) == Commit::Drop { mem.remove(&v); }
