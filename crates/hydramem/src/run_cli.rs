@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use hydramem::cluster::Cluster;
-use hydramem::run_config::{RunConfig, ENV};
+use hydramem::run_config::{RunConfig, ENV, MAX_READ_AHEAD};
 use hydramem::status::{self, StatusResult};
 use hydramem::units::{human, parse_size, Size};
 use serde::Deserialize;
@@ -258,7 +258,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         local_memory,
         remote_size,
         min_region,
-        read_ahead: a.read_ahead.min(64),
+        read_ahead: a.read_ahead.min(MAX_READ_AHEAD),
         report: Some(report.clone()),
     };
     let preload = match std::env::var_os("LD_PRELOAD") {

@@ -21,6 +21,9 @@ use crate::wire::ClientId;
 /// The environment variable that carries the configuration.
 pub const ENV: &str = "HYDRAMEM_PAGER";
 
+/// Most pages read ahead of a fault (`read_ahead` is capped to it on both sides).
+pub const MAX_READ_AHEAD: u64 = 64;
+
 /// What `hydramem run` asked the pager of each process it starts to do.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RunConfig {

@@ -130,7 +130,8 @@ impl Pager {
 
     /// The fault thread: resolves reports for the life of the process.
     pub fn fault_loop(&self) {
-        let mut page = Box::new([0u8; PAGE]);
+        // The faulting page and the pages read ahead with it.
+        let mut pages = vec![[0u8; PAGE]; 1 + self.read_ahead as usize];
         let mut since_kick = 0u32;
         loop {
             self.wait_readable(Duration::from_millis(200));
@@ -146,7 +147,7 @@ impl Pager {
             match report {
                 Report::Missing { addr, write, tid } => {
                     let start = Instant::now();
-                    if self.missing(s, addr, write, tid, &mut page) {
+                    if self.missing(s, addr, write, tid, &mut pages) {
                         self.stats.page_in(start.elapsed());
                         since_kick += 1;
                         if since_kick >= 32 {
@@ -183,7 +184,7 @@ impl Pager {
         addr: usize,
         write: bool,
         tid: i32,
-        page: &mut [u8; PAGE],
+        pages: &mut [[u8; PAGE]],
     ) -> bool {
         let v = vpn(addr);
         match s.table.on_missing(v) {
@@ -208,9 +209,12 @@ impl Pager {
                     .map_while(|d| s.table.out(v + d).map(|(sl, g)| (v + d, sl, g)))
                     .collect();
                 drop(s);
-                let pages = &mut self.buffers(1 + ahead.len());
-                let read = if ahead.is_empty() {
-                    self.store.read_page(slot * PAGE as u64, page)
+                let pages = &mut pages[..1 + ahead.len()];
+                let (read, ahead_read) = if ahead.is_empty() {
+                    (
+                        self.store.read_page(slot * PAGE as u64, &mut pages[0]),
+                        false,
+                    )
                 } else {
                     let mut list: Vec<(u64, &mut [u8; PAGE])> = std::iter::once(slot)
                         .chain(ahead.iter().map(|a| a.1))
@@ -218,12 +222,13 @@ impl Pager {
                         .zip(pages.iter_mut())
                         .collect();
                     match self.store.read_list(&mut list) {
-                        Ok(()) => {
-                            page.copy_from_slice(&pages[0]);
-                            Ok(())
-                        }
-                        // A page ahead may be the one that failed: the faulting one alone.
-                        Err(_) => self.store.read_page(slot * PAGE as u64, page),
+                        Ok(()) => (Ok(()), true),
+                        // A page ahead may be the one that failed: the faulting one alone,
+                        // and nothing is read ahead.
+                        Err(_) => (
+                            self.store.read_page(slot * PAGE as u64, &mut pages[0]),
+                            false,
+                        ),
                     }
                 };
                 let mut s = self.shared.lock();
@@ -235,12 +240,12 @@ impl Pager {
                 }
                 match read {
                     Ok(()) => {
-                        if self.uffd.copy(addr, page, write) {
+                        if self.uffd.copy(addr, &pages[0], write) {
                             s.table.fetched(v, slot, gen, write);
                         } else {
                             self.uffd.wake(addr);
                         }
-                        if pages.len() > 1 {
+                        if ahead_read {
                             for (k, &(n, sl, g)) in ahead.iter().enumerate() {
                                 if s.table.still(n, sl, g)
                                     && self.uffd.copy(n as usize * PAGE, &pages[k + 1], false)
@@ -275,11 +280,6 @@ impl Pager {
                 }
             }
         }
-    }
-
-    /// `n` page buffers for a read with its pages ahead.
-    fn buffers(&self, n: usize) -> Vec<[u8; PAGE]> {
-        vec![[0u8; PAGE]; if n > 1 { n } else { 0 }]
     }
 
     /// The program discards `[addr, addr + len)` (madvise DONTNEED, FREE or REMOVE): the pages

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
-use hydramem::run_config::{RunConfig, ENV};
+use hydramem::run_config::{RunConfig, ENV, MAX_READ_AHEAD};
 use hydramem::wire::ClientId;
 use serde::Serialize;
 
@@ -112,7 +112,7 @@ fn connect(config: &RunConfig, id: ClientId, uffd: uffd::Uffd) -> Arc<Pager> {
         slots,
         config.local_memory,
         usize::try_from(config.min_region).unwrap_or(usize::MAX),
-        config.read_ahead,
+        config.read_ahead.min(MAX_READ_AHEAD),
     ));
     let p = pager.clone();
     std::thread::Builder::new()
