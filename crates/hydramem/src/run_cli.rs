@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use hydramem::cluster::Cluster;
-use hydramem::run_config::{RunConfig, ENV, MAX_READ_AHEAD};
+use hydramem::run_config::{open_userfaultfd, RunConfig, ENV, MAX_READ_AHEAD};
 use hydramem::status::{self, StatusResult};
 use hydramem::units::{human, parse_size, Size};
 use serde::Deserialize;
@@ -80,31 +80,6 @@ fn pager_library(given: Option<PathBuf>) -> Result<PathBuf> {
         );
     }
     absolute(&path)
-}
-
-/// Whether this user may handle page faults in user space.
-fn check_userfaultfd() -> Result<()> {
-    // SAFETY: the system call takes flags only; the descriptor is closed at once.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC) };
-    if fd >= 0 {
-        // SAFETY: our own descriptor.
-        unsafe { libc::close(fd as i32) };
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    if std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .is_ok()
-    {
-        return Ok(());
-    }
-    bail!(
-        "this user may not handle page faults in user space (userfaultfd: {e}): run as root, \
-         or allow it with `sudo sysctl vm.unprivileged_userfaultfd=1`, or give the user \
-         read-write access to /dev/userfaultfd"
-    )
 }
 
 #[derive(Deserialize)]
@@ -223,7 +198,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     let remote_size = bytes(a.remote_size, "--remote-size")?;
     let min_region = bytes(a.min_region, "--min-region")?.max(4096);
     let library = pager_library(a.pager)?;
-    check_userfaultfd()?;
+    // Fails with what to change when this user may not (the descriptor is closed at once).
+    open_userfaultfd(libc::O_CLOEXEC)?;
     let cluster_path = absolute(&a.client.cluster)?;
     let cluster = Cluster::load(&cluster_path)?;
     // The client's own checks of its options, with their messages.

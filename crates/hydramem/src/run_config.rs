@@ -6,6 +6,7 @@
 //! Invariants: the variable holds one JSON object; every path in it is absolute (the program
 //! may change directory before its pager connects); sizes are bytes.
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
@@ -56,6 +57,43 @@ pub struct RunConfig {
     pub read_ahead: u64,
     /// File the pager appends its report lines to (JSON, one per line).
     pub report: Option<PathBuf>,
+}
+
+/// This process may not handle its own page faults.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "this process may not handle its own page faults (userfaultfd: {0}): run as root, or \
+     allow it with `sysctl vm.unprivileged_userfaultfd=1`, or give the user read-write \
+     access to /dev/userfaultfd"
+)]
+pub struct UserfaultfdDenied(pub std::io::Error);
+
+/// A userfaultfd for this process with `flags` (O_CLOEXEC, O_NONBLOCK), handling faults
+/// from the kernel too (never user-mode only): by the system call, else through
+/// /dev/userfaultfd, which may be allowed where the call is not. `hydramem run` calls it to
+/// check before starting the program, the pager to get its descriptor.
+pub fn open_userfaultfd(flags: i32) -> Result<OwnedFd, UserfaultfdDenied> {
+    // SAFETY: the system call takes flags only.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
+    if fd >= 0 {
+        // SAFETY: a descriptor the kernel just gave us, owned by nobody else.
+        return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
+    }
+    let syscall_error = std::io::Error::last_os_error();
+    let dev = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/userfaultfd")
+        .map_err(|_| UserfaultfdDenied(syscall_error))?;
+    /// USERFAULTFD_IOC_NEW = _IO(0xAA, 0x00): makes a userfaultfd with the flags given.
+    const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
+    // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags as its argument.
+    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) };
+    if fd < 0 {
+        return Err(UserfaultfdDenied(std::io::Error::last_os_error()));
+    }
+    // SAFETY: as above.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 /// Why the pager could not start.

@@ -11,7 +11,9 @@
 //! reports faults from the kernel too (not user-mode only), so a system call that touches a
 //! page that is out waits for it like the program would.
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use hydramem::run_config::{open_userfaultfd, UserfaultfdDenied};
 
 use crate::PAGE;
 
@@ -23,8 +25,6 @@ const UFFDIO_COPY: libc::c_ulong = 0xC028_AA03;
 const UFFDIO_ZEROPAGE: libc::c_ulong = 0xC020_AA04;
 const UFFDIO_WRITEPROTECT: libc::c_ulong = 0xC018_AA06;
 const UFFDIO_POISON: libc::c_ulong = 0xC020_AA08;
-/// ioctl of /dev/userfaultfd that makes a userfaultfd.
-const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
 
 const FEATURE_EVENT_REMAP: u64 = 1 << 2;
 const FEATURE_EVENT_UNMAP: u64 = 1 << 6;
@@ -104,12 +104,8 @@ struct Msg {
 #[derive(Debug, thiserror::Error)]
 pub enum UffdError {
     /// No userfaultfd for this process.
-    #[error(
-        "this process may not handle its own page faults (userfaultfd: {0}): run as root, \
-         or allow it with `sysctl vm.unprivileged_userfaultfd=1`, or give the user read-write \
-         access to /dev/userfaultfd"
-    )]
-    Create(std::io::Error),
+    #[error(transparent)]
+    Create(UserfaultfdDenied),
     /// The kernel lacks what the pager needs.
     #[error(
         "this kernel's userfaultfd lacks the munmap/mremap events the pager needs ({0}): \
@@ -181,27 +177,7 @@ fn ioctl<T>(fd: i32, request: libc::c_ulong, arg: &mut T) -> std::io::Result<()>
 }
 
 fn open_fd() -> Result<OwnedFd, UffdError> {
-    let flags = libc::O_CLOEXEC | libc::O_NONBLOCK;
-    // SAFETY: the system call takes flags only.
-    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
-    if fd >= 0 {
-        // SAFETY: a descriptor the kernel just gave us, owned by nobody else.
-        return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
-    }
-    let syscall_error = std::io::Error::last_os_error();
-    // Without vm.unprivileged_userfaultfd, /dev/userfaultfd may still be allowed.
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .map_err(|_| UffdError::Create(syscall_error))?;
-    // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags as its argument.
-    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) };
-    if fd < 0 {
-        return Err(UffdError::Create(std::io::Error::last_os_error()));
-    }
-    // SAFETY: as above.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    open_userfaultfd(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(UffdError::Create)
 }
 
 impl Uffd {
