@@ -39,14 +39,6 @@ run_paged span-8+2 32MiB sqlite3 :memory: <"$dir/db.sql" || fail "sqlite3 under 
 grep -qx "$plain" "$dir/run.out" || fail "sqlite3 checksum differs from the plain run ($plain)"
 check_paged "sqlite3 (span-8+2)"
 
-# A server under hydramem run in the background: start_server SCHEME LOCAL PROGRAM...
-start_server() {
-  local scheme=$1 local=$2
-  shift 2
-  "$BIN" run --cluster "$dir/cluster.toml" --scheme "$scheme" --local-memory "$local" -- "$@" \
-    >"$dir/run.out" 2>&1 &
-  server_pid=$!
-}
 port_open() {
   /usr/bin/python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null
 }
@@ -54,25 +46,28 @@ free_port() {
   /usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 
-# redis-server: 20,000 values of 4 KiB (~90 MiB with its overhead), 48 MiB local.
-port=$(free_port)
-start_server rep2 48MiB redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no
-wait_until 30 port_open "$port" || fail "redis-server did not start"
-/usr/bin/python3 tests/shell/lib/kv_check.py redis "127.0.0.1:$port" load 20000 4096
-/usr/bin/python3 tests/shell/lib/kv_check.py redis "127.0.0.1:$port" verify 20000 4096 ||
-  fail "redis-server returned a wrong value"
-kill -TERM "$server_pid"
-wait "$server_pid" || fail "redis-server under hydramem run exited with $? after SIGTERM"
-check_paged "redis-server (rep2)"
+# kv_server PROTOCOL SCHEME PROGRAM ARGS...: the server PROGRAM (listening on $port) under
+# hydramem run at 48 MiB local; 20,000 values of 4 KiB (~90 MiB with the server's overhead)
+# loaded and read back exactly over the network; SIGTERM must end it cleanly.
+kv_server() {
+  local protocol=$1 scheme=$2 name=$3
+  shift 2
+  # Not run_paged in the background: that would be a subshell, which SIGTERM would end
+  # instead of hydramem run.
+  "$BIN" run --cluster "$dir/cluster.toml" --scheme "$scheme" --local-memory 48MiB -- "$@" \
+    >"$dir/run.out" 2>&1 &
+  local pid=$!
+  wait_until 30 port_open "$port" || fail "$name did not start"
+  /usr/bin/python3 tests/shell/lib/kv_check.py "$protocol" "127.0.0.1:$port" load 20000 4096
+  /usr/bin/python3 tests/shell/lib/kv_check.py "$protocol" "127.0.0.1:$port" verify 20000 4096 ||
+    fail "$name returned a wrong value"
+  kill -TERM "$pid"
+  wait "$pid" || fail "$name under hydramem run exited with $? after SIGTERM"
+  check_paged "$name ($scheme)"
+}
 
-# memcached: the same data, 48 MiB local.
 port=$(free_port)
-start_server hydra-8+2-d1 48MiB memcached -u "$(id -un)" -m 1024 -p "$port" -l 127.0.0.1 -U 0
-wait_until 30 port_open "$port" || fail "memcached did not start"
-/usr/bin/python3 tests/shell/lib/kv_check.py memcached "127.0.0.1:$port" load 20000 4096
-/usr/bin/python3 tests/shell/lib/kv_check.py memcached "127.0.0.1:$port" verify 20000 4096 ||
-  fail "memcached returned a wrong value"
-kill -TERM "$server_pid"
-wait "$server_pid" || fail "memcached under hydramem run exited with $? after SIGTERM"
-check_paged "memcached (hydra-8+2-d1)"
+kv_server redis rep2 redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no
+port=$(free_port)
+kv_server memcached hydra-8+2-d1 memcached -u "$(id -un)" -m 1024 -p "$port" -l 127.0.0.1 -U 0
 echo "PASS run_programs"
