@@ -10,7 +10,7 @@
 //! from the program's allocator.
 
 use std::cell::Cell;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 
 use libc::{c_int, c_void, pthread_attr_t, pthread_t, size_t};
 
@@ -42,12 +42,7 @@ type CreateFn =
 static REAL_CREATE: AtomicUsize = AtomicUsize::new(0);
 
 fn real_create() -> Option<CreateFn> {
-    let mut f = REAL_CREATE.load(Ordering::Acquire);
-    if f == 0 {
-        // SAFETY: dlsym with a NUL-terminated name; RTLD_NEXT finds the C library's.
-        f = unsafe { libc::dlsym(libc::RTLD_NEXT, c"pthread_create".as_ptr()) } as usize;
-        REAL_CREATE.store(f, Ordering::Release);
-    }
+    let f = crate::malloc::next_symbol(&REAL_CREATE, c"pthread_create");
     if f == 0 {
         return None;
     }

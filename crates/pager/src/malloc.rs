@@ -59,22 +59,25 @@ fn is_boot(p: *const c_void) -> bool {
     (p as usize).wrapping_sub(BOOT.0.get() as usize) < BOOT_SIZE
 }
 
-/// The next definition of function `i` of NAMES (0 while it is being looked up).
-fn next(i: usize) -> usize {
-    let f = NEXT[i].load(Ordering::Acquire);
+/// The next definition after this library of the function `name`, looked up once and kept
+/// in `cache`; 0 if there is none, or while this thread is looking one up (dlsym allocates,
+/// and the allocation must not look up again).
+pub(crate) fn next_symbol(cache: &AtomicUsize, name: &std::ffi::CStr) -> usize {
+    let f = cache.load(Ordering::Acquire);
     if f != 0 || RESOLVING.with(|r| r.get()) {
         return f;
     }
     RESOLVING.with(|r| r.set(true));
-    for (j, name) in NAMES.iter().enumerate() {
-        if NEXT[j].load(Ordering::Acquire) == 0 {
-            // SAFETY: dlsym with a NUL-terminated name.
-            let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
-            NEXT[j].store(p, Ordering::Release);
-        }
-    }
+    // SAFETY: dlsym with a NUL-terminated name.
+    let p = unsafe { libc::dlsym(libc::RTLD_NEXT, name.as_ptr()) } as usize;
     RESOLVING.with(|r| r.set(false));
-    NEXT[i].load(Ordering::Acquire)
+    cache.store(p, Ordering::Release);
+    p
+}
+
+/// The next definition of function `i` of NAMES (0 while it is being looked up).
+fn next(i: usize) -> usize {
+    next_symbol(&NEXT[i], NAMES[i])
 }
 
 /// # Safety
