@@ -23,6 +23,11 @@ use std::time::{Duration, Instant};
 
 use crate::cluster::{Cluster, ClusterError, NodeEntry};
 
+/// How long a node process may take from its start to announcing its address. A node
+/// announces right after binding its socket, before it serves or sizes anything, so only a
+/// hung one takes longer.
+const ANNOUNCE_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The path to run this very program again: `/proc/self/exe`, which still names the running
 /// binary after it was replaced on disk (a rebuild), unlike the path `current_exe` returns.
 pub fn self_exe() -> std::io::Result<PathBuf> {
@@ -306,16 +311,16 @@ impl EmbeddedCluster {
         };
         let mut child = cmd.spawn().map_err(|e| err(e.to_string()))?;
         let stdout = child.stdout.take().expect("piped");
-        let mut line = String::new();
-        let mut reader = BufReader::new(stdout);
-        let read = reader.read_line(&mut line);
-        // Keep draining stdout so the node never blocks on a full pipe.
-        std::thread::spawn(move || {
-            let mut sink = String::new();
-            while reader.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
-                sink.clear();
-            }
-        });
+        let announcement = read_announcement(stdout, ANNOUNCE_TIMEOUT);
+        let Some((read, line)) = announcement else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err(format!(
+                "it did not announce its address within {} s, so it was killed; run it alone \
+                 (`hydramem node --listen {listen}`) to see where it stops",
+                ANNOUNCE_TIMEOUT.as_secs()
+            )));
+        };
         let announced = line
             .trim()
             .strip_prefix("listening ")
@@ -484,6 +489,28 @@ impl Drop for EmbeddedCluster {
     }
 }
 
+/// The first line `out` gives within `timeout` and how reading it ended, or `None` if none
+/// came in time. It is read on a thread of its own, which then keeps draining `out` so the
+/// writer never blocks on a full pipe; a node that hangs before listening thus fails its start
+/// instead of hanging `up`.
+fn read_announcement<R: std::io::Read + Send + 'static>(
+    out: R,
+    timeout: Duration,
+) -> Option<(std::io::Result<usize>, String)> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(out);
+        let mut line = String::new();
+        let read = reader.read_line(&mut line);
+        let _ = tx.send((read, line));
+        let mut sink = String::new();
+        while reader.read_line(&mut sink).map(|n| n > 0).unwrap_or(false) {
+            sink.clear();
+        }
+    });
+    rx.recv_timeout(timeout).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -499,5 +526,21 @@ mod tests {
             "killed by signal 11 (SIGSEGV), core dumped"
         );
         assert_eq!(describe_exit(st(64)), "killed by signal 64");
+    }
+
+    #[test]
+    fn a_node_silent_before_listening_times_out_and_one_that_announces_is_read() {
+        let (silent, _keep_open) = std::os::unix::net::UnixStream::pair().unwrap();
+        assert!(read_announcement(silent, Duration::from_millis(50)).is_none());
+
+        let (out, mut node) = std::os::unix::net::UnixStream::pair().unwrap();
+        use std::io::Write;
+        node.write_all(b"listening 127.0.0.1:7000\nmore output\n")
+            .unwrap();
+        let (read, line) = read_announcement(out, Duration::from_secs(60)).unwrap();
+        assert_eq!(read.unwrap(), line.len());
+        assert_eq!(line, "listening 127.0.0.1:7000\n");
+        // The rest is drained: the writer can go on writing more than a pipe holds.
+        node.write_all(&vec![b'x'; 1 << 20]).unwrap();
     }
 }
