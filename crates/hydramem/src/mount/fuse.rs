@@ -4,7 +4,7 @@
 //!
 //! Why fuser: it is the maintained pure-Rust FUSE library (no libfuse), mounts directly as
 //! root, and serves a file from RAM through loop at the disk's latency; FUSE over io_uring
-//! measured no faster for reads (docs/benchmarks.md, "FUSE library"), and this kernel ships
+//! measured no faster for reads (docs/architecture.md, "Why fuser"), and this kernel ships
 //! with it off. The connection asks for 1 MiB requests (max_write, max_pages), asynchronous
 //! direct I/O, parallel directory operations and parallel direct writes; a file opened with
 //! O_DIRECT is served without the page cache (FOPEN_DIRECT_IO), any other keeps its cache
@@ -65,6 +65,10 @@ fn file_type(k: Kind) -> FileType {
         Kind::File => FileType::RegularFile,
         Kind::Dir => FileType::Directory,
         Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::NamedPipe,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDev(_) => FileType::CharDevice,
+        Kind::BlockDev(_) => FileType::BlockDevice,
     }
 }
 
@@ -82,7 +86,7 @@ fn file_attr(a: &Attr) -> FileAttr {
         nlink: a.nlink,
         uid: a.uid,
         gid: a.gid,
-        rdev: 0,
+        rdev: a.kind.rdev(),
         blksize: PAGE_SIZE as u32,
         flags: 0,
     }
@@ -192,19 +196,26 @@ impl Filesystem for Fuse {
         name: &OsStr,
         mode: u32,
         umask: u32,
-        _rdev: u32,
+        rdev: u32,
         reply: ReplyEntry,
     ) {
-        if mode & libc::S_IFMT != libc::S_IFREG {
-            // Devices, FIFOs and sockets have no bytes in remote memory to give them.
-            reply.error(Errno::EPERM);
-            return;
-        }
+        // FIFOs, sockets and device nodes are attributes only: the kernel serves them.
+        let kind = match mode & libc::S_IFMT {
+            libc::S_IFREG => Kind::File,
+            libc::S_IFIFO => Kind::Fifo,
+            libc::S_IFSOCK => Kind::Socket,
+            libc::S_IFCHR => Kind::CharDev(rdev),
+            libc::S_IFBLK => Kind::BlockDev(rdev),
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
         let perm = (mode & !umask & 0o7777) as u16;
         let r = self.fs.create(
             parent.0,
             name,
-            Kind::File,
+            kind,
             perm,
             req.uid(),
             req.gid(),

@@ -332,8 +332,8 @@ impl HydraFs {
         Ok(Self::attr(&inode))
     }
 
-    /// Creates a file, directory or symlink (`target`) named `name` in `parent`; the kernel
-    /// holds a reference to it from now on.
+    /// Creates a file, directory, symlink (`target`), FIFO, socket or device node named
+    /// `name` in `parent`; the kernel holds a reference to it from now on.
     #[allow(clippy::too_many_arguments)]
     pub fn create(
         &self,
@@ -412,7 +412,7 @@ impl HydraFs {
         match inode.kind {
             Kind::File => Ok(inode),
             Kind::Dir => Err(FsError::IsDir),
-            Kind::Symlink => Err(FsError::Invalid),
+            _ => Err(FsError::Invalid),
         }
     }
 

@@ -40,6 +40,25 @@ pub enum Kind {
     Dir,
     /// A symbolic link.
     Symlink,
+    /// A named pipe: only its attributes live here; the kernel runs the pipe itself.
+    Fifo,
+    /// A Unix socket's name: only its attributes live here; the kernel binds it.
+    Socket,
+    /// A character device node with its device number (opening it is the kernel's; the
+    /// mount is `nodev`, so it cannot be opened through it).
+    CharDev(u32),
+    /// A block device node with its device number (as for [`Kind::CharDev`]).
+    BlockDev(u32),
+}
+
+impl Kind {
+    /// The device number of a device node, 0 for every other kind.
+    pub fn rdev(self) -> u32 {
+        match self {
+            Kind::CharDev(d) | Kind::BlockDev(d) => d,
+            _ => 0,
+        }
+    }
 }
 
 /// Attributes of an inode.
@@ -494,7 +513,7 @@ impl Namespace {
             next: snap.next_ino,
         };
         for s in &snap.inodes {
-            let kind = snapshot::kind_of(s.kind)?;
+            let kind = snapshot::kind_of(s.kind, s.rdev)?;
             if s.ino == 0 || s.ino >= snap.next_ino {
                 return Err(damaged(format!("inode {} out of range", s.ino)));
             }

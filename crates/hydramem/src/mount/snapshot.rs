@@ -75,8 +75,13 @@ pub enum SnapshotError {
 pub struct SavedInode {
     /// Number.
     pub ino: Ino,
-    /// 0 file, 1 directory, 2 symlink.
+    /// 0 file, 1 directory, 2 symlink, 3 FIFO, 4 socket, 5 character device, 6 block
+    /// device.
     pub kind: u8,
+    /// A device node's device number (0 otherwise; absent in snapshots from before device
+    /// nodes, which had none).
+    #[serde(default)]
+    pub rdev: u32,
     /// Permission bits.
     pub perm: u16,
     /// Owner.
@@ -123,15 +128,23 @@ pub fn kind_code(k: Kind) -> u8 {
         Kind::File => 0,
         Kind::Dir => 1,
         Kind::Symlink => 2,
+        Kind::Fifo => 3,
+        Kind::Socket => 4,
+        Kind::CharDev(_) => 5,
+        Kind::BlockDev(_) => 6,
     }
 }
 
-/// Kind from its saved code.
-pub fn kind_of(code: u8) -> Result<Kind, SnapshotError> {
+/// Kind from its saved code and device number.
+pub fn kind_of(code: u8, rdev: u32) -> Result<Kind, SnapshotError> {
     match code {
         0 => Ok(Kind::File),
         1 => Ok(Kind::Dir),
         2 => Ok(Kind::Symlink),
+        3 => Ok(Kind::Fifo),
+        4 => Ok(Kind::Socket),
+        5 => Ok(Kind::CharDev(rdev)),
+        6 => Ok(Kind::BlockDev(rdev)),
         c => Err(SnapshotError::Damaged(format!("unknown inode kind {c}"))),
     }
 }
@@ -169,6 +182,7 @@ pub fn save_inode(
     SavedInode {
         ino,
         kind: kind_code(kind),
+        rdev: kind.rdev(),
         perm: m.perm,
         uid: m.uid,
         gid: m.gid,

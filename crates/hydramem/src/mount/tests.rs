@@ -435,6 +435,42 @@ fn a_kept_identity_finds_its_files_after_a_clean_unmount() {
 }
 
 #[test]
+fn fifos_sockets_and_device_nodes_are_attributes_only_and_are_kept() {
+    let store = FaultyStore::new(1 << 20);
+    let fs = kept(&store, 1 << 20);
+    let dev = (8 << 8) | 3; // makedev(8, 3) in the old 16-bit encoding
+    let kinds = [
+        ("fifo", Kind::Fifo),
+        ("sock", Kind::Socket),
+        ("chr", Kind::CharDev(dev)),
+        ("blk", Kind::BlockDev(dev + 1)),
+    ];
+    for (name, kind) in kinds {
+        let a = fs
+            .create(ROOT, name.as_ref(), kind, 0o640, 7, 8, OsStr::new(""))
+            .unwrap();
+        assert_eq!((a.kind, a.size, a.pages, a.nlink), (kind, 0, 0, 1));
+        // No bytes of their own: reading, writing or sizing one is refused.
+        assert!(matches!(fs.read(a.ino, 0, 10), Err(FsError::Invalid)));
+        assert!(matches!(fs.write(a.ino, 0, b"x"), Err(FsError::Invalid)));
+    }
+    fs.save().unwrap();
+    drop(fs);
+
+    let fs = kept(&store, 1 << 20);
+    for (name, kind) in kinds {
+        let a = fs.lookup(ROOT, name.as_ref()).unwrap();
+        assert_eq!(
+            (a.kind, a.perm, a.uid, a.gid),
+            (kind, 0o640, 7, 8),
+            "{name}"
+        );
+    }
+    assert_eq!(Kind::BlockDev(dev + 1).rdev(), dev + 1);
+    assert_eq!(Kind::Fifo.rdev(), 0);
+}
+
+#[test]
 fn a_mount_that_died_leaves_no_snapshot_to_load() {
     let store = FaultyStore::new(1 << 20);
     let fs = kept(&store, 1 << 20);
