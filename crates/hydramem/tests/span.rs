@@ -53,17 +53,26 @@ fn check(s: &SpanStore, last: &HashMap<u64, u64>) {
     }
 }
 
-#[test]
-fn span_rows_survive_a_kill_regenerate_and_then_r_more_losses() {
-    let slab = 256 << 10; // 64 rows per range
-    let mut c = common::cluster(13, slab, 64);
-    let pages = 2048u64;
+/// A span 8+2 client of `pages` pages on `c`, and its store.
+fn span_client(
+    c: &hydramem::embedded::EmbeddedCluster,
+    pages: u64,
+) -> (std::sync::Arc<RemoteMemory>, std::sync::Arc<SpanStore>) {
     let mem = RemoteMemory::connect(
         c.cluster(),
         ClientConfig::new(Resilience::Span { k: 8, r: 2 }, pages * PAGE),
     )
     .expect("connects");
     let s = SpanStore::new(mem.clone()).expect("a fresh span store");
+    (mem, s)
+}
+
+#[test]
+fn span_rows_survive_a_kill_regenerate_and_then_r_more_losses() {
+    let slab = 256 << 10; // 64 rows per range
+    let mut c = common::cluster(13, slab, 64);
+    let pages = 2048u64;
+    let (mem, s) = span_client(&c, pages);
     let mut last = HashMap::new();
     fill(&s, &mut last);
     check(&s, &last);
@@ -175,4 +184,68 @@ fn a_span_client_that_reattaches_rebuilds_its_page_map_from_the_nodes() {
         .err()
         .expect("pages beyond the size are refused");
     assert!(err.to_string().contains("beyond its size"), "{err}");
+}
+
+#[test]
+fn a_drained_span_node_hands_its_pieces_over_while_rows_are_written() {
+    let slab = 256 << 10; // 64 rows per range
+    let args = ["--control-period", "100ms", "--prealloc", "0"];
+    let mut c = common::cluster_with(13, slab, 64, &args);
+    let pages = 2048u64;
+    let (mem, s) = span_client(&c, pages);
+    let mut last = HashMap::new();
+    fill(&s, &mut last);
+    let g = mem.group_of(0).expect("row 0 is mapped");
+    let x = g.nodes[3];
+    let ranges = pages * PAGE / mem.layout().range_bytes();
+    let held_on_x = |mem: &RemoteMemory| {
+        (0..ranges)
+            .filter(|&r| {
+                mem.group_of(r * mem.layout().range_bytes())
+                    .is_some_and(|g| g.nodes[..10].contains(&x))
+            })
+            .count() as u64
+    };
+    let held = held_on_x(&mem);
+    let addr = c.cluster().nodes[x as usize].addr.to_string();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (out, last) = std::thread::scope(|sc| {
+        // Rows keep being written (and compacted) while the node hands its pieces over.
+        let writer = sc.spawn(|| {
+            let mut last = last;
+            let mut i = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                write(&s, (i * 41) % 1200, 1 + i % 7, 10_000 + i, &mut last);
+                i += 1;
+            }
+            last
+        });
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_hydramem"))
+            .args(["node", "drain", &addr, "--timeout", "60s"])
+            .output()
+            .expect("hydramem node drain runs");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        (out, writer.join().expect("the writer did not panic"))
+    });
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("holds no slabs"),
+        "drain failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    common::wait_regenerated(&mem, held);
+    assert_eq!(
+        held_on_x(&mem),
+        0,
+        "no range keeps a piece on the drained node"
+    );
+    check(&s, &last);
+    // The drained node stops, and two more original members of range 0 die: every page still
+    // reads, from the 8 pieces left of each row, among them the moved ones.
+    c.kill(x as usize).unwrap();
+    let g2 = mem.group_of(0).expect("mapped");
+    for n in common::original_members(&g, &g2, 10, 2) {
+        c.kill(n as usize).unwrap();
+    }
+    check(&s, &last);
 }
