@@ -151,6 +151,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                     vec!["--log".into(), "warn".into()]
                 },
                 cluster_file: None,
+                key_file: None,
             })?;
             let cl = c.cluster().clone();
             _embedded = Some(c);

@@ -1,9 +1,10 @@
 //! The options of a command that connects one client to the cluster (`nbd`, `mount`): the
 //! cluster file, the scheme and the client's tuning, turned into a [`ClientConfig`] with the
 //! same checks and messages for every such command, and the `ssd-backup` scheme's backup file
-//! ([`BackupArgs`], which `bench` takes too).
+//! ([`BackupArgs`], which `bench` takes too); and the cluster key every command that talks
+//! to nodes takes ([`KeyArgs`]).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use std::sync::Arc;
@@ -14,6 +15,35 @@ use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::cluster::Cluster;
 use hydramem::units::{parse_size, Size};
 use hydramem::wire::ClientId;
+
+/// The cluster key (see `hydramem key new`): nodes and clients prove it to each other.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct KeyArgs {
+    /// The cluster key file (`hydramem key new FILE` makes one): the nodes and clients of a
+    /// cluster with a key prove it to each other at every connection. Overrides the cluster
+    /// file's `key_file`.
+    #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
+    pub cluster_key: Option<PathBuf>,
+}
+
+impl KeyArgs {
+    /// The cluster file at `path` with its key: this flag's, else the file's `key_file`.
+    pub fn load(&self, path: &Path) -> Result<Cluster> {
+        Ok(Cluster::load(path)?.with_key_flag(self.cluster_key.as_deref())?)
+    }
+
+    /// The key alone: this flag's, else that of the cluster file at `cluster` if there is
+    /// one (a command that names a node by address needs no cluster file).
+    pub fn key(&self, cluster: &Path) -> Result<Option<hydramem::auth::ClusterKey>> {
+        if let Some(f) = &self.cluster_key {
+            return Ok(Some(hydramem::auth::ClusterKey::load(f)?));
+        }
+        if cluster.exists() {
+            return Ok(Cluster::load(cluster)?.key);
+        }
+        Ok(None)
+    }
+}
 
 /// Where the `ssd-backup` scheme keeps its local copy.
 #[derive(clap::Args)]
@@ -53,6 +83,8 @@ pub struct ClientArgs {
         default_value = "hydramem.cluster.toml"
     )]
     pub cluster: PathBuf,
+    #[command(flatten)]
+    pub key: KeyArgs,
     /// Resilience scheme: hydra-K+R-dD (e.g. hydra-8+2-d1; add -ec for EC-only, -det for
     /// corruption detection, -cor for correction), span-K+R (e.g. span-8+2: whole pages, one
     /// message per read, parity across the pages of a row), repN, single, or ssd-backup (one remote
@@ -145,6 +177,7 @@ impl ClientArgs {
         if let Some(id) = client_id {
             config.client_id =
                 ClientId::from_hex(id).map_err(|e| anyhow::anyhow!("--client-id {id:?}: {e}"))?;
+            config.kept = true;
         }
         RemoteMemory::connect(cluster, config).with_context(|| {
             format!(

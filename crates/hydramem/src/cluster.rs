@@ -15,6 +15,10 @@
 //! l = 2                 # CodingSets' load-balancing factor (codingsets only)
 //! ```
 //!
+//! An optional top-level `key_file = "cluster.key"` names the cluster key (see
+//! [`crate::auth`]), relative to the cluster file's directory; `HYDRAMEM_CLUSTER_KEY_FILE`
+//! overrides it, and a command's `--cluster-key` both ([`Cluster::with_key_flag`]).
+//!
 //! The placement policy lives in the cluster file, not in each client's settings, because
 //! CodingSets only keeps its copyset count low when every client forms the same extended groups
 //! from the same nodes with the same l.
@@ -26,10 +30,11 @@
 
 use std::collections::HashSet;
 use std::net::SocketAddr;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::auth::{ClusterKey, KeyError};
 use crate::placement::{Policy, PolicyKind};
 
 /// Most nodes a cluster file may list: clients number nodes with 16 bits and keep the
@@ -69,9 +74,16 @@ pub struct Cluster {
     /// How clients place address ranges; CodingSets with the client's l when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<PlacementConfig>,
+    /// The cluster key's file, relative to the cluster file's directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
     /// The memory nodes.
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,
+    /// The cluster key, as [`Cluster::load`] or [`Cluster::with_key_flag`] found it; never
+    /// written to the file.
+    #[serde(skip)]
+    pub key: Option<ClusterKey>,
 }
 
 /// Errors reading or writing a cluster file.
@@ -103,6 +115,9 @@ pub enum ClusterError {
         /// What is wrong and how to fix it.
         reason: String,
     },
+    /// The cluster key it names could not be used.
+    #[error(transparent)]
+    Key(#[from] KeyError),
 }
 
 impl Cluster {
@@ -118,9 +133,22 @@ impl Cluster {
             path: p.clone(),
             reason: e.to_string(),
         })?;
+        let mut c = c;
         c.validate()
             .map_err(|reason| ClusterError::Invalid { path: p, reason })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let named = c.key_file.as_ref().map(|f| dir.join(f));
+        c.key = crate::auth::key_from(None, named.as_deref())?;
         Ok(c)
+    }
+
+    /// The same cluster with the key of `--cluster-key FILE`, if given (it overrides the
+    /// environment and the file's `key_file`).
+    pub fn with_key_flag(mut self, flag: Option<&Path>) -> Result<Cluster, ClusterError> {
+        if let Some(f) = flag {
+            self.key = Some(ClusterKey::load(f)?);
+        }
+        Ok(self)
     }
 
     /// Checks the invariants listed in the module doc.
@@ -201,6 +229,8 @@ mod tests {
         let c = Cluster {
             slab_size: 1 << 20,
             placement: None,
+            key_file: None,
+            key: None,
             nodes: vec![
                 NodeEntry {
                     id: 0,

@@ -107,6 +107,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         capacity: 1 << 30,
         extra_args: vec!["--log".into(), "error".into()],
         cluster_file: None,
+        key_file: None,
     })?;
     let resilience = Resilience::Hydra {
         k: 8,
@@ -156,7 +157,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut per_node = Vec::new();
     let mut held = 0u64;
     for n in &cluster.cluster().nodes {
-        let st = status::fetch(n.addr, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+        let st = status::fetch(n.addr, None, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
         let mine: u64 = st
             .slabs
             .iter()
@@ -184,8 +185,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!("4. maintenance: draining memory node {drained}; its slab moves to a spare node while reads go on");
     let t0 = Instant::now();
     let before = mem.regen_stats();
-    status::drain(addr, true, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
-    let total = status::fetch(addr, Duration::from_secs(2))
+    status::drain(addr, true, None, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+    let total = status::fetch(addr, None, Duration::from_secs(2))
         .map_err(anyhow::Error::msg)?
         .slabs
         .len() as u64;
@@ -193,7 +194,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut reads = 0u64;
     let mut page = [0u8; PAGE_SIZE];
     loop {
-        let left = status::fetch(addr, Duration::from_secs(2))
+        let left = status::fetch(addr, None, Duration::from_secs(2))
             .map_err(anyhow::Error::msg)?
             .slabs
             .len() as u64;
@@ -229,7 +230,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let mut per_node = Vec::new();
     for n in &cluster.cluster().nodes {
-        let st = status::fetch(n.addr, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+        let st = status::fetch(n.addr, None, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
         per_node.push((
             n.id as usize,
             st.slabs
@@ -274,7 +275,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         c.cluster()
             .nodes
             .iter()
-            .filter_map(|n| status::fetch(n.addr, Duration::from_millis(200)).ok())
+            .filter_map(|n| status::fetch(n.addr, None, Duration::from_millis(200)).ok())
             .map(|s| s.regen_pages)
             .sum()
     };

@@ -56,6 +56,10 @@ pub struct EmbeddedOptions {
     /// private temporary directory, removed when the cluster is dropped (a cluster that is
     /// never dropped, e.g. kept for the life of the process, leaves it behind: give it a file).
     pub cluster_file: Option<PathBuf>,
+    /// The cluster key's file: every node is started with it, the cluster file names it and
+    /// the cluster carries the key, so its clients prove it (see [`crate::auth`]); `None`: a
+    /// cluster without a key.
+    pub key_file: Option<PathBuf>,
 }
 
 impl EmbeddedOptions {
@@ -79,6 +83,7 @@ impl EmbeddedOptions {
                 "--allow-fault-injection".into(),
             ],
             cluster_file: None,
+            key_file: None,
         }
     }
 }
@@ -104,6 +109,9 @@ pub enum EmbeddedError {
         /// The OS error.
         source: std::io::Error,
     },
+    /// The cluster key could not be read.
+    #[error(transparent)]
+    Key(#[from] crate::auth::KeyError),
     /// The private directory for the cluster file could not be made.
     #[error(
         "cannot create a private directory for the cluster file in {dir}: {source}; \
@@ -230,12 +238,24 @@ impl EmbeddedCluster {
                 (dir.join("cluster.toml"), Some(dir))
             }
         };
+        // Absolute, like the cluster file, and loaded now: a key that cannot be read stops
+        // the start before any node runs.
+        let key_file = options
+            .key_file
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()));
+        let key = match &key_file {
+            Some(f) => Some(crate::auth::ClusterKey::load(f)?),
+            None => None,
+        };
         // From here on, dropping `c` (an error below) stops the nodes started so far and
         // removes the private directory.
         let mut c = EmbeddedCluster {
             cluster: Cluster {
                 slab_size: options.slab_size,
                 placement: None,
+                key_file,
+                key,
                 nodes: Vec::new(),
             },
             options,
@@ -288,6 +308,12 @@ impl EmbeddedCluster {
             .arg("--cluster")
             .arg(&self.cluster_file)
             .arg("--announce")
+            .args(
+                self.cluster
+                    .key_file
+                    .iter()
+                    .flat_map(|k| [std::ffi::OsStr::new("--cluster-key"), k.as_os_str()]),
+            )
             .args(&o.extra_args)
             // Every node would try to serve metrics on the same address.
             .env_remove("HYDRAMEM_METRICS")
@@ -428,6 +454,7 @@ impl EmbeddedCluster {
         crate::rpc::inject(
             self.nodes[i].entry.addr,
             fault,
+            self.cluster.key.as_ref(),
             std::time::Duration::from_secs(5),
         )
     }

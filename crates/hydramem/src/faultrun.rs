@@ -178,6 +178,7 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             "100ms".into(),
         ],
         cluster_file: None,
+        key_file: None,
     })
     .map_err(|e| e.to_string())?;
     let mut cfg = ClientConfig::new(o.scheme, o.pages * PAGE_SIZE as u64);

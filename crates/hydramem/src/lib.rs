@@ -24,6 +24,7 @@
 // The library and, behind the `tools` feature, the tools built on it (bench, faultrun,
 // release, sim, status): the library never imports a tool, and builds without them, which is
 // how the build checks it. docs/architecture.md, "Layers", gives the order of the rest.
+pub mod auth;
 pub mod backup;
 #[cfg(feature = "tools")]
 pub mod bench;

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use hydramem::cluster::Cluster;
+use client_cli::KeyArgs;
 use hydramem::node::control::{self, ControlConfig, MemorySource, SystemMemory};
 use hydramem::node::{server, Node, NodeConfig};
 use hydramem::units::{human, parse_size, Size};
@@ -80,6 +80,21 @@ enum Cmd {
     /// Release everything one client identity holds on the cluster (what `nbd --client-id`
     /// keeps after it stops). Stop the client using the identity first.
     Free(FreeArgs),
+    /// Cluster keys: `hydramem key new FILE` makes one (see --cluster-key).
+    Key {
+        #[command(subcommand)]
+        action: KeyAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeyAction {
+    /// Write a new random cluster key to FILE (mode 600; an existing file is not
+    /// overwritten). Give the same file to every node and client of the cluster.
+    New {
+        /// The key file to create.
+        file: PathBuf,
+    },
 }
 
 #[derive(clap::Args)]
@@ -94,6 +109,8 @@ struct FreeArgs {
     /// The identity whose memory is released (32 hex digits, as given to `nbd --client-id`).
     #[arg(long, env = "HYDRAMEM_CLIENT_ID")]
     client_id: String,
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 #[derive(clap::Args)]
@@ -146,6 +163,21 @@ struct NodeArgs {
     /// Time an owner has to move a reclaimed slab before the node drops it.
     #[arg(long, env = "HYDRAMEM_RECLAIM_GRACE", default_value = "30s", value_parser = parse_duration)]
     reclaim_grace: Duration,
+    /// The cluster key file (`hydramem key new FILE`): every connection must prove it, and
+    /// DRAIN and FAULT need an operator's. Without one the node serves anyone who connects.
+    #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
+    cluster_key: Option<PathBuf>,
+    /// Most slabs one client identity may hold on this node (0: no limit but --capacity).
+    #[arg(long, env = "HYDRAMEM_QUOTA", default_value_t = 0)]
+    quota: u64,
+    /// How long an identity's slabs outlive its last connection before they are freed (a
+    /// crashed client's memory comes back after this).
+    #[arg(long, env = "HYDRAMEM_LEASE", default_value = "10m", value_parser = parse_duration)]
+    lease: Duration,
+    /// The same for kept identities (`--client-id`): how long a kept mount or export may stay
+    /// away before its memory is freed.
+    #[arg(long, env = "HYDRAMEM_KEPT_LEASE", default_value = "7d", value_parser = parse_duration)]
+    kept_lease: Duration,
 }
 
 #[derive(Subcommand)]
@@ -175,6 +207,8 @@ struct DrainArgs {
     /// Cancel a drain: the node takes slabs again and keeps the ones not yet moved.
     #[arg(long, conflicts_with = "no_wait")]
     cancel: bool,
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 /// Parses "500ms", "2s", "1.5s", "10m".
@@ -193,6 +227,7 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => v,
         "m" | "min" => v * 60.0,
         "h" => v * 3600.0,
+        "d" => v * 86400.0,
         _ => return Err(format!("unknown unit in {s:?}: use ms, s, m or h")),
     };
     if !secs.is_finite() || secs < 0.0 {
@@ -220,6 +255,8 @@ struct StatusArgs {
     /// With --watch: stop after this many refreshes.
     #[arg(long, requires = "watch")]
     count: Option<u64>,
+    #[command(flatten)]
+    key: KeyArgs,
 }
 
 /// Subcommands whose options a `--config` file may set (`sim` has sub-subcommands and takes
@@ -344,6 +381,9 @@ fn main() {
         Cmd::Run(a) => run_cli::run(a),
         Cmd::Sim(a) => sim_cli::run(a),
         Cmd::Free(a) => run_free(a),
+        Cmd::Key {
+            action: KeyAction::New { file },
+        } => run_key_new(&file),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -389,8 +429,25 @@ fn run_node(a: NodeArgs) -> Result<()> {
         slab_size: a.slab_size.bytes(),
         allow_faults: a.allow_fault_injection,
         membership: Some(a.cluster.clone()),
+        key: match &a.cluster_key {
+            Some(f) => Some(hydramem::auth::ClusterKey::load(f)?),
+            None => None,
+        },
+        tenancy: hydramem::node::tenants::TenancyConfig {
+            quota: a.quota,
+            lease: a.lease,
+            kept_lease: a.kept_lease,
+        },
     };
+    let keyed = config.key.is_some();
     let node = Node::new(config)?;
+    if !keyed {
+        tracing::warn!(
+            "NO CLUSTER KEY: this node serves anyone who can connect to it — any peer may read, \
+             write and free every client's slabs and drain the node. Make a key with \
+             `hydramem key new FILE` and give it to every node and client with --cluster-key"
+        );
+    }
     if a.allow_fault_injection {
         tracing::warn!("fault injection is ENABLED: this node obeys FAULT requests (tests only)");
     }
@@ -453,7 +510,7 @@ fn run_drain(d: DrainArgs) -> Result<()> {
             let id: u32 = d.node.parse().with_context(|| {
                 format!("{:?} is neither an address (ip:port) nor a node id", d.node)
             })?;
-            let cluster = Cluster::load(&d.cluster)?;
+            let cluster = d.key.load(&d.cluster)?;
             cluster
                 .nodes
                 .iter()
@@ -463,11 +520,13 @@ fn run_drain(d: DrainArgs) -> Result<()> {
         }
     };
     let t = Duration::from_secs(5);
+    let key = d.key.key(&d.cluster)?;
     let stats = |what: &str| {
-        hydramem::status::fetch(addr, t).map_err(|e| anyhow::anyhow!("cannot {what} the node: {e}"))
+        hydramem::status::fetch(addr, key.as_ref(), t)
+            .map_err(|e| anyhow::anyhow!("cannot {what} the node: {e}"))
     };
     let before = stats("reach")?;
-    hydramem::status::drain(addr, !d.cancel, t).map_err(|e| {
+    hydramem::status::drain(addr, !d.cancel, key.as_ref(), t).map_err(|e| {
         let what = if d.cancel { "cancel" } else { "start" };
         anyhow::anyhow!("cannot {what} the drain: {e}")
     })?;
@@ -526,7 +585,7 @@ fn run_drain(d: DrainArgs) -> Result<()> {
 }
 
 fn run_free(a: FreeArgs) -> Result<()> {
-    let cluster = Cluster::load(&a.cluster)?;
+    let cluster = a.key.load(&a.cluster)?;
     let id = hydramem::wire::ClientId::from_hex(&a.client_id)
         .map_err(|e| anyhow::anyhow!("--client-id {:?}: {e}", a.client_id))?;
     let nodes = hydramem::release::release(&cluster, id, Duration::from_secs(5));
@@ -546,7 +605,9 @@ fn run_free(a: FreeArgs) -> Result<()> {
     println!(
         "released {slabs} slabs ({}) of identity {:08x} on {} of {} nodes",
         human(slabs * cluster.slab_size),
-        id.fingerprint(),
+        hydramem::rpc::Greeting::client(&id, 0, cluster.key.as_ref())
+            .owner
+            .fingerprint(),
         nodes.len() - failed.len(),
         nodes.len()
     );
@@ -559,8 +620,18 @@ fn run_free(a: FreeArgs) -> Result<()> {
     Ok(())
 }
 
+fn run_key_new(file: &std::path::Path) -> Result<()> {
+    hydramem::auth::ClusterKey::generate().save(file)?;
+    println!(
+        "wrote a new cluster key to {} (mode 600): give it to every node and client of the \
+         cluster with --cluster-key {0}, or name it in the cluster file as key_file",
+        file.display()
+    );
+    Ok(())
+}
+
 fn run_status(a: StatusArgs) -> Result<()> {
-    let cluster = Cluster::load(&a.cluster)?;
+    let cluster = a.key.load(&a.cluster)?;
     let rows = hydramem::status::collect(&cluster);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);

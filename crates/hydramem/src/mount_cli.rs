@@ -116,7 +116,7 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
             format!("{} in this process's memory", human(size)),
         )
     } else {
-        let cluster = Cluster::load(&a.client.cluster)?;
+        let cluster = a.client.key.load(&a.client.cluster)?;
         let probe = a.client.config(1 << 20)?;
         let layout = hydramem::client::Layout::new(probe.resilience, cluster.slab_size)
             .context("the scheme does not fit the cluster's slab size")?;

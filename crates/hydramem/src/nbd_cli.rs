@@ -15,7 +15,6 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::client_cli::ClientArgs;
-use hydramem::cluster::Cluster;
 use hydramem::nbd::{Export, ExportConfig, Listener, Shutdown};
 use hydramem::units::{human, parse_size, Size};
 
@@ -58,7 +57,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
     if a.workers == 0 {
         bail!("--workers must be at least 1");
     }
-    let cluster = Cluster::load(&a.client.cluster)?;
+    let cluster = a.client.key.load(&a.client.cluster)?;
     let label = a.client.label();
     let keep = a.client_id.is_some();
     let front = a.client.open(&cluster, size, a.client_id.as_deref())?;

@@ -17,8 +17,8 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::cluster::Cluster;
-use crate::rpc::{Connection, RpcError};
-use crate::wire::{self, ClientId, Hello, Op};
+use crate::rpc::{Connection, Greeting, RpcError};
+use crate::wire::{self, ClientId, Op};
 
 /// What releasing did on one node.
 #[derive(Debug)]
@@ -55,15 +55,18 @@ pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<No
         .map(|n| NodeRelease {
             id: n.id,
             addr: n.addr,
-            result: release_on(n.addr, client, timeout),
+            result: release_on(
+                n.addr,
+                &Greeting::client(&client, 0, cluster.key.as_ref()).to_node(n.id),
+                timeout,
+            ),
         })
         .collect()
 }
 
 /// Frees the identity's slabs on the node at `addr`; returns how many.
-fn release_on(addr: SocketAddr, client: ClientId, timeout: Duration) -> Result<u64, ReleaseError> {
-    let hello = Hello { client, flags: 0 };
-    let mut c = Connection::open(addr, Some(hello), timeout, timeout)?;
+fn release_on(addr: SocketAddr, g: &Greeting, timeout: Duration) -> Result<u64, ReleaseError> {
+    let mut c = Connection::open(addr, Some(g), timeout, timeout)?;
     let list = c.call(Op::List, &[], wire::parse_list)?;
     for slab in list.iter().map(|l| l.slab) {
         let mut body = Vec::new();

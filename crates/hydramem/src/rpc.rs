@@ -1,6 +1,8 @@
 //! One blocking request and its reply, on a connection of its own to a memory node: the
 //! exchanges outside the pipelined data path (a client's REGEN, a regenerating node's HELLO and
-//! CORRUPT to its sources, and the STATS, DRAIN, FAULT, LIST and FREE of the tools).
+//! CORRUPT to its sources, and the STATS, DRAIN, FAULT, LIST and FREE of the tools), and the
+//! greeting every connection starts with, the data path's too ([`greet`]: HELLO, and with a
+//! cluster key the node's proof checked and AUTH, see [`crate::auth`]).
 //!
 //! Invariants: a request is one frame and its reply is awaited before anything else is sent on
 //! the connection. A reply is accepted only if it answers that very request (the reply bit,
@@ -17,7 +19,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::wire::{self, FrameBuilder, Header, Hello, Op, Status, WireError, HEADER_LEN};
+use crate::auth::{self, ClusterKey};
+use crate::wire::{
+    self, ClientId, FrameBuilder, Header, Hello, HelloReply, Op, Status, WireError, HEADER_LEN,
+};
 
 /// Why a request to a node failed.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +98,14 @@ pub enum RpcError {
         /// The status it answered.
         status: Status,
     },
+    /// The greeting's authentication failed (see [`crate::auth`]).
+    #[error("memory node at {}: {reason}", at(node))]
+    Auth {
+        /// The node's address.
+        node: Option<SocketAddr>,
+        /// What failed, and what to do.
+        reason: String,
+    },
 }
 
 impl RpcError {
@@ -128,7 +141,7 @@ impl Connection {
     /// act for the identity given there).
     pub fn open(
         node: SocketAddr,
-        hello: Option<Hello>,
+        greeting: Option<&Greeting>,
         connect: Duration,
         reply: Duration,
     ) -> Result<Connection, RpcError> {
@@ -142,10 +155,12 @@ impl Connection {
             node,
             reply,
         };
-        if let Some(h) = hello {
-            let mut body = Vec::new();
-            h.put(&mut body);
-            c.request(Op::Hello, &body)?;
+        if let Some(g) = greeting {
+            let peer = Peer {
+                node: Some(node),
+                reply: Some(reply),
+            };
+            greet(&mut c.stream, peer, g)?;
         }
         Ok(c)
     }
@@ -190,28 +205,134 @@ impl Connection {
 /// [`Connection::request`] on a stream the caller set up itself (its own timeouts and
 /// options); errors name the stream's peer.
 pub fn request(stream: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
-    let peer = Peer {
-        node: stream.peer_addr().ok(),
-        reply: stream.read_timeout().ok().flatten(),
-    };
-    exchange(stream, peer, op, body)
+    exchange(stream, Peer::of(stream), op, body)
 }
 
 /// Asks the node at `node` to inject `fault`; it refuses ([`Status::Forbidden`]) unless it
 /// was started with `--allow-fault-injection`.
-pub fn inject(node: SocketAddr, fault: wire::Fault, timeout: Duration) -> Result<(), RpcError> {
+pub fn inject(
+    node: SocketAddr,
+    fault: wire::Fault,
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+) -> Result<(), RpcError> {
     let mut body = Vec::new();
     fault.put(&mut body);
-    Connection::open(node, None, timeout, timeout)?
+    let operator = key.map(|k| Greeting::operator(Some(k)));
+    Connection::open(node, operator.as_ref(), timeout, timeout)?
         .request(Op::Fault, &body)
         .map(drop)
 }
 
-/// The other end of a stream, for errors: its address, and how long a reply may take.
+/// What a connection says in its greeting.
+#[derive(Debug, Clone)]
+pub struct Greeting {
+    /// The owner handle said in HELLO ([`auth::ClusterKey::owner`] of the identity with a key,
+    /// the identity itself without).
+    pub owner: ClientId,
+    /// `HELLO_*` flags.
+    pub flags: u32,
+    /// The cluster key, if the cluster has one: the node must prove it, and so does this end.
+    pub key: Option<ClusterKey>,
+    /// The node id the node must say it is (the cluster file's), if known.
+    pub node_id: Option<u32>,
+}
+
+impl Greeting {
+    /// The greeting of the identity `client` (its owner handle is derived here).
+    pub fn client(client: &ClientId, flags: u32, key: Option<&ClusterKey>) -> Greeting {
+        Greeting {
+            owner: key.map_or(*client, |k| k.owner(client)),
+            flags,
+            key: key.cloned(),
+            node_id: None,
+        }
+    }
+
+    /// An observer's greeting (status tools): no identity of its own.
+    pub fn observer(key: Option<&ClusterKey>) -> Greeting {
+        Self::client(&ClientId::default(), wire::HELLO_OBSERVER, key)
+    }
+
+    /// An operator's greeting (DRAIN, FAULT).
+    pub fn operator(key: Option<&ClusterKey>) -> Greeting {
+        Self::client(
+            &ClientId::default(),
+            wire::HELLO_OBSERVER | wire::HELLO_OPERATOR,
+            key,
+        )
+    }
+
+    /// The same, to node `id` only.
+    pub fn to_node(mut self, id: u32) -> Greeting {
+        self.node_id = Some(id);
+        self
+    }
+}
+
+/// HELLO on `stream` (blocking), and with a key the node's proof checked and AUTH sent; the
+/// node's reply. Refused: a node that says it is another node than `g.node_id`, one that has
+/// no key when this end has one or the reverse (never a silent downgrade), and one whose proof
+/// is wrong — before this end proves anything.
+pub fn greet(stream: &mut TcpStream, peer: Peer, g: &Greeting) -> Result<HelloReply, RpcError> {
+    let node = peer.node;
+    let refuse = |reason: String| RpcError::Auth { node, reason };
+    let hello = Hello {
+        client: g.owner,
+        flags: g.flags,
+        nonce: auth::nonce(),
+    };
+    let mut body = Vec::new();
+    hello.put(&mut body);
+    let reply = exchange(stream, peer, Op::Hello, &body)?;
+    let r = HelloReply::parse(&reply).map_err(|source| RpcError::Protocol {
+        op: Op::Hello,
+        node,
+        source,
+    })?;
+    if let Some(id) = g.node_id.filter(|&id| id != r.node_id) {
+        return Err(refuse(format!(
+            "it says it is node {}, but the cluster file lists node {id} there; fix the \
+             cluster file or restart that node with --id {id}",
+            r.node_id
+        )));
+    }
+    let proof = auth::respond(g.key.as_ref(), &hello, &r).map_err(refuse)?;
+    if let Some(proof) = proof {
+        let mut body = Vec::new();
+        wire::put_auth(&mut body, &proof);
+        match exchange(stream, peer, Op::Auth, &body) {
+            Ok(_) => {}
+            Err(RpcError::Refused { .. }) => {
+                return Err(refuse(
+                    "it refused this end's proof of the cluster key: the two hold different \
+                     keys"
+                        .into(),
+                ))
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(r)
+}
+
+/// Whom a blocking exchange is with, for its errors and timeouts.
 #[derive(Clone, Copy)]
-struct Peer {
-    node: Option<SocketAddr>,
-    reply: Option<Duration>,
+pub struct Peer {
+    /// The node's address.
+    pub node: Option<SocketAddr>,
+    /// The reply timeout set on the stream.
+    pub reply: Option<Duration>,
+}
+
+impl Peer {
+    /// The peer of `stream` as its socket knows it.
+    pub fn of(stream: &TcpStream) -> Peer {
+        Peer {
+            node: stream.peer_addr().ok(),
+            reply: stream.read_timeout().ok().flatten(),
+        }
+    }
 }
 
 /// One request and its reply on `stream`.
@@ -343,7 +464,7 @@ mod tests {
     #[test]
     fn a_refusal_names_the_request_the_node_and_what_to_do() {
         let fake = Fake::start(|h, _| Answer::Send(reply(h, Status::Forbidden, &[])));
-        let e = inject(fake.addr, wire::Fault::Clear, LONG).unwrap_err();
+        let e = inject(fake.addr, wire::Fault::Clear, None, LONG).unwrap_err();
         assert_eq!(e.refused(), Some(Status::Forbidden));
         let text = e.to_string();
         for part in [

@@ -201,7 +201,14 @@ pub fn run(a: RunArgs) -> Result<()> {
     // Fails with what to change when this user may not (the descriptor is closed at once).
     open_userfaultfd(libc::O_CLOEXEC)?;
     let cluster_path = absolute(&a.client.cluster)?;
-    let cluster = Cluster::load(&cluster_path)?;
+    let cluster = a.client.key.load(&cluster_path)?;
+    let cluster_key = a
+        .client
+        .key
+        .cluster_key
+        .as_deref()
+        .map(absolute)
+        .transpose()?;
     // The client's own checks of its options, with their messages.
     a.client.config(remote_size)?;
     let up = status::collect(&cluster)
@@ -223,6 +230,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let _ = std::fs::remove_file(&report);
     let config = RunConfig {
         cluster: cluster_path,
+        cluster_key,
         scheme: a.client.scheme.to_string(),
         checksums: !a.client.no_checksums,
         poll_us: a.client.poll_us,

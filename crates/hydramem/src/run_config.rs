@@ -30,6 +30,10 @@ pub const MAX_READ_AHEAD: u64 = 64;
 pub struct RunConfig {
     /// The cluster file (absolute).
     pub cluster: PathBuf,
+    /// The cluster key file given to the command (absolute), which overrides the cluster
+    /// file's.
+    #[serde(default)]
+    pub cluster_key: Option<PathBuf>,
     /// The scheme, as `--scheme` takes it.
     pub scheme: String,
     /// Per-split checksums.
@@ -158,6 +162,7 @@ impl RunConfig {
     /// Connects to the cluster as `id` and opens the scheme's store over the remote space.
     pub fn open(&self, id: ClientId) -> Result<FrontStore, RunConfigError> {
         let cluster = Cluster::load(&self.cluster)
+            .and_then(|c| c.with_key_flag(self.cluster_key.as_deref()))
             .map_err(|e| RunConfigError::Cluster(self.cluster.clone(), e.to_string()))?;
         let config = self.client_config(id)?;
         let mem: Arc<RemoteMemory> =
@@ -183,6 +188,7 @@ mod tests {
     fn round_trips_through_the_environment() {
         let c = RunConfig {
             cluster: "/etc/hydramem/cluster.toml".into(),
+            cluster_key: Some("/etc/hydramem/cluster.key".into()),
             scheme: "span-8+2".into(),
             checksums: true,
             poll_us: 50,

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::auth::ClusterKey;
 use crate::cluster::Cluster;
-use crate::rpc::{Connection, RpcError};
+use crate::rpc::{Connection, Greeting, RpcError};
 use crate::units::human;
-use crate::wire::{self, ClientId, Hello, Op, Stats};
+use crate::wire::{self, Op, Stats};
 
 /// One node's status.
 #[derive(Debug, Serialize)]
@@ -39,22 +40,35 @@ pub enum StatusResult {
         /// Why.
         error: String,
     },
+    /// It answered, but the two ends do not share the cluster key (see [`crate::auth`]).
+    Refused {
+        /// Why.
+        error: String,
+    },
 }
 
-/// Fetches STATS from one node.
-pub fn fetch(addr: SocketAddr, timeout: Duration) -> Result<Stats, RpcError> {
-    let observer = Hello {
-        client: ClientId::default(),
-        flags: wire::HELLO_OBSERVER,
-    };
-    Connection::open(addr, Some(observer), timeout, timeout)?.call(Op::Stats, &[], Stats::parse)
+/// Fetches STATS from one node, as an observer (proving the cluster's key, if it has one).
+pub fn fetch(
+    addr: SocketAddr,
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+) -> Result<Stats, RpcError> {
+    let observer = Greeting::observer(key);
+    Connection::open(addr, Some(&observer), timeout, timeout)?.call(Op::Stats, &[], Stats::parse)
 }
 
-/// Starts (`start`) or cancels draining the node at `addr` (DRAIN, an admin request).
-pub fn drain(addr: SocketAddr, start: bool, timeout: Duration) -> Result<(), RpcError> {
+/// Starts (`start`) or cancels draining the node at `addr` (DRAIN, an operator's request:
+/// with a cluster key, it proves the key as an operator).
+pub fn drain(
+    addr: SocketAddr,
+    start: bool,
+    key: Option<&ClusterKey>,
+    timeout: Duration,
+) -> Result<(), RpcError> {
     let mut body = Vec::new();
     wire::put_drain(&mut body, start);
-    Connection::open(addr, None, timeout, timeout)?
+    let operator = key.map(|k| Greeting::operator(Some(k)));
+    Connection::open(addr, operator.as_ref(), timeout, timeout)?
         .request(Op::Drain, &body)
         .map(drop)
 }
@@ -67,8 +81,11 @@ pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
         .map(|n| NodeStatus {
             id: n.id,
             addr: n.addr,
-            result: match fetch(n.addr, Duration::from_secs(2)) {
+            result: match fetch(n.addr, cluster.key.as_ref(), Duration::from_secs(2)) {
                 Ok(s) => StatusResult::Up(s),
+                Err(e @ RpcError::Auth { .. }) => StatusResult::Refused {
+                    error: e.to_string(),
+                },
                 Err(e) => StatusResult::Down {
                     error: e.to_string(),
                 },
@@ -144,13 +161,17 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
                     s.regenerating
                 );
             }
-            StatusResult::Down { error } => {
+            StatusResult::Down { error } | StatusResult::Refused { error } => {
+                let health = match r.result {
+                    StatusResult::Refused { .. } => "KEY?",
+                    _ => "DOWN",
+                };
                 let _ = writeln!(
                     o,
                     "{:>4}  {:<21} {:<6} {}",
                     r.id,
                     r.addr.to_string(),
-                    "DOWN",
+                    health,
                     error
                 );
             }
@@ -180,6 +201,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         human(used),
         human(cap)
     );
+    access_line(&mut o, rows);
     let slab_rows: Vec<_> = rows
         .iter()
         .filter_map(|r| match &r.result {
@@ -225,6 +247,54 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
     o
 }
 
+/// Seconds as the largest whole unit that fits them: 600 → "10m", 604800 → "7d".
+fn span(secs: u32) -> String {
+    match secs {
+        s if s >= 86400 && s % 86400 == 0 => format!("{}d", s / 86400),
+        s if s >= 3600 && s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s >= 60 && s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// One line on who may connect: how many nodes have the cluster key, their quota and leases,
+/// and the identities they track (see `node::tenants`).
+fn access_line(o: &mut String, rows: &[NodeStatus]) {
+    let up: Vec<&Stats> = rows
+        .iter()
+        .filter_map(|r| match &r.result {
+            StatusResult::Up(s) => Some(s),
+            _ => None,
+        })
+        .collect();
+    let Some(first) = up.first().map(|s| s.tenancy) else {
+        return;
+    };
+    let keyed = up.iter().filter(|s| s.tenancy.keyed).count();
+    let key = match keyed {
+        0 => "NO cluster key (anyone who connects reaches every slab)".to_string(),
+        k if k == up.len() => "cluster key on every node".to_string(),
+        k => format!("cluster key on only {k} of {} nodes", up.len()),
+    };
+    let quota = match first.quota {
+        0 => "no quota".to_string(),
+        q => format!("quota {q} slabs per identity per node"),
+    };
+    let (ids, connected) = up.iter().fold((0u64, 0u64), |(a, b), s| {
+        (
+            a + u64::from(s.tenancy.identities),
+            b + u64::from(s.tenancy.connected),
+        )
+    });
+    let _ = writeln!(
+        o,
+        "access: {key}; {quota}; leases {}, kept {}; {ids} identities on the nodes \
+         ({connected} connected)",
+        span(first.lease_s),
+        span(first.kept_lease_s)
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,6 +312,8 @@ mod tests {
         let cluster = Cluster {
             slab_size: 1 << 20,
             placement: None,
+            key_file: None,
+            key: None,
             nodes: Vec::new(),
         };
         let stats = Stats {

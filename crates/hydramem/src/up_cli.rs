@@ -37,6 +37,10 @@ pub struct UpArgs {
     /// address, empty (after 0.1 s, doubling up to 5 s while it keeps dying at once).
     #[arg(long, env = "HYDRAMEM_RESTART", value_enum, default_value = "never")]
     restart: RestartPolicy,
+    /// A cluster key file (`hydramem key new FILE`): every node is started with it and the
+    /// cluster file names it (key_file), so the clients that read the cluster file prove it.
+    #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
+    cluster_key: Option<PathBuf>,
 }
 
 /// How often `up` looks for nodes that exited and restarts due.
@@ -53,6 +57,7 @@ pub fn run(a: UpArgs, log: &str) -> Result<()> {
         capacity: a.capacity.bytes(),
         extra_args: vec!["--log".into(), log.into()],
         cluster_file: Some(a.cluster.clone()),
+        key_file: a.cluster_key.clone(),
     };
     let stop = crate::stop_flag()?;
     let mut cluster = EmbeddedCluster::start(opts)?;

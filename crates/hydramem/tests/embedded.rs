@@ -34,6 +34,7 @@ fn start_with_file(
         capacity: 4 * common::SLAB,
         extra_args: vec!["--log".into(), "error".into()],
         cluster_file: Some(file),
+        key_file: None,
     })
 }
 

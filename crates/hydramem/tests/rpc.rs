@@ -5,8 +5,8 @@ mod common;
 
 use std::time::Duration;
 
-use hydramem::rpc::{self, Connection, RpcError};
-use hydramem::wire::{self, ClientId, Fault, Hello, Op, Status};
+use hydramem::rpc::{self, Connection, Greeting, RpcError};
+use hydramem::wire::{self, ClientId, Fault, Op, Status};
 
 use common::SLAB;
 
@@ -17,29 +17,23 @@ fn requests_and_refusals_on_real_nodes() {
     let plain = common::cluster(1, SLAB, 4);
     let faulty = common::cluster_with(1, SLAB, 4, &["--allow-fault-injection"]);
     let node = plain.cluster().nodes[0].clone();
-    let observer = Hello {
-        client: ClientId::default(),
-        flags: wire::HELLO_OBSERVER,
-    };
-    let stats = Connection::open(node.addr, Some(observer), WAIT, WAIT)
+    let observer = Greeting::observer(None);
+    let stats = Connection::open(node.addr, Some(&observer), WAIT, WAIT)
         .unwrap()
         .call(Op::Stats, &[], wire::Stats::parse)
         .unwrap();
     assert_eq!((stats.node_id, stats.slab_size), (node.id, SLAB));
-    let me = Hello {
-        client: ClientId::random(),
-        flags: 0,
-    };
-    let mut c = Connection::open(node.addr, Some(me), WAIT, WAIT).unwrap();
+    let me = Greeting::client(&ClientId::random(), 0, None);
+    let mut c = Connection::open(node.addr, Some(&me), WAIT, WAIT).unwrap();
     assert_eq!(c.node(), node.addr);
     assert!(c.call(Op::List, &[], wire::parse_list).unwrap().is_empty());
     let mut free = Vec::new();
     wire::put_free(&mut free, 12345);
     let e = c.request(Op::Free, &free).unwrap_err();
     assert_eq!(e.refused(), Some(Status::NoSuchSlab), "{e}");
-    let e = rpc::inject(node.addr, Fault::Clear, WAIT).unwrap_err();
+    let e = rpc::inject(node.addr, Fault::Clear, None, WAIT).unwrap_err();
     assert_eq!(e.refused(), Some(Status::Forbidden), "{e}");
-    rpc::inject(faulty.cluster().nodes[0].addr, Fault::Clear, WAIT).unwrap();
+    rpc::inject(faulty.cluster().nodes[0].addr, Fault::Clear, None, WAIT).unwrap();
 }
 
 #[test]

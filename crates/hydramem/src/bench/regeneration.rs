@@ -102,6 +102,7 @@ pub fn regeneration(
                 "0".into(),
             ],
             cluster_file: None,
+            key_file: None,
         })
         .map_err(|e| io("cluster", e.to_string()))?;
         let layout = crate::client::Layout::new(hydra, slab).map_err(|e| BenchError::Client {

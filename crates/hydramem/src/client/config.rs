@@ -33,6 +33,10 @@ pub struct ClientConfig {
     pub size: u64,
     /// Identity that owns the client's slabs; reconnecting with it finds them again.
     pub client_id: ClientId,
+    /// Whether the identity is kept (given, to be reattached later, rather than random): the
+    /// nodes then keep its slabs for their long lease after its connections close (see
+    /// `node::tenants`).
+    pub kept: bool,
     /// How long a waiting thread polls before it sleeps.
     pub poll: Duration,
     /// Threads that may poll at once; a thread that waits while this many poll parks at
@@ -84,6 +88,7 @@ impl ClientConfig {
             resilience,
             size,
             client_id: ClientId::random(),
+            kept: false,
             poll: Duration::from_micros(50),
             pollers: std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1)),
             op_timeout: Duration::from_secs(10),

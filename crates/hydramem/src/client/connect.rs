@@ -31,8 +31,9 @@ use super::{
 };
 use crate::cluster::Cluster;
 use crate::placement::Placer;
+use crate::rpc::Greeting;
 use crate::units::human;
-use crate::wire::{self, Hello, Op};
+use crate::wire::{self, Op};
 
 /// Builds the decode tables of every loss pattern a read can meet (any k of the k + r splits
 /// present, the data splits among the others missing) before the first read, so that no read
@@ -105,18 +106,16 @@ impl RemoteMemory {
     pub fn connect_with<T: Transport + 'static>(
         cluster: &Cluster,
         config: ClientConfig,
-        open: impl FnOnce(Hello, Arc<dyn Completions>) -> Result<(T, Vec<HelloOutcome>), ClientError>,
+        open: impl FnOnce(Greeting, Arc<dyn Completions>) -> Result<(T, Vec<HelloOutcome>), ClientError>,
     ) -> Result<Arc<RemoteMemory>, ClientError> {
         validate(cluster, &config)?;
         let layout = Layout::new(config.resilience, cluster.slab_size)?;
         let codec = codec(&layout)?;
         let slots =
             Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
-        let hello = Hello {
-            client: config.client_id,
-            flags: 0,
-        };
-        let (transport, outcomes) = open(hello, slots.clone())?;
+        let flags = if config.kept { wire::HELLO_KEPT } else { 0 };
+        let greeting = Greeting::client(&config.client_id, flags, cluster.key.as_ref());
+        let (transport, outcomes) = open(greeting, slots.clone())?;
         if outcomes.len() != cluster.nodes.len() || transport.nodes() != cluster.nodes.len() {
             return Err(ClientError::Config(format!(
                 "the transport opened {} nodes ({} outcomes) for a cluster of {}",

@@ -66,6 +66,7 @@ use super::{ClientConfig, ClientError, RemoteMemory};
 use crate::cluster::{Cluster, NodeEntry};
 use crate::node::session::Session;
 use crate::node::{Node, NodeConfig};
+use crate::rpc::Greeting;
 use crate::wire::{
     self, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, Request, Run, Status, WireError,
     HEADER_LEN,
@@ -125,7 +126,7 @@ struct MemNode {
 struct Shared {
     nodes: Box<[MemNode]>,
     completions: Arc<dyn Completions>,
-    hello: Hello,
+    greeting: Greeting,
     next_id: AtomicU64,
     queue: Mutex<Queue>,
     queued: Condvar,
@@ -147,6 +148,8 @@ pub fn cluster(n: usize, slab_size: u64) -> Cluster {
     Cluster {
         slab_size,
         placement: None,
+        key_file: None,
+        key: None,
         nodes: (0..n)
             .map(|i| NodeEntry {
                 id: u32::try_from(i).unwrap_or(u32::MAX),
@@ -165,8 +168,8 @@ pub fn connect(
     options: MemOptions,
 ) -> Result<(Arc<RemoteMemory>, MemControl), ClientError> {
     let mut control = None;
-    let mem = RemoteMemory::connect_with(cluster, config, |hello, completions| {
-        let (t, outcomes) = MemTransport::new(cluster, options, hello, completions)?;
+    let mem = RemoteMemory::connect_with(cluster, config, |greeting, completions| {
+        let (t, outcomes) = MemTransport::new(cluster, options, greeting, completions)?;
         control = Some(t.control());
         Ok((t, outcomes))
     })?;
@@ -175,12 +178,13 @@ pub fn connect(
 }
 
 impl MemTransport {
-    /// Builds one node per node of `cluster` and says `hello` to each; completions go to
+    /// Builds one node per node of `cluster` (with the greeting's cluster key, if any) and
+    /// greets each as `greeting` says; completions go to
     /// `completions`. Every node answers (the outcomes are all `Ok`).
     pub fn new(
         cluster: &Cluster,
         options: MemOptions,
-        hello: Hello,
+        greeting: Greeting,
         completions: Arc<dyn Completions>,
     ) -> Result<(MemTransport, Vec<HelloOutcome>), ClientError> {
         let capacity = cluster
@@ -196,13 +200,15 @@ impl MemTransport {
                 slab_size: cluster.slab_size,
                 allow_faults: false,
                 membership: None,
+                key: greeting.key.clone(),
+                tenancy: Default::default(),
             };
             let bad = |e: &dyn std::fmt::Display| {
                 ClientError::Config(format!("in-memory node {i} cannot start: {e}"))
             };
             let node = Node::new(config.clone()).map_err(|e| bad(&e))?;
             let mut session = Session::new(node.clone());
-            let reply = say_hello(&mut session, hello, entry.id).map_err(|e| bad(&e))?;
+            let reply = greet(&mut session, &greeting, entry.id).map_err(|e| bad(&e))?;
             outcomes.push(Ok(reply));
             let seed = options.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
             nodes.push(MemNode {
@@ -226,7 +232,7 @@ impl MemTransport {
         let shared = Arc::new(Shared {
             nodes: nodes.into_boxed_slice(),
             completions,
-            hello,
+            greeting,
             next_id: AtomicU64::new(1),
             queue: Mutex::new(Queue::default()),
             queued: Condvar::new(),
@@ -302,20 +308,33 @@ fn serve_control(session: &mut Session, frame: &[u8]) -> Result<(Status, Vec<u8>
     Ok((rh.status, reply.to_vec()))
 }
 
-/// Says HELLO on a fresh session; the node must answer as node `id`.
-fn say_hello(session: &mut Session, hello: Hello, id: u32) -> Result<HelloReply, WireError> {
+/// Greets a fresh session as the TCP transport does ([`crate::auth::respond`]: HELLO, and with
+/// a key both proofs); the node must answer as node `id`.
+fn greet(session: &mut Session, g: &Greeting, id: u32) -> Result<HelloReply, WireError> {
+    let hello = Hello {
+        client: g.owner,
+        flags: g.flags,
+        nonce: crate::auth::nonce(),
+    };
     let mut body = Vec::new();
     hello.put(&mut body);
-    match serve_control(session, &control_frame(Op::Hello, 0, &body)?)? {
-        (Status::Ok, reply) => {
-            let reply = HelloReply::parse(&reply)?;
-            if reply.node_id != id {
-                return Err(WireError::Invalid("the node answered as another node"));
-            }
-            Ok(reply)
-        }
-        _ => Err(WireError::Invalid("HELLO refused")),
+    let reply = match serve_control(session, &control_frame(Op::Hello, 0, &body)?)? {
+        (Status::Ok, reply) => HelloReply::parse(&reply)?,
+        _ => return Err(WireError::Invalid("HELLO refused")),
+    };
+    if reply.node_id != id {
+        return Err(WireError::Invalid("the node answered as another node"));
     }
+    let proof = crate::auth::respond(g.key.as_ref(), &hello, &reply)
+        .map_err(|_| WireError::Invalid("the node's authentication failed"))?;
+    if let Some(proof) = proof {
+        let mut body = Vec::new();
+        wire::put_auth(&mut body, &proof);
+        if serve_control(session, &control_frame(Op::Auth, 1, &body)?)?.0 != Status::Ok {
+            return Err(WireError::Invalid("the node refused this end's proof"));
+        }
+    }
+    Ok(reply)
 }
 
 impl Shared {

@@ -193,8 +193,10 @@ impl RemoteMemory {
                     tracing::warn!(node, error = ?err, "slab allocation failed; trying other nodes");
                     excluded.push(node);
                     match err {
+                        // Out of capacity, or this identity's quota there is used up: full for
+                        // this client alike.
                         TransportError::Refused {
-                            status: Status::NoCapacity,
+                            status: Status::NoCapacity | Status::OverQuota,
                             ..
                         } => full.push(node),
                         // A node that is gone, stalled or answers nonsense: another one will do.

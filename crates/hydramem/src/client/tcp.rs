@@ -36,12 +36,14 @@ use arc_swap::ArcSwapOption;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
+use crate::rpc::Greeting;
+
 use super::transport::{
     append_write_run, Completions, RegenCall, RunSplit, Transport, TransportError,
 };
 use crate::wire::{
-    self, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, Run, Status, WireError,
-    HEADER_LEN, MAX_BODY,
+    self, FrameBuilder, Header, HelloReply, Op, OpenRuns, Run, Status, WireError, HEADER_LEN,
+    MAX_BODY,
 };
 
 /// Largest body the client lets one merged vectored frame grow to.
@@ -149,7 +151,7 @@ struct Shared {
     /// Reconnected sockets for the receiver thread to register.
     new_streams: Mutex<Vec<(u16, mio::net::TcpStream)>>,
     /// What to say to a node when (re)connecting.
-    hello: Hello,
+    greeting: Greeting,
     /// Wakes the monitor thread early (stop).
     monitor_wake: (parking_lot::Mutex<bool>, parking_lot::Condvar),
 }
@@ -169,7 +171,7 @@ impl TcpTransport {
     /// says why); the caller decides whether enough are up.
     pub fn connect(
         nodes: &[(u32, SocketAddr)],
-        hello: Hello,
+        greeting: Greeting,
         completions: Arc<dyn Completions>,
         options: TcpOptions,
     ) -> io::Result<(TcpTransport, Vec<HelloOutcome>)> {
@@ -179,7 +181,7 @@ impl TcpTransport {
         let mut outcomes = Vec::with_capacity(nodes.len());
         let mut rx = Vec::with_capacity(nodes.len());
         for (i, &(id, addr)) in nodes.iter().enumerate() {
-            match handshake(addr, id, hello, options) {
+            match handshake(addr, id, &greeting, options) {
                 Ok((stream, reply)) => {
                     let mut m = mio::net::TcpStream::from_std(stream.try_clone()?);
                     poll.registry()
@@ -228,7 +230,7 @@ impl TcpTransport {
             waker,
             want_write: Mutex::new(Vec::with_capacity(4 * nodes.len())),
             new_streams: Mutex::new(Vec::new()),
-            hello,
+            greeting,
             monitor_wake: (parking_lot::Mutex::new(false), parking_lot::Condvar::new()),
         });
         let s2 = shared.clone();
@@ -274,40 +276,23 @@ impl Drop for TcpTransport {
     }
 }
 
-/// Connects, says HELLO and reads the reply on a blocking socket, then switches to non-blocking.
-/// Connects and says HELLO; the node must answer as node `id` (the cluster file's id for
-/// that address), or the connection is refused: a node started with another `--id`, or a
-/// cluster file that lists the wrong address, must not be used as the node it is not.
+/// Connects and greets the node on a blocking socket ([`crate::rpc::greet`]: HELLO, and with a
+/// cluster key both proofs), then switches to non-blocking. The node must answer as node `id`
+/// (the cluster file's id for that address), or the connection is refused: a node started
+/// with another `--id`, or a cluster file that lists the wrong address, must not be used as
+/// the node it is not.
 fn handshake(
     addr: SocketAddr,
     id: u32,
-    hello: Hello,
+    greeting: &Greeting,
     o: TcpOptions,
 ) -> io::Result<(TcpStream, HelloReply)> {
     let mut s = TcpStream::connect_timeout(&addr, o.connect_timeout)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(o.call_timeout))?;
-    let mut out = Vec::new();
-    let fb = FrameBuilder::begin(&mut out, Op::Hello, false, Status::Ok, 0);
-    hello.put(&mut out);
-    fb.finish(&mut out).map_err(io::Error::other)?;
-    s.write_all(&out)?;
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb)?;
-    let h = Header::parse(&hb).map_err(io::Error::other)?;
-    let mut body = vec![0u8; h.body_len as usize];
-    s.read_exact(&mut body)?;
-    if h.op != Op::Hello || !h.reply || h.status != Status::Ok {
-        return Err(io::Error::other(format!("HELLO refused: {}", h.status)));
-    }
-    let reply = HelloReply::parse(&body).map_err(io::Error::other)?;
-    if reply.node_id != id {
-        return Err(io::Error::other(format!(
-            "the memory node at {addr} says it is node {}, but the cluster file lists node {id} \
-             there; fix the cluster file or restart that node with --id {id}",
-            reply.node_id
-        )));
-    }
+    let g = greeting.clone().to_node(id);
+    let peer = crate::rpc::Peer::of(&s);
+    let reply = crate::rpc::greet(&mut s, peer, &g).map_err(io::Error::other)?;
     s.set_read_timeout(None)?;
     s.set_nonblocking(true)?;
     Ok((s, reply))
@@ -527,7 +512,7 @@ impl Shared {
     /// Tries to reconnect a node that is down; on success it is up again.
     fn reconnect(&self, node: u16) {
         let c = &self.conns[node as usize];
-        let (stream, reply) = match handshake(c.addr, c.id, self.hello, self.options) {
+        let (stream, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
             Ok(x) => x,
             Err(e) => {
                 tracing::debug!(node, error = %e, "memory node still down");
@@ -647,12 +632,12 @@ impl Transport for TcpTransport {
     /// takes (an hour at most): a slab of gigabytes rebuilds in seconds to minutes.
     fn regen(&self, node: u16, req: &wire::Regen) -> Result<RegenCall, TransportError> {
         let c = self.shared.conn(node)?;
-        let (addr, hello) = (c.addr, self.shared.hello);
+        let (addr, greeting) = (c.addr, self.shared.greeting.clone().to_node(c.id));
         let connect = self.shared.options.connect_timeout;
         let mut body = Vec::new();
         req.put(&mut body);
         Ok(Box::new(move || {
-            crate::rpc::Connection::open(addr, Some(hello), connect, Duration::from_secs(3600))
+            crate::rpc::Connection::open(addr, Some(&greeting), connect, Duration::from_secs(3600))
                 .and_then(|mut s| s.call(Op::Regen, &body, wire::parse_regen_reply))
                 .map_err(|source| TransportError::Regen {
                     node,
@@ -704,7 +689,7 @@ fn monitor_loop(sh: Arc<Shared>) {
                     continue; // lost meanwhile, already handled
                 }
                 metrics::counter!("hydramem_client_suspicions_total").increment(1);
-                match verify(c.addr, c.id, o.verify_timeout) {
+                match verify(c.addr, c.id, sh.greeting.key.as_ref(), o.verify_timeout) {
                     Ok(()) => {
                         tracing::info!(node, addr = %c.addr, "suspected node answered a fresh connection: slow, not failed");
                     }
@@ -722,17 +707,18 @@ fn monitor_loop(sh: Arc<Shared>) {
 }
 
 /// Verifies a suspect over a fresh connection: connect, HELLO as an observer, PING.
-fn verify(addr: SocketAddr, id: u32, timeout: Duration) -> io::Result<()> {
+fn verify(
+    addr: SocketAddr,
+    id: u32,
+    key: Option<&crate::auth::ClusterKey>,
+    timeout: Duration,
+) -> io::Result<()> {
     let o = TcpOptions {
         connect_timeout: timeout,
         call_timeout: timeout,
         ..TcpOptions::default()
     };
-    let hello = Hello {
-        client: crate::wire::ClientId::default(),
-        flags: crate::wire::HELLO_OBSERVER,
-    };
-    let (mut s, _) = handshake(addr, id, hello, o)?;
+    let (mut s, _) = handshake(addr, id, &Greeting::observer(key), o)?;
     s.set_nonblocking(false)?;
     s.set_read_timeout(Some(timeout))?;
     let mut out = Vec::new();

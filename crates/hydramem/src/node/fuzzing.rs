@@ -9,14 +9,18 @@
 //! newest acknowledged write of it left it, with that version and tag, whatever run it was
 //! written or read in, and STAMPS reports that version and tag; a stale write reports the
 //! stored version; a discarded split reads as never written; one identity never reaches another's slabs; and nothing panics (the fuzzer sees a
-//! panic as a crash).
+//! panic as a crash). Inputs of odd length run a node with a cluster key, with AUTH requests
+//! (right and wrong proofs) among the rest: no request but HELLO and AUTH is served before
+//! the right proof, and a wrong one ends the connection.
 
 use std::collections::HashMap;
 
-use super::session::Session;
+use super::session::{After, Session};
 use super::{Node, NodeConfig};
+use crate::auth::ClusterKey;
 use crate::wire::{
-    self, ClientId, FrameBuilder, Header, Hello, Op, OpenRuns, ReplyRuns, Run, Status, HEADER_LEN,
+    self, ClientId, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, ReplyRuns, Run, Status,
+    HEADER_LEN,
 };
 
 /// The model: (identity, slab, offset) → (version, bytes, tag) of the newest acknowledged
@@ -55,18 +59,26 @@ impl Bytes<'_> {
     }
 }
 
-/// Feeds `input` to sessions of one node (see the module doc).
+/// Feeds `input` to sessions of one node (see the module doc). An input of odd length runs
+/// a node with a cluster key: a session is identified only by AUTH with the right proof for
+/// its last HELLO, and until then every other request must be refused as not identified.
 pub fn requests(input: &[u8]) {
+    let key = (input.len() % 2 == 1).then(|| ClusterKey::from_bytes([7; 32]));
     let node = Node::new(NodeConfig {
         id: 1,
         capacity: 8 << 16,
         slab_size: 1 << 16,
         allow_faults: false,
         membership: None,
+        key: key.clone(),
+        tenancy: Default::default(),
     })
     .expect("valid node");
     let ids = [ClientId([1; 16]), ClientId([2; 16])];
     let mut sessions: [Session; 2] = [Session::new(node.clone()), Session::new(node.clone())];
+    // With a key: whether each session proved it, and the HELLO (and reply) AUTH answers.
+    let mut proven = [false; 2];
+    let mut pending: [Option<(Hello, HelloReply)>; 2] = [None, None];
     let mut slabs: Vec<(u8, u32, u64)> = Vec::new(); // (identity, slab, split_len)
     let mut model = Model::new();
     let mut b = Bytes(input);
@@ -75,7 +87,10 @@ pub fn requests(input: &[u8]) {
         let who = b.u8() % 2;
         id += 1;
         let pick = b.u8();
-        let (op, body) = request(&mut b, pick, who, &ids, &slabs);
+        let (op, body) = match &key {
+            Some(k) if pick >= 240 => auth_request(&mut b, k, pending[who as usize].as_ref()),
+            _ => request(&mut b, pick, who, &ids, &slabs),
+        };
         let mut frame = Vec::new();
         let fb = FrameBuilder::begin(&mut frame, op, false, Status::Ok, id);
         frame.extend_from_slice(&body);
@@ -85,12 +100,16 @@ pub fn requests(input: &[u8]) {
         let h = Header::parse(frame[..HEADER_LEN].try_into().expect("20")).expect("built");
         let mut out = Vec::new();
         let s = &mut sessions[who as usize];
-        if s.handle(&h, &frame[HEADER_LEN..], &mut out).is_err() {
-            // A protocol violation closes the connection: a new one starts afresh.
-            sessions[who as usize] = Session::new(node.clone());
-            assert!(out.is_empty(), "a refused frame got a reply");
-            continue;
-        }
+        let after = match s.handle(&h, &frame[HEADER_LEN..], &mut out) {
+            Ok(after) => after,
+            Err(_) => {
+                // A protocol violation closes the connection: a new one starts afresh.
+                sessions[who as usize] = Session::new(node.clone());
+                (proven[who as usize], pending[who as usize]) = (false, None);
+                assert!(out.is_empty(), "a refused frame got a reply");
+                continue;
+            }
+        };
         let rh = Header::parse(out[..HEADER_LEN].try_into().expect("a reply")).expect("parses");
         assert!(
             rh.reply && rh.op == op && rh.id == id,
@@ -101,6 +120,32 @@ pub fn requests(input: &[u8]) {
             HEADER_LEN + rh.body_len as usize,
             "one reply frame"
         );
+        let w = who as usize;
+        if after == After::Close {
+            // A refused AUTH: the connection ends.
+            assert_eq!((op, rh.status), (Op::Auth, Status::Unauthenticated));
+            sessions[w] = Session::new(node.clone());
+            (proven[w], pending[w]) = (false, None);
+            continue;
+        }
+        if key.is_some() {
+            match op {
+                Op::Hello => {
+                    let hello = Hello::parse(&body).expect("an accepted HELLO parses");
+                    let reply = HelloReply::parse(&out[HEADER_LEN..]).expect("a HELLO reply");
+                    pending[w] = Some((hello, reply));
+                }
+                Op::Auth => {
+                    assert!(!proven[w] && pending[w].is_some(), "AUTH accepted unasked");
+                    proven[w] = true;
+                }
+                _ if !proven[w] => {
+                    assert_eq!(rh.status, Status::NotIdentified, "{op:?} before AUTH");
+                    continue;
+                }
+                _ => {}
+            }
+        }
         check(
             &mut model,
             &mut slabs,
@@ -110,6 +155,22 @@ pub fn requests(input: &[u8]) {
             &out[HEADER_LEN..],
         );
     }
+}
+
+/// An AUTH: mostly with the right proof for the session's pending HELLO (when it has one),
+/// sometimes with a wrong one.
+fn auth_request(
+    b: &mut Bytes<'_>,
+    key: &ClusterKey,
+    pending: Option<&(Hello, HelloReply)>,
+) -> (Op, Vec<u8>) {
+    let right = pending
+        .filter(|_| b.u8() < 200)
+        .and_then(|(hello, reply)| crate::auth::respond(Some(key), hello, reply).ok().flatten());
+    let proof = right.unwrap_or([b.u8(); crate::auth::PROOF_LEN]);
+    let mut body = Vec::new();
+    wire::put_auth(&mut body, &proof);
+    (Op::Auth, body)
 }
 
 /// Builds one request of identity `who`: mostly well-formed, aimed at its slabs (or the
@@ -134,6 +195,7 @@ fn request(
             Hello {
                 client: ids[who as usize],
                 flags: u32::from(b.u8() == 0xFF),
+                nonce: [b.u8(); crate::auth::NONCE_LEN],
             }
             .put(&mut body);
             Op::Hello

@@ -11,8 +11,11 @@
 //! - a slab holds splits of one length fixed at ALLOC, each with the version of its page; a
 //!   write never replaces a split with an older version (see `wire`, "Versions");
 //! - every request is answered or the connection is closed; bad input never panics the node;
-//! - a slab disappears only by its owner's FREE, or after the node reclaimed it and its owner
-//!   did not move it within the grace period (see [`control`]).
+//! - a slab disappears only by its owner's FREE, after the node reclaimed it and its owner
+//!   did not move it within the grace period (see [`control`]), or when its owner's lease ran
+//!   out (no connection for the lease's time, see [`tenants`]);
+//! - with a cluster key, a connection reaches slabs only after proving the key for this
+//!   node (see [`crate::auth`]); an identity holds at most its quota of slabs.
 
 pub mod control;
 #[cfg(feature = "fuzzing")]
@@ -22,6 +25,7 @@ pub mod regen;
 pub mod server;
 pub mod session;
 mod slab;
+pub mod tenants;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -54,6 +58,11 @@ pub struct NodeConfig {
     /// (REGEN names its sources by node id, never by address). Read at every REGEN, so a
     /// member added to the file is known without a restart; `None`: REGEN is refused.
     pub membership: Option<std::path::PathBuf>,
+    /// The cluster key: connections must prove it (see [`crate::auth`]); `None`: anyone may
+    /// connect, as before keys existed.
+    pub key: Option<crate::auth::ClusterKey>,
+    /// Quotas and leases of identities.
+    pub tenancy: tenants::TenancyConfig,
 }
 
 /// Faults injected into a running node by FAULT requests (see [`crate::wire::Fault`]).
@@ -153,6 +162,10 @@ pub struct Node {
     pub simulated: control::Simulated,
     /// Random per process start (HELLO reply): tells clients the node restarted.
     incarnation: u64,
+    /// This node's credential, from the cluster key (see [`crate::auth`]).
+    credential: Option<crate::auth::NodeCredential>,
+    /// Identities, their connections and leases.
+    tenants: tenants::Tenants,
 }
 
 impl Node {
@@ -190,6 +203,8 @@ impl Node {
             mem: Mutex::new((0, 0, 0)),
             simulated: control::Simulated::new(),
             incarnation: rand::random::<u64>() | 1,
+            credential: config.key.as_ref().map(|k| k.node_credential(config.id)),
+            tenants: tenants::Tenants::new(config.tenancy),
             config,
         }))
     }
@@ -202,6 +217,11 @@ impl Node {
     /// The node's configuration.
     pub fn config(&self) -> &NodeConfig {
         &self.config
+    }
+
+    /// This node's credential, if it has a cluster key.
+    pub fn credential(&self) -> Option<&crate::auth::NodeCredential> {
+        self.credential.as_ref()
     }
 
     /// The slab size as a mapping length (the configuration is validated at start).
@@ -227,6 +247,16 @@ impl Node {
             metrics::counter!("hydramem_node_alloc_refused_total").increment(1);
             return Err(Status::NoCapacity);
         }
+        let quota = self.config.tenancy.quota;
+        if quota > 0 && self.held_by(&owner) >= quota {
+            metrics::counter!("hydramem_node_alloc_over_quota_total").increment(1);
+            tracing::warn!(
+                ?owner,
+                quota,
+                "ALLOC refused: the identity holds its quota of slabs"
+            );
+            return Err(Status::OverQuota);
+        }
         let mapping_failed = |e: std::io::Error| {
             tracing::error!(error = %e, "mapping a slab failed");
             Status::Internal
@@ -243,6 +273,15 @@ impl Node {
         metrics::counter!("hydramem_node_slabs_allocated_total").increment(1);
         tracing::debug!(slab = id, ?owner, tag, "slab allocated");
         Ok(id)
+    }
+
+    /// Slabs `owner` holds.
+    fn held_by(&self, owner: &ClientId) -> u64 {
+        self.slabs
+            .read()
+            .values()
+            .filter(|s| s.owner == *owner)
+            .count() as u64
     }
 
     /// The slab `id` if `owner` owns it. Absent and foreign slabs are indistinguishable.
@@ -468,6 +507,37 @@ impl Node {
         drop(slabs);
         drop(_g);
         self.refill_pool(refill);
+        self.expire_leases(Instant::now());
+    }
+
+    /// Frees every slab of the identities whose lease ran out by `now` (see [`tenants`]).
+    pub fn expire_leases(&self, now: Instant) {
+        for (owner, lease) in self.tenants.expired(now) {
+            let mut slabs = self.slabs.write();
+            let before = slabs.len();
+            slabs.retain(|_, s| {
+                let mine = s.owner == owner;
+                if mine && s.reclaimed() {
+                    self.reclaiming.fetch_sub(1, Ordering::Relaxed);
+                }
+                !mine
+            });
+            let freed = before - slabs.len();
+            drop(slabs);
+            if freed > 0 {
+                metrics::counter!("hydramem_node_lease_expired_slabs_total")
+                    .increment(freed as u64);
+                tracing::warn!(
+                    ?owner,
+                    slabs = freed,
+                    ?lease,
+                    "an identity's lease ran out (no connection for its lease): its slabs are freed"
+                );
+            }
+        }
+        let (tracked, connected) = self.tenants.counts();
+        metrics::gauge!("hydramem_node_identities").set(tracked as f64);
+        metrics::gauge!("hydramem_node_identities_connected").set(connected as f64);
     }
 
     /// Maps and backs `n` slabs ahead of their ALLOC and pools them, outside every lock: a
@@ -494,6 +564,20 @@ impl Node {
         }
     }
 
+    fn tenancy_stats(&self) -> crate::wire::TenancyStats {
+        let t = self.tenants.config();
+        let (identities, connected) = self.tenants.counts();
+        let secs = |d: std::time::Duration| u32::try_from(d.as_secs()).unwrap_or(u32::MAX);
+        crate::wire::TenancyStats {
+            keyed: self.credential.is_some(),
+            quota: t.quota,
+            lease_s: secs(t.lease),
+            kept_lease_s: secs(t.kept_lease),
+            identities: u32::try_from(identities).unwrap_or(u32::MAX),
+            connected: u32::try_from(connected).unwrap_or(u32::MAX),
+        }
+    }
+
     /// Capacity, use and per-slab counters.
     pub fn stats(&self) -> Stats {
         let (mem_total, mem_available, headroom) = *self.mem.lock();
@@ -515,6 +599,7 @@ impl Node {
             clients: self.clients.load(Ordering::Relaxed),
             regenerating: self.regenerating.load(Ordering::Relaxed),
             regen_pages: self.regen_pages.load(Ordering::Relaxed),
+            tenancy: self.tenancy_stats(),
             slabs: self
                 .slabs
                 .read()
@@ -585,12 +670,16 @@ impl Node {
         accepted
     }
 
-    pub(crate) fn client_connected(&self) {
+    /// A connection of `owner` is identified (not an observer's); `kept` if it said so.
+    pub(crate) fn client_connected(&self, owner: ClientId, kept: bool) {
         self.clients.fetch_add(1, Ordering::Relaxed);
+        self.tenants.connected(owner, kept);
     }
 
-    pub(crate) fn client_disconnected(&self) {
+    /// That connection closed.
+    pub(crate) fn client_disconnected(&self, owner: ClientId) {
         self.clients.fetch_sub(1, Ordering::Relaxed);
+        self.tenants.disconnected(owner, Instant::now());
     }
 }
 
@@ -616,6 +705,8 @@ mod tests {
             slab_size: 65536,
             allow_faults: false,
             membership: None,
+            key: None,
+            tenancy: Default::default(),
         })
         .unwrap()
     }
@@ -690,6 +781,8 @@ mod tests {
             slab_size: 1 << 20,
             allow_faults: true,
             membership: None,
+            key: None,
+            tenancy: Default::default(),
         })
         .unwrap()
     }
@@ -817,6 +910,8 @@ mod tests {
                 slab_size: 1 << 20,
                 allow_faults: true,
                 membership: None,
+                key: None,
+                tenancy: Default::default(),
             })
             .unwrap();
             let a = ClientId::random();
@@ -969,6 +1064,8 @@ mod tests {
             slab_size,
             allow_faults: false,
             membership: None,
+            key: None,
+            tenancy: Default::default(),
         };
         assert!(Node::new(cfg(1 << 20, 1000)).is_err());
         assert!(Node::new(cfg(4096, 8192)).is_err());

@@ -166,8 +166,13 @@ impl Connection {
                 self.hold_while_stopped();
             }
             let body = &self.body[..len];
-            if self.session.handle(&h, body, &mut self.out)? == After::DropOtherConnections {
-                self.shutdown.drop_others(self.key);
+            match self.session.handle(&h, body, &mut self.out)? {
+                After::Reply => {}
+                After::DropOtherConnections => self.shutdown.drop_others(self.key),
+                After::Close => {
+                    writer.write_all(&self.out)?;
+                    return Ok(());
+                }
             }
             if reader.buffer().is_empty() || self.out.len() > MAX_BODY {
                 let delay = self.node.faults.delay_us.load(Ordering::Relaxed);

@@ -1,8 +1,9 @@
 //! One client's session with the node: what each request means, independent of sockets.
 //!
 //! A [`Session`] holds what a connection has said about itself (the identity given in HELLO,
-//! whether it is an observer) and turns one parsed request frame into its reply, appended to
-//! an output buffer. The server ([`super::server`]) owns the socket and calls
+//! whether it is an observer or an operator, and — on a node with a cluster key — whether it
+//! proved the key with AUTH, see [`crate::auth`]) and turns one parsed request frame into its
+//! reply, appended to an output buffer. The server ([`super::server`]) owns the socket and calls
 //! [`Session::handle`] for every frame it reads; the fuzz target drives the same function with
 //! arbitrary frames on an in-memory node.
 //!
@@ -10,15 +11,18 @@
 //! request that does not parse is an error that ends the connection, and changes nothing; no
 //! input panics (slot arithmetic is checked in [`super::slab`], REGEN is validated before it
 //! allocates or connects, see [`super::regen`]); a session that counted itself as a connected
-//! client uncounts itself when dropped, on every path out of a connection, unwinding included.
+//! client uncounts itself when dropped, on every path out of a connection, unwinding included;
+//! on a node with a key, nothing but HELLO and AUTH is served before AUTH succeeded, and a
+//! failed AUTH ends the connection.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::{Faults, Landing, Node, RunView};
+use crate::auth::{self, Transcript, AUTH_HMAC, AUTH_NONE};
 use crate::wire::{
     self, ClientId, Fault, FrameBuilder, Header, HelloReply, ReadReply, Request, Status, WireError,
-    WriteReply, HELLO_OBSERVER, MAX_BODY,
+    WriteReply, HELLO_KEPT, HELLO_OBSERVER, HELLO_OPERATOR, MAX_BODY,
 };
 
 /// What the connection must do after a request, besides sending the reply.
@@ -28,20 +32,26 @@ pub enum After {
     Reply,
     /// Injected fault: drop every other connection of the node.
     DropOtherConnections,
+    /// Close this connection once the reply is sent (a failed AUTH).
+    Close,
 }
 
 /// The state of one connection's conversation with the node.
 pub struct Session {
     node: Arc<Node>,
+    /// The identity, once HELLO (and, with a key, AUTH) set it.
     client: Option<ClientId>,
     observer: bool,
+    operator: bool,
     counted: bool,
+    /// With a key: the HELLO whose AUTH is awaited, as both proofs cover it.
+    pending: Option<(Transcript, wire::Hello)>,
 }
 
 impl Drop for Session {
     fn drop(&mut self) {
-        if self.counted {
-            self.node.client_disconnected();
+        if let (true, Some(c)) = (self.counted, self.client) {
+            self.node.client_disconnected(c);
         }
     }
 }
@@ -53,7 +63,9 @@ impl Session {
             node,
             client: None,
             observer: false,
+            operator: false,
             counted: false,
+            pending: None,
         }
     }
 
@@ -75,25 +87,15 @@ impl Session {
             (Some(c), false) => Some(c),
             _ => None,
         };
-        let open = matches!(
-            req,
-            Request::Hello(_)
-                | Request::Ping
-                | Request::Stats
-                | Request::Fault(_)
-                | Request::Drain(_)
-        );
-        let client = match (open, identified) {
-            (true, _) => ClientId::default(),
-            (false, Some(c)) => c,
-            (false, None) => {
-                reply_status(out, h, Status::NotIdentified)?;
-                return Ok(After::Reply);
-            }
-        };
+        if let Some(st) = self.refusal(&req, identified.is_some()) {
+            reply_status(out, h, st)?;
+            return Ok(After::Reply);
+        }
+        let client = identified.unwrap_or_default();
         let node = self.node.clone();
         match req {
             Request::Hello(hello) => self.hello(h, hello, out)?,
+            Request::Auth(proof) => return self.auth(h, &proof, out),
             Request::Ping => {
                 let fb = ok(out, h);
                 // A client's heartbeat learns whether the node wants slabs back.
@@ -185,35 +187,118 @@ impl Session {
         Ok(After::Reply)
     }
 
+    /// Why `req` is refused on this connection now, if it is: an open request (PING, STATS,
+    /// and DRAIN and FAULT, which are an operator's) needs nothing on a node without a key,
+    /// and the key's proof (and for the operator's, the operator flag) on a node with one;
+    /// every other request but HELLO and AUTH needs an identified, non-observer connection.
+    fn refusal(&self, req: &Request, identified: bool) -> Option<Status> {
+        let keyed = self.node.credential().is_some();
+        let proven = self.client.is_some();
+        match req {
+            Request::Hello(_) | Request::Auth(_) => None,
+            Request::Ping | Request::Stats if keyed && !proven => Some(Status::NotIdentified),
+            Request::Drain(_) | Request::Fault(_) if keyed && !proven => {
+                Some(Status::NotIdentified)
+            }
+            Request::Drain(_) | Request::Fault(_) if keyed && !self.operator => {
+                Some(Status::Unauthenticated)
+            }
+            Request::Ping | Request::Stats | Request::Drain(_) | Request::Fault(_) => None,
+            _ if identified => None,
+            _ => Some(Status::NotIdentified),
+        }
+    }
+
     fn hello(
         &mut self,
         h: &Header,
         hello: wire::Hello,
         out: &mut Vec<u8>,
     ) -> Result<(), WireError> {
-        if self.client.is_some() && self.client != Some(hello.client) {
-            return Err(WireError::Invalid(
-                "HELLO with a different identity on one connection",
-            ));
-        }
-        let node = &self.node;
-        self.observer = hello.flags & HELLO_OBSERVER != 0;
-        self.client = Some(hello.client);
-        if !self.observer && !self.counted {
-            self.counted = true;
-            node.client_connected();
-        }
-        tracing::debug!(client = ?hello.client, observer = self.observer, "hello");
-        let fb = ok(out, h);
-        HelloReply {
+        let node = self.node.clone();
+        let mut reply = HelloReply {
             node_id: node.config().id,
             slab_size: node.config().slab_size,
             capacity: node.config().capacity,
             max_body: MAX_BODY as u32,
             incarnation: node.incarnation(),
+            auth: AUTH_NONE,
+            nonce: [0; auth::NONCE_LEN],
+            proof: [0; auth::PROOF_LEN],
+        };
+        if let Some(cred) = node.credential() {
+            // The identity is set by AUTH, once the client proved the key for this HELLO.
+            if self.client.is_some() {
+                return Err(WireError::Invalid(
+                    "HELLO again after AUTH on one connection",
+                ));
+            }
+            let t = Transcript {
+                node_id: node.config().id,
+                owner: hello.client,
+                flags: hello.flags,
+                client_nonce: hello.nonce,
+                node_nonce: auth::nonce(),
+            };
+            reply.auth = AUTH_HMAC;
+            reply.nonce = t.node_nonce;
+            reply.proof = auth::node_proof(cred, &t);
+            self.pending = Some((t, hello));
+        } else {
+            if self.client.is_some() && self.client != Some(hello.client) {
+                return Err(WireError::Invalid(
+                    "HELLO with a different identity on one connection",
+                ));
+            }
+            self.identify(hello);
         }
-        .put(out);
+        let fb = ok(out, h);
+        reply.put(out);
         fb.finish(out)
+    }
+
+    /// AUTH: the client's proof for the pending HELLO. Right: the connection is identified.
+    /// Wrong, or without a pending HELLO: UNAUTHENTICATED, and the connection is closed.
+    fn auth(
+        &mut self,
+        h: &Header,
+        proof: &[u8; auth::PROOF_LEN],
+        out: &mut Vec<u8>,
+    ) -> Result<After, WireError> {
+        let node = self.node.clone();
+        let verified = match (node.credential(), self.pending.take()) {
+            (Some(cred), Some((t, hello))) if auth::client_proof_ok(cred, &t, proof) => Some(hello),
+            _ => None,
+        };
+        match verified {
+            Some(hello) => {
+                self.identify(hello);
+                reply_status(out, h, Status::Ok)?;
+                Ok(After::Reply)
+            }
+            None => {
+                metrics::counter!("hydramem_node_auth_refused_total").increment(1);
+                tracing::warn!(
+                    "AUTH refused: the peer does not hold this cluster's key (or sent AUTH \
+                     without HELLO, or to a node without a key); closing its connection"
+                );
+                reply_status(out, h, Status::Unauthenticated)?;
+                Ok(After::Close)
+            }
+        }
+    }
+
+    /// The connection is `hello`'s identity from now on.
+    fn identify(&mut self, hello: wire::Hello) {
+        self.observer = hello.flags & HELLO_OBSERVER != 0;
+        self.operator = hello.flags & HELLO_OPERATOR != 0;
+        self.client = Some(hello.client);
+        if !self.observer && !self.counted {
+            self.counted = true;
+            self.node
+                .client_connected(hello.client, hello.flags & HELLO_KEPT != 0);
+        }
+        tracing::debug!(client = ?hello.client, observer = self.observer, "hello");
     }
 
     /// Applies a FAULT request; `Forbidden` unless the node allows fault injection.

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use super::{Reader, WireError};
+use crate::auth::{AUTH_HMAC, NONCE_LEN, PROOF_LEN};
 
 /// The 128-bit identity of a client. It is the capability that owns slabs: whoever presents it
 /// in HELLO reaches that client's slabs, so it is generated at random and kept secret by its
@@ -59,14 +60,25 @@ impl fmt::Debug for ClientId {
 /// HELLO flag: the connection observes only (status tools); it may call PING, STATS and nothing
 /// that touches slabs.
 pub const HELLO_OBSERVER: u32 = 1;
+/// HELLO flag: the connection is an operator's (DRAIN, FAULT); on a node with a cluster key
+/// it needs the key's proof like any other.
+pub const HELLO_OPERATOR: u32 = 2;
+/// HELLO flag: the identity is kept (`--client-id`): its slabs outlive its connections for
+/// the node's long lease (see [`crate::node::tenants`]).
+pub const HELLO_KEPT: u32 = 4;
+/// HELLO flags a node knows; others are refused.
+pub const HELLO_FLAGS: u32 = HELLO_OBSERVER | HELLO_OPERATOR | HELLO_KEPT;
 
 /// HELLO request body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
-    /// The identity that will own slabs.
+    /// The identity that will own slabs (with a cluster key: the owner handle derived from
+    /// the client's identity, see [`crate::auth`]).
     pub client: ClientId,
     /// Bit set of `HELLO_*` flags.
     pub flags: u32,
+    /// The client's fresh nonce for the node's proof.
+    pub nonce: [u8; NONCE_LEN],
 }
 
 impl Hello {
@@ -74,15 +86,37 @@ impl Hello {
     pub fn put(&self, out: &mut Vec<u8>) {
         out.extend_from_slice(&self.client.0);
         out.extend_from_slice(&self.flags.to_le_bytes());
+        out.extend_from_slice(&self.nonce);
     }
     /// Parses the body.
     pub fn parse(body: &[u8]) -> Result<Hello, WireError> {
         let mut r = Reader::new(body);
         let client = ClientId(r.bytes(16)?.try_into().expect("16"));
         let flags = r.u32()?;
+        let nonce = r.bytes(NONCE_LEN)?.try_into().expect("NONCE_LEN");
         r.end()?;
-        Ok(Hello { client, flags })
+        if flags & !HELLO_FLAGS != 0 {
+            return Err(WireError::Invalid("HELLO with unknown flags"));
+        }
+        Ok(Hello {
+            client,
+            flags,
+            nonce,
+        })
     }
+}
+
+/// AUTH request body: the client's proof (see [`crate::auth`]).
+pub fn put_auth(out: &mut Vec<u8>, proof: &[u8; PROOF_LEN]) {
+    out.extend_from_slice(proof);
+}
+
+/// Parses an AUTH request body.
+pub fn parse_auth(body: &[u8]) -> Result<[u8; PROOF_LEN], WireError> {
+    let mut r = Reader::new(body);
+    let proof = r.bytes(PROOF_LEN)?.try_into().expect("PROOF_LEN");
+    r.end()?;
+    Ok(proof)
 }
 
 /// HELLO reply body: what a client must know about the node.
@@ -99,6 +133,13 @@ pub struct HelloReply {
     /// Random at every start of the node process: a client that reconnects and finds another
     /// value knows the node restarted and every slab it held there is gone.
     pub incarnation: u64,
+    /// [`crate::auth::AUTH_NONE`] (the node has no key; the connection is identified now) or
+    /// [`crate::auth::AUTH_HMAC`] (check `proof`, then send AUTH).
+    pub auth: u32,
+    /// The node's fresh nonce (zeros without a key).
+    pub nonce: [u8; NONCE_LEN],
+    /// The node's proof (zeros without a key).
+    pub proof: [u8; PROOF_LEN],
 }
 
 impl HelloReply {
@@ -109,6 +150,9 @@ impl HelloReply {
         out.extend_from_slice(&self.capacity.to_le_bytes());
         out.extend_from_slice(&self.max_body.to_le_bytes());
         out.extend_from_slice(&self.incarnation.to_le_bytes());
+        out.extend_from_slice(&self.auth.to_le_bytes());
+        out.extend_from_slice(&self.nonce);
+        out.extend_from_slice(&self.proof);
     }
     /// Parses the body.
     pub fn parse(body: &[u8]) -> Result<HelloReply, WireError> {
@@ -119,8 +163,16 @@ impl HelloReply {
             capacity: r.u64()?,
             max_body: r.u32()?,
             incarnation: r.u64()?,
+            auth: r.u32()?,
+            nonce: r.bytes(NONCE_LEN)?.try_into().expect("NONCE_LEN"),
+            proof: r.bytes(PROOF_LEN)?.try_into().expect("PROOF_LEN"),
         };
         r.end()?;
+        if v.auth > AUTH_HMAC {
+            return Err(WireError::Invalid(
+                "HELLO reply with an unknown authentication",
+            ));
+        }
         Ok(v)
     }
 }
@@ -217,8 +269,27 @@ pub struct Stats {
     /// Corrupted splits clients reported since the node started (the per-slab counts, plus
     /// those of slabs freed since and of reports that named no slab of their sender).
     pub corrupt_reported: u64,
+    /// Who may connect and for how long memory outlives them.
+    pub tenancy: TenancyStats,
     /// Every allocated slab.
     pub slabs: Vec<SlabStats>,
+}
+
+/// A node's authentication, quota and leases, as STATS reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+pub struct TenancyStats {
+    /// Whether the node has a cluster key (every connection proves it).
+    pub keyed: bool,
+    /// Most slabs one identity may hold (0: no limit).
+    pub quota: u64,
+    /// Seconds an identity's slabs outlive its last connection.
+    pub lease_s: u32,
+    /// The same for kept identities.
+    pub kept_lease_s: u32,
+    /// Identities with a connection open or a lease running.
+    pub identities: u32,
+    /// Of those, identities with a connection open.
+    pub connected: u32,
 }
 
 impl Stats {
@@ -250,6 +321,12 @@ impl Stats {
         out.extend_from_slice(&self.evicted_moved.to_le_bytes());
         out.extend_from_slice(&self.evicted_forced.to_le_bytes());
         out.extend_from_slice(&self.corrupt_reported.to_le_bytes());
+        let t = &self.tenancy;
+        out.extend_from_slice(&u32::from(t.keyed).to_le_bytes());
+        out.extend_from_slice(&t.quota.to_le_bytes());
+        for v in [t.lease_s, t.kept_lease_s, t.identities, t.connected] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
         out.extend_from_slice(&(self.slabs.len() as u32).to_le_bytes());
         for s in &self.slabs {
             out.extend_from_slice(&s.slab.to_le_bytes());
@@ -290,6 +367,14 @@ impl Stats {
         let evicted_moved = r.u64()?;
         let evicted_forced = r.u64()?;
         let corrupt_reported = r.u64()?;
+        let tenancy = TenancyStats {
+            keyed: r.u32()? != 0,
+            quota: r.u64()?,
+            lease_s: r.u32()?,
+            kept_lease_s: r.u32()?,
+            identities: r.u32()?,
+            connected: r.u32()?,
+        };
         let n = r.u32()? as usize;
         if n > r.remaining() / SLAB_STATS_LEN {
             return Err(WireError::Invalid("slab count exceeds the body"));
@@ -329,6 +414,7 @@ impl Stats {
             evicted_moved,
             evicted_forced,
             corrupt_reported,
+            tenancy,
             slabs,
         })
     }
@@ -502,6 +588,48 @@ mod tests {
     }
 
     #[test]
+    fn hello_reply_and_auth_bodies_match_the_table() {
+        let h = Hello {
+            client: ClientId([1; 16]),
+            flags: HELLO_KEPT | HELLO_OPERATOR,
+            nonce: [2; NONCE_LEN],
+        };
+        let mut out = Vec::new();
+        h.put(&mut out);
+        assert_eq!(out.len(), 16 + 4 + 16);
+        assert_eq!((out[0], out[16], out[20], out[35]), (1, 6, 2, 2));
+        assert_eq!(Hello::parse(&out).unwrap(), h);
+        // Unknown flags and short or long bodies are refused.
+        out[16] = 8;
+        assert!(Hello::parse(&out).is_err());
+        assert!(Hello::parse(&out[..35]).is_err());
+        let r = HelloReply {
+            node_id: 3,
+            slab_size: 4096,
+            capacity: 8192,
+            max_body: 5,
+            incarnation: 6,
+            auth: AUTH_HMAC,
+            nonce: [7; NONCE_LEN],
+            proof: [8; PROOF_LEN],
+        };
+        let mut out = Vec::new();
+        r.put(&mut out);
+        assert_eq!(out.len(), 4 + 8 + 8 + 4 + 8 + 4 + 16 + 32);
+        assert_eq!((out[32], out[36], out[52], out[83]), (1, 7, 8, 8));
+        assert_eq!(HelloReply::parse(&out).unwrap(), r);
+        out[32] = 2;
+        assert!(
+            HelloReply::parse(&out).is_err(),
+            "an unknown authentication"
+        );
+        let mut a = Vec::new();
+        put_auth(&mut a, &[9; PROOF_LEN]);
+        assert_eq!(parse_auth(&a).unwrap(), [9; PROOF_LEN]);
+        assert!(parse_auth(&a[..31]).is_err());
+    }
+
+    #[test]
     fn client_id_hex_round_trip() {
         let id = ClientId::random();
         assert_eq!(ClientId::from_hex(&id.to_hex()).unwrap(), id);
@@ -536,7 +664,7 @@ mod tests {
         #[test]
         fn stats_round_trip(node_id: u32, capacity: u64, rss: u64, n in 0usize..20, seed: u64) {
             let slabs = (0..n).map(|i| SlabStats { slab: i as u32, owner: seed as u32, tag: seed ^ i as u64, reads: i as u64, writes: 2, bytes_read: 3, bytes_written: 4, held: 5, flags: (i % 2) as u32, activity: seed >> 3, corrupt: seed.rotate_left(i as u32) }).collect();
-            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, corrupt_reported: !seed, slabs };
+            let s = Stats { node_id, capacity, slab_size: 1 << 20, rss, clients: 3, regenerating: 1, regen_pages: seed, mem_total: seed ^ 7, mem_available: rss, headroom: capacity, budget_slabs: n as u32, pool_slabs: 2, draining: seed % 2 == 0, reclaiming: 4, evicted_moved: 5, evicted_forced: 6, corrupt_reported: !seed, tenancy: TenancyStats { keyed: seed % 3 == 0, quota: seed >> 5, lease_s: 600, kept_lease_s: seed as u32, identities: n as u32, connected: 1 }, slabs };
             let mut out = Vec::new();
             s.put(&mut out);
             prop_assert_eq!(Stats::parse(&out).unwrap(), s);

@@ -15,7 +15,7 @@ use super::MAX_ENTRIES;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 6;
+pub const VERSION: u8 = 7;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -98,13 +98,16 @@ pub enum Op {
     WriteV = 0x10,
     /// Vectored read of splits.
     ReadV = 0x11,
+    /// The client's proof of the cluster key, after a HELLO whose reply asked for it
+    /// (see [`crate::auth`]).
+    Auth = 0x0D,
     /// Inject a fault (testing only; refused unless the node was started to allow it).
     Fault = 0x20,
 }
 
 impl Op {
     /// Every operation, for exhaustive tests.
-    pub const ALL: [Op; 15] = [
+    pub const ALL: [Op; 16] = [
         Op::Hello,
         Op::Ping,
         Op::Alloc,
@@ -120,6 +123,7 @@ impl Op {
         Op::Corrupt,
         Op::Discard,
         Op::Stamps,
+        Op::Auth,
     ];
 
     fn from_u8(v: u8) -> Option<Op> {
@@ -141,7 +145,7 @@ pub enum Status {
     OutOfRange = 3,
     /// The node has no free capacity for another slab.
     NoCapacity = 4,
-    /// A slab operation arrived before HELLO.
+    /// A slab operation arrived before HELLO (or, on a node with a cluster key, before AUTH).
     NotIdentified = 5,
     /// The node failed internally (e.g. the kernel refused memory).
     Internal = 6,
@@ -149,11 +153,17 @@ pub enum Status {
     Forbidden = 7,
     /// A newer version of this split is already stored; nothing was written.
     Stale = 8,
+    /// AUTH's proof is wrong, or the request needs a credential the connection did not
+    /// prove (an operator's, for DRAIN and FAULT); the node closes the connection after an
+    /// AUTH refused.
+    Unauthenticated = 9,
+    /// The caller's identity already holds as many slabs on this node as its quota allows.
+    OverQuota = 10,
 }
 
 impl Status {
     /// Every status, for exhaustive tests.
-    pub const ALL: [Status; 9] = [
+    pub const ALL: [Status; 11] = [
         Status::Ok,
         Status::BadRequest,
         Status::NoSuchSlab,
@@ -163,6 +173,8 @@ impl Status {
         Status::Internal,
         Status::Forbidden,
         Status::Stale,
+        Status::Unauthenticated,
+        Status::OverQuota,
     ];
 
     fn from_u16(v: u16) -> Option<Status> {
@@ -189,6 +201,13 @@ impl fmt::Display for Status {
             Status::Internal => "internal node error",
             Status::Forbidden => "not allowed on this node",
             Status::Stale => "a newer version of the split is stored",
+            Status::Unauthenticated => {
+                "not authenticated: the cluster key's proof is missing or wrong, or the request \
+                 needs an operator's credential"
+            }
+            Status::OverQuota => {
+                "this identity holds as many slabs on the node as its quota allows"
+            }
         };
         f.write_str(s)
     }
@@ -380,7 +399,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 6);
+        assert_eq!(b[4], 7);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);

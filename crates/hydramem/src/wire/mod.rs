@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 6; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 7; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -24,7 +24,7 @@
 //!
 //! | op   | name    | request body                                   | reply body (status OK)                         |
 //! |------|---------|------------------------------------------------|------------------------------------------------|
-//! | 0x01 | HELLO   | client id (16), flags u32                      | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64 |
+//! | 0x01 | HELLO   | owner (16), flags u32, nonce (16)              | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64, auth u32, nonce (16), proof (32) |
 //! | 0x02 | PING    | empty                                          | empty, or a notice (8 bytes, see [`Notice`])   |
 //! | 0x03 | ALLOC   | tag u64, split_len u32 (1..=64 KiB)            | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
@@ -42,6 +42,7 @@
 //! | 0x0B | DISCARD | slab u32, first slot u64, slots u64            | empty; NO_SUCH_SLAB, OUT_OF_RANGE as for runs  |
 //! | 0x0C | STAMPS  | slab u32, first slot u64, slots u32 (≤ 65536)  | n u32, n × (version u64, tag u64); errors as   |
 //! |      |         |                                                | for DISCARD                                    |
+//! | 0x0D | AUTH    | proof (32)                                     | empty; UNAUTHENTICATED, then the node closes   |
 //! | 0x20 | FAULT   | kind u32, arg u64 (see [`Fault`])              | empty; FORBIDDEN unless the node allows faults |
 //!
 //! **Data: runs.** WRITEV and READV carry vectors of *runs*: `n` consecutive split slots of one
@@ -66,11 +67,19 @@
 //! corrupted splits among a node's replies tells that node with CORRUPT, so that the node's
 //! STATS, `hydramem status` and metrics show where corruption happens (see [`CorruptReport`]).
 //!
-//! Every request except HELLO, PING, STATS, FAULT and DRAIN requires a prior HELLO on the connection: the client id
-//! given there is the identity that owns slabs. Slabs are visible only to the identity that
-//! allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does not exist and for
-//! one that belongs to someone else alike, so ownership cannot be probed.
-//!
+//! **Identity and authentication** ([`crate::auth`] has the design and the proofs). HELLO
+//! names the identity that owns slabs, its flags ([`HELLO_OBSERVER`], [`HELLO_OPERATOR`])
+//! and a client nonce. A node *without* a cluster key answers `auth` = 0 and the connection is
+//! identified at once; every request except HELLO, PING, STATS, FAULT and DRAIN requires it.
+//! A node *with* a key answers `auth` = 1, its nonce and its proof; the connection is
+//! identified only once AUTH carries the client's proof, and before that every request but
+//! HELLO and AUTH is answered [`Status::NotIdentified`] — STATS, PING, DRAIN and FAULT too;
+//! DRAIN and FAULT then also need the operator flag ([`Status::Unauthenticated`]). A wrong
+//! proof is answered UNAUTHENTICATED and the connection closed. Slabs are visible only to the
+//! identity that allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does
+//! not exist and for one that belongs to someone else alike, so ownership cannot be probed.
+//! An identity may hold at most the node's quota of slabs ([`Status::OverQuota`]).
+
 //! A frame whose magic, version, op or length is wrong, or whose body does not parse, is a
 //! protocol violation: the node logs the reason and closes that one connection.
 

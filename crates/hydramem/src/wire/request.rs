@@ -12,6 +12,8 @@ use super::*;
 pub enum Request<'a> {
     /// HELLO.
     Hello(Hello),
+    /// AUTH: the client's proof.
+    Auth([u8; crate::auth::PROOF_LEN]),
     /// PING.
     Ping,
     /// ALLOC with its tag and split length.
@@ -76,6 +78,7 @@ pub fn parse_request<'a>(h: &Header, body: &'a [u8]) -> Result<Request<'a>, Wire
     let mut r = Reader::new(body);
     let req = match h.op {
         Op::Hello => return Ok(Request::Hello(Hello::parse(body)?)),
+        Op::Auth => return Ok(Request::Auth(super::parse_auth(body)?)),
         Op::Fault => return Ok(Request::Fault(Fault::parse(body)?)),
         Op::Regen => return Ok(Request::Regen(Regen::parse(body)?)),
         Op::Ping => Request::Ping,

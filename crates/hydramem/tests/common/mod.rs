@@ -53,6 +53,7 @@ pub fn cluster_in(
         capacity: slab_size * slabs_per_node,
         extra_args,
         cluster_file,
+        key_file: None,
     })
     .expect("start memory nodes")
 }
@@ -128,7 +129,12 @@ impl Raw {
 
     pub fn hello(&mut self, client: ClientId) {
         let mut b = Vec::new();
-        Hello { client, flags: 0 }.put(&mut b);
+        Hello {
+            client,
+            flags: 0,
+            nonce: [0; hydramem::auth::NONCE_LEN],
+        }
+        .put(&mut b);
         let (h, _) = self.call(Op::Hello, &b);
         assert_eq!(h.status, Status::Ok);
     }

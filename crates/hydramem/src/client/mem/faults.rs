@@ -15,7 +15,7 @@ use rand::Rng;
 
 #[cfg(doc)]
 use super::MemTransport;
-use super::{say_hello, split_frame, NodeState, Shared};
+use super::{greet, split_frame, NodeState, Shared};
 #[cfg(doc)]
 use crate::client::transport::Transport;
 use crate::node::session::Session;
@@ -118,7 +118,7 @@ impl Shared {
             }
         }
         let mut session = Session::new(st.node.clone());
-        if let Err(e) = say_hello(&mut session, self.hello, n.config.id) {
+        if let Err(e) = greet(&mut session, &self.greeting, n.config.id) {
             tracing::warn!(node, error = %e, "in-memory node refused HELLO");
             return;
         }

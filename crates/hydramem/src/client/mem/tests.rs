@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use super::{cluster, connect, MemControl, MemOptions, MemTransport};
 use crate::client::transport::{Completions, RunSplit, Transport, TransportError};
 use crate::client::{ClientConfig, IoError, Page, RemoteMemory};
-use crate::wire::{Entry, Hello, Op, Run, Status};
+use crate::wire::{Entry, Op, Run, Status};
 use crate::PAGE_SIZE;
 
 /// Slab size of every test cluster: 128 pages per range for hydra 8+2, 16 for replicas.
@@ -275,14 +275,11 @@ fn bare(nodes: usize) -> (MemTransport, MemControl, Receiver<Event>) {
     let recorder = Recorder {
         events: Mutex::new(Some(tx)),
     };
-    let hello = Hello {
-        client: crate::wire::ClientId([9; 16]),
-        flags: 0,
-    };
+    let greeting = crate::rpc::Greeting::client(&crate::wire::ClientId([9; 16]), 0, None);
     let (t, outcomes) = MemTransport::new(
         &cluster(nodes, SLAB),
         MemOptions::default(),
-        hello,
+        greeting,
         Arc::new(recorder),
     )
     .unwrap();

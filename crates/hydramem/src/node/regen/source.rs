@@ -18,8 +18,7 @@ use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::Duration;
 
 use crate::wire::{
-    self, Header, Hello, Op, OpenRuns, Regen, RegenSource, ReplyRun, ReplyRuns, Run, Status,
-    HEADER_LEN,
+    self, Header, Op, OpenRuns, Regen, RegenSource, ReplyRun, ReplyRuns, Run, Status, HEADER_LEN,
 };
 
 /// A connection to one surviving split's node.
@@ -46,13 +45,22 @@ impl Source {
     /// Connects and says HELLO as the request's client. A source that does not greet within a
     /// second is given up (a stalled node must not hold a regeneration up when other splits
     /// can serve); data replies may take up to ten.
-    pub fn connect(s: &RegenSource, addr: SocketAddr, req: &Regen) -> Result<Source, String> {
+    pub fn connect(
+        s: &RegenSource,
+        addr: SocketAddr,
+        req: &Regen,
+        key: Option<&crate::auth::ClusterKey>,
+    ) -> Result<Source, String> {
         let greet = Duration::from_secs(1);
-        let hello = Hello {
-            client: req.client,
+        // The request's owner handle as it is (a node never sees a client's identity), with
+        // this node's own key: the source checks it like any client's.
+        let hello = crate::rpc::Greeting {
+            owner: req.client,
             flags: 0,
+            key: key.cloned(),
+            node_id: Some(s.node),
         };
-        let stream = crate::rpc::Connection::open(addr, Some(hello), greet, greet)
+        let stream = crate::rpc::Connection::open(addr, Some(&hello), greet, greet)
             .map_err(|e| format!("node {}: {e}", s.node))?
             .into_stream();
         stream
