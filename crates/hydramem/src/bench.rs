@@ -423,11 +423,11 @@ pub fn run(
             cfg.slab_regeneration_limit = 1.0;
             cfg.error_window = 100;
         }
-        let fp = cfg.client_id.fingerprint();
         let mem = RemoteMemory::connect(cluster, cfg).map_err(|source| BenchError::Client {
             scheme: scheme.clone(),
             source,
         })?;
+        let fp = mem.owner().fingerprint();
         let front =
             FrontStore::new(mem, s.store, &o.backup).map_err(|source| BenchError::Backup {
                 scheme: scheme.clone(),

@@ -116,8 +116,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         mode: Mode::FailureRecovery,
     };
     let cfg = ClientConfig::new(resilience, pages * PAGE_SIZE as u64);
-    let me = cfg.client_id.fingerprint();
     let mem = RemoteMemory::connect(cluster.cluster(), cfg)?;
+    let me = mem.owner().fingerprint();
 
     println!(
         "2. writing {} ({} pages) as {}",

@@ -64,6 +64,7 @@ fn a_client_with_the_key_works_and_the_nodes_see_only_its_owner_handle() {
     let owners: Vec<u32> = st.slabs.iter().map(|s| s.owner).collect();
     assert!(!owners.is_empty());
     assert!(owners.iter().all(|&o| o == key.owner(&id).fingerprint()));
+    assert_eq!(mem.owner(), key.owner(&id));
     assert!(
         !owners.contains(&id.fingerprint()),
         "a node saw the client's identity"
@@ -168,7 +169,10 @@ fn a_peer_without_the_key_is_refused_every_operation() {
     }
     // A client with another key refuses the node's proof before it proves anything.
     let e = hydramem::status::fetch(addr, Some(&ClusterKey::generate()), WAIT).unwrap_err();
-    assert!(e.to_string().contains("proof of the cluster key is wrong"), "{e}");
+    assert!(
+        e.to_string().contains("proof of the cluster key is wrong"),
+        "{e}"
+    );
 }
 
 #[test]
@@ -266,4 +270,35 @@ fn an_identity_gets_its_quota_and_a_vanished_one_loses_its_slabs_after_its_lease
     let (h, body) = b.call(Op::List, &[]);
     assert_eq!(h.status, Status::Ok);
     assert_eq!(wire::parse_list(&body).unwrap().len(), 1);
+}
+
+#[test]
+fn a_keyed_cluster_regenerates_a_lost_slab_node_to_node() {
+    // The regenerating node reads its sources as the client's owner handle, proving its own
+    // key to each of them.
+    let (_d, path, _key) = key_file();
+    let mut c = start(12, Some(path), &[]);
+    let pages = 256u64;
+    let mem = RemoteMemory::connect(
+        c.cluster(),
+        ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
+    )
+    .unwrap();
+    for p in 0..pages {
+        mem.write_page(p * PAGE_SIZE as u64, &[p as u8; PAGE_SIZE])
+            .unwrap();
+    }
+    let g = mem.group_of(0).unwrap();
+    c.kill(g.nodes[2] as usize).unwrap();
+    common::wait_regenerated(&mem, 1);
+    let g2 = mem.group_of(0).unwrap();
+    // Two more original members die: the regenerated slab is among the 8 left.
+    for n in common::original_members(&g, &g2, 10, 2) {
+        c.kill(n as usize).unwrap();
+    }
+    let mut back = [0u8; PAGE_SIZE];
+    for p in 0..pages {
+        mem.read_page(p * PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(back, [p as u8; PAGE_SIZE], "page {p}");
+    }
 }

@@ -115,6 +115,7 @@ impl RemoteMemory {
             Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
         let flags = if config.kept { wire::HELLO_KEPT } else { 0 };
         let greeting = Greeting::client(&config.client_id, flags, cluster.key.as_ref());
+        let owner = greeting.owner;
         let (transport, outcomes) = open(greeting, slots.clone())?;
         if outcomes.len() != cluster.nodes.len() || transport.nodes() != cluster.nodes.len() {
             return Err(ClientError::Config(format!(
@@ -154,6 +155,7 @@ impl RemoteMemory {
         let mem = Arc::new(RemoteMemory {
             layout,
             config,
+            owner,
             codec,
             slots,
             transport: Box::new(transport),

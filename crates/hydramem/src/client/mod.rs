@@ -98,6 +98,9 @@ pub type Page = [u8; PAGE_SIZE];
 pub struct RemoteMemory {
     layout: Layout,
     config: ClientConfig,
+    /// The identity the nodes know this client by: its owner handle with a cluster key, its
+    /// identity without (see [`crate::auth`]). What REGEN names, never `config.client_id`.
+    owner: crate::wire::ClientId,
     codec: Option<Codec>,
     slots: Arc<Slots>,
     transport: Box<dyn Transport>,
@@ -153,6 +156,12 @@ impl RemoteMemory {
     /// The page geometry of this client.
     pub fn layout(&self) -> &Layout {
         &self.layout
+    }
+
+    /// The identity the nodes file this client's slabs under (what STATS fingerprints): its
+    /// owner handle with a cluster key, its identity without.
+    pub fn owner(&self) -> crate::wire::ClientId {
+        self.owner
     }
 
     /// Size of the address space in bytes.

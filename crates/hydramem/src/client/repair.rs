@@ -237,7 +237,7 @@ impl RemoteMemory {
             return;
         }
         let req = crate::wire::Regen {
-            client: self.config.client_id,
+            client: self.owner,
             k,
             r,
             target: j as u8,
