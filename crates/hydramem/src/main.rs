@@ -178,6 +178,15 @@ struct NodeArgs {
     /// away before its memory is freed.
     #[arg(long, env = "HYDRAMEM_KEPT_LEASE", default_value = "7d", value_parser = parse_duration)]
     kept_lease: Duration,
+    /// Connections served at once; more are closed at accept (each holds a thread).
+    #[arg(long, env = "HYDRAMEM_MAX_CONNECTIONS", default_value_t = 4096)]
+    max_connections: usize,
+    /// Time a new connection has to identify itself (HELLO, and AUTH with a key).
+    #[arg(long, env = "HYDRAMEM_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    handshake_timeout: Duration,
+    /// Time a frame has from its first byte to its last (against stalled or trickling peers).
+    #[arg(long, env = "HYDRAMEM_FRAME_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    frame_timeout: Duration,
 }
 
 #[derive(Subcommand)]
@@ -441,6 +450,7 @@ fn run_node(a: NodeArgs) -> Result<()> {
     };
     let keyed = config.key.is_some();
     let node = Node::new(config)?;
+    metrics::gauge!("hydramem_node_cluster_key").set(if keyed { 1.0 } else { 0.0 });
     if !keyed {
         tracing::warn!(
             "NO CLUSTER KEY: this node serves anyone who can connect to it — any peer may read, \
@@ -499,7 +509,12 @@ fn run_node(a: NodeArgs) -> Result<()> {
         tracing::info!("signal received, stopping");
         sd.trigger();
     });
-    server::run(listener, node, shutdown)?;
+    let limits = hydramem::node::limits::ConnLimits {
+        max_connections: a.max_connections.max(1),
+        handshake: a.handshake_timeout,
+        frame: a.frame_timeout,
+    };
+    server::run(listener, node, shutdown, limits)?;
     Ok(())
 }
 

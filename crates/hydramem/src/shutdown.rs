@@ -110,6 +110,11 @@ impl<C: Connection> Shutdown<C> {
         key
     }
 
+    /// Connections tracked now.
+    pub fn tracked(&self) -> usize {
+        self.conns.lock().len()
+    }
+
     /// Stops tracking a connection that ended; returns the handle held for it.
     pub fn unregister(&self, key: u64) -> Option<C> {
         self.conns.lock().remove(&key)

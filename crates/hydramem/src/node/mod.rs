@@ -20,6 +20,7 @@
 pub mod control;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod limits;
 mod memory;
 pub mod regen;
 pub mod server;

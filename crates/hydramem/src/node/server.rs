@@ -12,13 +12,16 @@
 //! connections are unaffected. Whatever way a connection's thread ends — the peer leaves, a
 //! malformed frame, an I/O error, even a panic in a handler (a bug: caught, logged and counted)
 //! — the connection is unregistered, its socket shut and its client uncounted, by guards that
-//! run on every path. [`run`] returns when [`Shutdown::trigger`] is called.
+//! run on every path. [`run`] returns when [`Shutdown::trigger`] is called. What a connection
+//! may hold — how many there are, how long a peer may take to identify itself or to send a
+//! frame, how much buffer stays — is bounded by [`super::limits`].
 
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, Write};
 use std::net::{Shutdown as NetShutdown, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::limits::{self, ConnLimits, FrameReader, ReadError};
 use super::session::{After, Session};
 use super::Node;
 use crate::wire::{Header, Op, WireError, HEADER_LEN, MAX_BODY};
@@ -34,8 +37,14 @@ impl Shutdown {
     }
 }
 
-/// Serves `node` on `listener` until `shutdown` is triggered.
-pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> io::Result<()> {
+/// Serves `node` on `listener` until `shutdown` is triggered, within `limits`.
+pub fn run(
+    listener: TcpListener,
+    node: Arc<Node>,
+    shutdown: Arc<Shutdown>,
+    limits: ConnLimits,
+) -> io::Result<()> {
+    let mut refused = 0u64;
     let local = listener.local_addr()?;
     shutdown.set_waker(crate::shutdown::Waker::Tcp(local));
     tracing::info!(addr = %local, node = node.config().id, "memory node serving");
@@ -53,6 +62,20 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
             }
         };
         let peer = stream.peer_addr().ok();
+        if shutdown.tracked() >= limits.max_connections {
+            // Closed at once: a flood of connections costs a node no thread and no buffer.
+            metrics::counter!("hydramem_node_connections_refused_total").increment(1);
+            if refused.is_multiple_of(1000) {
+                tracing::warn!(
+                    ?peer,
+                    max = limits.max_connections,
+                    refused_so_far = refused,
+                    "refusing connections: the node serves --max-connections already"
+                );
+            }
+            refused += 1;
+            continue;
+        }
         let _ = stream.set_nodelay(true);
         let key = shutdown.register(&stream);
         let node = node.clone();
@@ -64,7 +87,7 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
                     shutdown: sd.clone(),
                     key,
                 };
-                let mut conn = Connection::new(node, sd, key);
+                let mut conn = Connection::new(node, sd, key, limits);
                 let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                     conn.serve(stream)
                 }));
@@ -76,6 +99,10 @@ pub fn run(listener: TcpListener, node: Arc<Node>, shutdown: Arc<Shutdown>) -> i
                     }
                     Ok(Err(ConnError::Io(e))) => {
                         tracing::debug!(?peer, error = %e, "connection ended")
+                    }
+                    Ok(Err(ConnError::Deadline(why))) => {
+                        metrics::counter!("hydramem_node_connections_timed_out_total").increment(1);
+                        tracing::warn!(?peer, reason = why, "closing connection")
                     }
                     Err(panic) => {
                         metrics::counter!("hydramem_node_handler_panics_total").increment(1);
@@ -116,6 +143,18 @@ enum ConnError {
     Protocol(#[from] WireError),
     #[error(transparent)]
     Io(#[from] io::Error),
+    #[error("{0}")]
+    Deadline(&'static str),
+}
+
+impl From<ReadError> for ConnError {
+    fn from(e: ReadError) -> ConnError {
+        match e {
+            ReadError::Closed => ConnError::Io(io::ErrorKind::UnexpectedEof.into()),
+            ReadError::Deadline(why) => ConnError::Deadline(why),
+            ReadError::Io(e) => ConnError::Io(e),
+        }
+    }
 }
 
 /// Per-connection state: the session and reusable buffers.
@@ -124,44 +163,49 @@ struct Connection {
     session: Session,
     shutdown: Arc<Shutdown>,
     key: u64,
+    limits: ConnLimits,
     body: Vec<u8>,
     out: Vec<u8>,
 }
 
 impl Connection {
-    fn new(node: Arc<Node>, shutdown: Arc<Shutdown>, key: u64) -> Connection {
+    fn new(node: Arc<Node>, shutdown: Arc<Shutdown>, key: u64, limits: ConnLimits) -> Connection {
         Connection {
             session: Session::new(node.clone()),
             node,
             shutdown,
             key,
+            limits,
             body: Vec::with_capacity(64 << 10),
             out: Vec::with_capacity(256 << 10),
         }
     }
 
     fn serve(&mut self, stream: TcpStream) -> Result<(), ConnError> {
-        let mut reader = BufReader::with_capacity(256 << 10, stream.try_clone()?);
+        let mut reader = FrameReader::new(stream.try_clone()?, self.limits)?;
         let mut writer = stream;
+        let sd = self.shutdown.clone();
+        let stop = move || sd.is_triggered();
         loop {
             let mut hb = [0u8; HEADER_LEN];
             // The magic first, so that a peer speaking another protocol is turned away at once
             // instead of holding the connection while we wait for a full header.
-            match reader.read_exact(&mut hb[..4]) {
-                Ok(()) => {}
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(()),
+            let identified = self.session.client().is_some();
+            let began = match reader.first(&mut hb[..4], identified, &stop) {
+                Ok(t) => t,
+                Err(ReadError::Closed) => return Ok(()),
                 Err(e) => return Err(e.into()),
-            }
+            };
             Header::check_magic(hb[..4].try_into().expect("4 bytes"))?;
-            reader.read_exact(&mut hb[4..])?;
+            reader.rest(&mut hb[4..], began)?;
             let h = Header::parse(&hb)?;
-            // The buffer only grows (to at most MAX_BODY), so a body is read without zeroing
-            // its bytes first.
+            // The buffer grows to at most MAX_BODY and shrinks back after a large frame; a
+            // body is read without zeroing its bytes first.
             let len = h.body_len as usize;
             if self.body.len() < len {
                 self.body.resize(len, 0);
             }
-            reader.read_exact(&mut self.body[..len])?;
+            reader.rest(&mut self.body[..len], began)?;
             if h.op != Op::Fault {
                 self.hold_while_stopped();
             }
@@ -174,14 +218,16 @@ impl Connection {
                     return Ok(());
                 }
             }
-            if reader.buffer().is_empty() || self.out.len() > MAX_BODY {
+            if !reader.buffered() || self.out.len() > MAX_BODY {
                 let delay = self.node.faults.delay_us.load(Ordering::Relaxed);
                 if delay > 0 {
                     std::thread::sleep(std::time::Duration::from_micros(delay));
                 }
                 writer.write_all(&self.out)?;
                 self.out.clear();
+                limits::shrink(&mut self.out);
             }
+            limits::shrink(&mut self.body);
         }
     }
 

@@ -1,0 +1,223 @@
+//! Bounds on what connections may hold of a node: how many there are, how long a peer may take
+//! to say who it is, how long one frame may take to arrive once begun, and how much buffer a
+//! connection keeps after a large frame.
+//!
+//! Without them a peer could hold a thread per connection forever without saying HELLO, or
+//! keep a connection's 4 MiB body buffer by sending one large frame, or trickle a frame a byte
+//! every few seconds (slow-loris). With them: connections beyond [`ConnLimits::max_connections`]
+//! are closed at accept; a connection not identified within [`ConnLimits::handshake`] is closed;
+//! a frame whose bytes do not all arrive within [`ConnLimits::frame`] of its first closes its
+//! connection; buffers shrink back after a frame larger than [`KEEP_BUFFER`].
+//!
+//! Invariants: a [`FrameReader`] reads exactly the bytes asked or fails, and its deadlines are
+//! checked at least every [`TICK`] while it waits (the socket's read timeout, set once); an
+//! identified connection may stay idle between frames for as long as it likes (its lease and
+//! heartbeats are the client's business), and the node's shutdown reaches a waiting reader
+//! within a tick.
+
+use std::io::{self, BufReader, Read};
+use std::net::TcpStream;
+use std::time::{Duration, Instant};
+
+/// How often a waiting reader wakes to check its deadlines (and the node's shutdown).
+pub const TICK: Duration = Duration::from_secs(1);
+
+/// A connection's buffers shrink back to this after a larger frame.
+pub const KEEP_BUFFER: usize = 256 << 10;
+
+/// The node's bounds on connections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnLimits {
+    /// Connections served at once; more are closed at accept.
+    pub max_connections: usize,
+    /// Time from accept to an identified connection (HELLO, and AUTH with a key).
+    pub handshake: Duration,
+    /// Time from a frame's first byte to its last.
+    pub frame: Duration,
+}
+
+impl Default for ConnLimits {
+    /// 4096 connections (a client holds one per node, plus one per regeneration and tool);
+    /// 10 s to say HELLO (a client does it right after connecting); 30 s per frame (the
+    /// largest, 4 MiB, takes milliseconds on any link a node serves).
+    fn default() -> ConnLimits {
+        ConnLimits {
+            max_connections: 4096,
+            handshake: Duration::from_secs(10),
+            frame: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Why a [`FrameReader`] gave up.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// The peer closed the connection between frames.
+    #[error("the peer closed the connection")]
+    Closed,
+    /// A deadline passed.
+    #[error("{0}")]
+    Deadline(&'static str),
+    /// The socket failed, or closed inside a frame.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
+/// Reads frames' bytes from a socket under the limits' deadlines.
+pub struct FrameReader {
+    reader: BufReader<TcpStream>,
+    limits: ConnLimits,
+    accepted: Instant,
+}
+
+impl FrameReader {
+    /// A reader of `stream`, accepted now. Sets the socket's read timeout to [`TICK`].
+    pub fn new(stream: TcpStream, limits: ConnLimits) -> io::Result<FrameReader> {
+        stream.set_read_timeout(Some(TICK))?;
+        Ok(FrameReader {
+            reader: BufReader::with_capacity(KEEP_BUFFER, stream),
+            limits,
+            accepted: Instant::now(),
+        })
+    }
+
+    /// Whether more bytes are buffered already (another request is waiting).
+    pub fn buffered(&self) -> bool {
+        !self.reader.buffer().is_empty()
+    }
+
+    /// Waits for the first bytes of the next frame and fills `buf` with them. Between frames
+    /// an identified connection may wait forever; one that is not must be identified within
+    /// the handshake time. `stop` is asked at every tick (the node shutting down).
+    pub fn first(
+        &mut self,
+        buf: &mut [u8],
+        identified: bool,
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Instant, ReadError> {
+        loop {
+            match self.reader.read(&mut buf[..1]) {
+                Ok(0) => return Err(ReadError::Closed),
+                Ok(_) => break,
+                Err(e) if waiting(&e) => {
+                    if stop() {
+                        return Err(ReadError::Closed);
+                    }
+                    if !identified && self.accepted.elapsed() >= self.limits.handshake {
+                        return Err(ReadError::Deadline(
+                            "the peer did not identify itself (HELLO, and AUTH with a key) in time",
+                        ));
+                    }
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        let began = Instant::now();
+        self.rest(&mut buf[1..], began)?;
+        Ok(began)
+    }
+
+    /// Fills `buf` with the next bytes of the frame begun at `began`, within the frame time.
+    pub fn rest(&mut self, buf: &mut [u8], began: Instant) -> Result<(), ReadError> {
+        let mut got = 0;
+        while got < buf.len() {
+            match self.reader.read(&mut buf[got..]) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::UnexpectedEof).into()),
+                Ok(n) => got += n,
+                Err(e) if waiting(&e) || e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e.into()),
+            }
+            if got < buf.len() && began.elapsed() >= self.limits.frame {
+                return Err(ReadError::Deadline(
+                    "a frame did not arrive whole in time (a stalled or trickling peer)",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A read timeout: nothing arrived within a tick.
+fn waiting(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+    )
+}
+
+/// Gives `buf`'s memory back after a frame larger than [`KEEP_BUFFER`].
+pub fn shrink(buf: &mut Vec<u8>) {
+    if buf.capacity() > 2 * KEEP_BUFFER {
+        buf.truncate(KEEP_BUFFER);
+        buf.shrink_to(KEEP_BUFFER);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::net::TcpListener;
+
+    fn pair(limits: ConnLimits) -> (FrameReader, TcpStream) {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        (FrameReader::new(s, limits).unwrap(), peer)
+    }
+
+    fn short() -> ConnLimits {
+        ConnLimits {
+            max_connections: 1,
+            handshake: Duration::from_millis(1500),
+            frame: Duration::from_millis(1500),
+        }
+    }
+
+    #[test]
+    fn a_peer_that_never_identifies_is_cut_off_and_an_identified_one_may_idle() {
+        let (mut r, mut peer) = pair(short());
+        let mut b = [0u8; 4];
+        let e = r.first(&mut b, false, &|| false).unwrap_err();
+        assert!(matches!(e, ReadError::Deadline(_)), "{e}");
+        // Identified: waiting past the handshake time is fine; the frame then arrives.
+        let (mut r, mut peer2) = pair(short());
+        let writer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(2500));
+            peer2.write_all(b"abcd").unwrap();
+            peer2
+        });
+        r.first(&mut b, true, &|| false).unwrap();
+        assert_eq!(&b, b"abcd");
+        drop(writer.join());
+        peer.write_all(b"x").ok();
+    }
+
+    #[test]
+    fn a_trickled_frame_is_cut_off_at_the_frame_deadline() {
+        let (mut r, mut peer) = pair(short());
+        let trickle = std::thread::spawn(move || {
+            for _ in 0..20 {
+                if peer.write_all(b"x").is_err() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(400));
+            }
+        });
+        let mut b = [0u8; 16];
+        let e = r.first(&mut b, true, &|| false).unwrap_err();
+        assert!(matches!(e, ReadError::Deadline(_)), "{e}");
+        drop(r);
+        trickle.join().unwrap();
+    }
+
+    #[test]
+    fn buffers_shrink_back_after_a_large_frame() {
+        let mut v = vec![0u8; 4 << 20];
+        shrink(&mut v);
+        assert!(v.capacity() <= KEEP_BUFFER, "{}", v.capacity());
+        let mut small = Vec::with_capacity(KEEP_BUFFER);
+        shrink(&mut small);
+        assert_eq!(small.capacity(), KEEP_BUFFER);
+    }
+}
