@@ -1,10 +1,12 @@
-"""The CDF of 4 KiB major-fault latency per backend, from bench-apps's pagein runs.
+"""The CDFs of 4 KiB swap-in and page-write latency per backend, from bench-apps's pagein runs.
 
   pagein_cdf.py DIR
 
 Reads DIR/pagein-BACKEND-FRACTION-rROUND.json (hydramem-fault-probe's reports) and writes
-DIR/pagein-cdf.png: one line per backend and fraction (the first round's), latency on a log
-scale (paper Fig. 9a).
+DIR/pagein-cdf.png: on the left the major faults (the swap-in latency, paper Fig. 9a), on
+the right the first writes of pages (each with a page-out once memory is full, the
+page-out cost as the writer sees it); one line per backend and fraction (the first
+round's), latency on a log scale.
 """
 import glob
 import json
@@ -24,26 +26,29 @@ def main():
             continue
         label = f"{m.group(1)} at {m.group(2)}%"
         with open(path) as f:
-            cdf = json.load(f)["major_faults"]["cdf"]
-        if cdf and label not in runs:
-            runs[label] = cdf
+            j = json.load(f)
+        cdfs = (j["major_faults"]["cdf"], j["page_writes"]["cdf"])
+        if cdfs[0] and label not in runs:
+            runs[label] = cdfs
     if not runs:
         return
     plt = pyplot("pagein_cdf.py")
     if plt is None:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for label, cdf in runs.items():
-        ax.plot([c[0] for c in cdf], [c[1] for c in cdf], label=label)
-    ax.set_xscale("log")
-    ax.set_xlabel("4 KiB major fault latency (µs)")
-    ax.set_ylabel("fraction of faults")
-    ax.set_title("Swap-in latency seen by the program (hydramem-fault-probe)")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    titles = ("Swap-in: 4 KiB major faults", "Page-out: first writes of pages (memory full)")
+    for i, (ax, title) in enumerate(zip(axes, titles)):
+        for label, cdfs in runs.items():
+            ax.plot([c[0] for c in cdfs[i]], [c[1] for c in cdfs[i]], label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("latency seen by the program (µs)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3, which="both")
+    axes[0].set_ylabel("fraction")
+    axes[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "pagein-cdf.png"), dpi=110)
-    print(f"pagein: CDF of major-fault latency in {os.path.join(out, 'pagein-cdf.png')}")
+    print(f"pagein: CDFs of swap-in and page-write latency in {os.path.join(out, 'pagein-cdf.png')}")
 
 
 if __name__ == "__main__":

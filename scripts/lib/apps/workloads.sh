@@ -200,13 +200,13 @@ pagein_run() {
   fi
   # Each run's report, with its CDFs, for plots (the probe's JSON as written).
   [ "$calibrating" = 1 ] || cp "$wdir/probe.json" "$out/pagein-$b-$f-r$r.json"
-  local faults p50 p99 writes_p99 sweep wrong
-  read -r faults p50 p99 writes_p99 sweep wrong < <(python3 -c 'import json, sys
+  local faults p50 p99 writes_p50 writes_p99 sweep wrong
+  read -r faults p50 p99 writes_p50 writes_p99 sweep wrong < <(python3 -c 'import json, sys
 j = json.load(open(sys.argv[1]))
-m = j["major_faults"]
-print(m["count"], round(m["p50_us"] / 1000, 3), round(m["p99_us"] / 1000, 3), round(j["page_writes"]["p99_us"] / 1000, 3), round(j["sweep_mib_per_s"], 1), j["wrong_pages"])' "$wdir/probe.json")
+m, w = j["major_faults"], j["page_writes"]
+print(m["count"], round(m["p50_us"] / 1000, 3), round(m["p99_us"] / 1000, 3), round(w["p50_us"] / 1000, 3), round(w["p99_us"] / 1000, 3), round(j["sweep_mib_per_s"], 1), j["wrong_pages"])' "$wdir/probe.json")
   record major-fault "$faults" faults "$p50" "$p99"
-  record page-write "$(awk -v m="$p_mib" -v p="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["populate_seconds"])' "$wdir/probe.json")" 'BEGIN { printf "%.1f", m / p }')" MiB/s "" "$writes_p99"
+  record page-write "$(awk -v m="$p_mib" -v p="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["populate_seconds"])' "$wdir/probe.json")" 'BEGIN { printf "%.1f", m / p }')" MiB/s "$writes_p50" "$writes_p99"
   record read-back "$sweep" MiB/s "" ""
   if [ "$wrong" -eq 0 ]; then
     verdict ok "every page read back as written"
