@@ -514,8 +514,42 @@ fn run_node(a: NodeArgs) -> Result<()> {
         handshake: a.handshake_timeout,
         frame: a.frame_timeout,
     };
+    raise_open_files(limits.max_connections);
     server::run(listener, node, shutdown, limits)?;
     Ok(())
+}
+
+/// Raises this process's soft limit on open files to its hard limit, so that a node can hold
+/// `--max-connections` sockets (the usual soft limit is 1024); warns when even the hard
+/// limit is lower (accept then fails with EMFILE before the cap, which the node survives).
+fn raise_open_files(connections: usize) {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes one rlimit through a valid, exclusive pointer.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return;
+    }
+    if l.rlim_cur < l.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: l.rlim_max,
+            rlim_max: l.rlim_max,
+        };
+        // SAFETY: setrlimit reads one rlimit through a valid pointer.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            l = raised;
+        }
+    }
+    let want = connections as u64 + 64;
+    if l.rlim_cur < want {
+        tracing::warn!(
+            open_files = l.rlim_cur,
+            max_connections = connections,
+            "this node may open fewer files than --max-connections needs: raise its limit \
+             (LimitNOFILE= in systemd, ulimit -n) or lower --max-connections"
+        );
+    }
 }
 
 fn run_drain(d: DrainArgs) -> Result<()> {

@@ -102,7 +102,13 @@ pub fn run(
                     }
                     Ok(Err(ConnError::Deadline(why))) => {
                         metrics::counter!("hydramem_node_connections_timed_out_total").increment(1);
-                        tracing::warn!(?peer, reason = why, "closing connection")
+                        // A flood of silent peers must not become a flood of log lines.
+                        let n = TIMED_OUT.fetch_add(1, Ordering::Relaxed);
+                        if n.is_multiple_of(1000) {
+                            tracing::warn!(?peer, reason = why, cut_off_so_far = n + 1, "closing connection");
+                        } else {
+                            tracing::debug!(?peer, reason = why, "closing connection");
+                        }
                     }
                     Err(panic) => {
                         metrics::counter!("hydramem_node_handler_panics_total").increment(1);
@@ -122,6 +128,9 @@ pub fn run(
     tracing::info!(addr = %local, "memory node stopped accepting");
     Ok(())
 }
+
+/// Connections cut off by a deadline since the node started (their log lines are sampled).
+static TIMED_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Unregisters a connection and shuts its socket when its thread ends, however it ends.
 struct Registered {
