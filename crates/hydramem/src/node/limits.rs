@@ -99,6 +99,9 @@ impl FrameReader {
             match self.reader.read(&mut buf[..1]) {
                 Ok(0) => return Err(ReadError::Closed),
                 Ok(_) => break,
+                // A socket with a read timeout fails its recv with EINTR when the process was
+                // stopped and continued (SIGSTOP, SIGCONT): nothing happened, read on.
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if waiting(&e) => {
                     if stop() {
                         return Err(ReadError::Closed);
