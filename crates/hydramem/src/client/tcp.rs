@@ -504,6 +504,11 @@ impl Shared {
             if c.pong.load(Ordering::Acquire) == id {
                 return true;
             }
+            // The transport stopping, or the connection lost meanwhile: no answer will come,
+            // and a drop must not wait out a long heartbeat timeout.
+            if self.stop.load(Ordering::SeqCst) || !c.up.load(Ordering::Acquire) {
+                return false;
+            }
             std::thread::sleep(Duration::from_micros(200));
         }
         false
@@ -684,6 +689,9 @@ fn monitor_loop(sh: Arc<Shared>) {
             if c.up.load(Ordering::Acquire) {
                 if sh.ping(node, o.heartbeat_timeout) {
                     continue;
+                }
+                if sh.stop.load(Ordering::SeqCst) {
+                    return;
                 }
                 if !c.up.load(Ordering::Acquire) {
                     continue; // lost meanwhile, already handled
