@@ -263,6 +263,15 @@ impl Greeting {
         )
     }
 
+    /// The HELLO this greeting opens with, with a fresh nonce.
+    pub fn hello(&self) -> Hello {
+        Hello {
+            client: self.owner,
+            flags: self.flags,
+            nonce: auth::nonce(),
+        }
+    }
+
     /// The same, to node `id` only.
     pub fn to_node(mut self, id: u32) -> Greeting {
         self.node_id = Some(id);
@@ -277,11 +286,7 @@ impl Greeting {
 pub fn greet(stream: &mut TcpStream, peer: Peer, g: &Greeting) -> Result<HelloReply, RpcError> {
     let node = peer.node;
     let refuse = |reason: String| RpcError::Auth { node, reason };
-    let hello = Hello {
-        client: g.owner,
-        flags: g.flags,
-        nonce: auth::nonce(),
-    };
+    let hello = g.hello();
     let mut body = Vec::new();
     hello.put(&mut body);
     let reply = exchange(stream, peer, Op::Hello, &body)?;

@@ -68,7 +68,7 @@ use crate::node::session::Session;
 use crate::node::{Node, NodeConfig};
 use crate::rpc::Greeting;
 use crate::wire::{
-    self, FrameBuilder, Header, Hello, HelloReply, Op, OpenRuns, Request, Run, Status, WireError,
+    self, FrameBuilder, Header, HelloReply, Op, OpenRuns, Request, Run, Status, WireError,
     HEADER_LEN,
 };
 use delivery::{delivery_loop, Queue};
@@ -311,11 +311,7 @@ fn serve_control(session: &mut Session, frame: &[u8]) -> Result<(Status, Vec<u8>
 /// Greets a fresh session as the TCP transport does ([`crate::auth::respond`]: HELLO, and with
 /// a key both proofs); the node must answer as node `id`.
 fn greet(session: &mut Session, g: &Greeting, id: u32) -> Result<HelloReply, WireError> {
-    let hello = Hello {
-        client: g.owner,
-        flags: g.flags,
-        nonce: crate::auth::nonce(),
-    };
+    let hello = g.hello();
     let mut body = Vec::new();
     hello.put(&mut body);
     let reply = match serve_control(session, &control_frame(Op::Hello, 0, &body)?)? {

@@ -196,8 +196,9 @@ impl Session {
         let proven = self.client.is_some();
         match req {
             Request::Hello(_) | Request::Auth(_) => None,
-            Request::Ping | Request::Stats if keyed && !proven => Some(Status::NotIdentified),
-            Request::Drain(_) | Request::Fault(_) if keyed && !proven => {
+            Request::Ping | Request::Stats | Request::Drain(_) | Request::Fault(_)
+                if keyed && !proven =>
+            {
                 Some(Status::NotIdentified)
             }
             Request::Drain(_) | Request::Fault(_) if keyed && !self.operator => {
