@@ -15,6 +15,7 @@
 #![no_main]
 
 use hydramem::nbd::handshake::negotiate;
+use hydramem::nbd::limits::Deadlined;
 use hydramem::nbd::ExportConfig;
 use hydramem_fuzz::nbd::{check_handshake, handshake, serve_and_check, stop_after};
 use hydramem_fuzz::nbd::{ExportView, HandshakeEnd};
@@ -38,13 +39,14 @@ fuzz_target!(|data: &[u8]| {
         name: NAME.into(),
         description: DESCRIPTION.into(),
         workers: 1,
+        tls: None,
     };
     let view = ExportView {
         name: NAME,
         description: DESCRIPTION,
         size: SIZE,
     };
-    let mut r = BufReader::new(Cursor::new(input));
+    let mut r = BufReader::new(Deadlined::new(Cursor::new(input)));
     let mut out = Vec::new();
     let result = negotiate(&mut r, &mut out, &config, SIZE, stop_after(shutdown_after));
     let model = handshake(input, view, shutdown_after);
@@ -61,7 +63,7 @@ fuzz_target!(|data: &[u8]| {
     );
     check_handshake(&out, &model, view);
     if let Ok(Some(negotiated)) = result {
-        let position = usize::try_from(r.get_ref().position()).expect("a slice position");
+        let position = usize::try_from(r.get_ref().get_ref().position()).expect("a slice position");
         let consumed = position - r.buffer().len();
         assert_eq!(consumed, model.consumed, "bytes the handshake read");
         serve_and_check(&mut r, &input[consumed..], SIZE, negotiated, 1, None);

@@ -14,6 +14,7 @@
 #![no_main]
 
 use hydramem::nbd::handshake::{transmission_flags, Negotiated};
+use hydramem::nbd::limits::Deadlined;
 use hydramem_fuzz::nbd::serve_and_check;
 use libfuzzer_sys::fuzz_target;
 use std::io::BufReader;
@@ -36,6 +37,6 @@ fuzz_target!(|data: &[u8]| {
         flags: transmission_flags(structured),
     };
     let workers = if pool { 2 } else { 1 };
-    let mut r = BufReader::new(input);
+    let mut r = BufReader::new(Deadlined::new(input));
     serve_and_check(&mut r, input, size, negotiated, workers, max_requests);
 });

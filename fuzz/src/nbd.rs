@@ -19,12 +19,14 @@
 //!   of input, at a shutdown, or with an error at broken framing, and at nothing else.
 
 use std::fmt;
-use std::io::{BufReader, Read};
+use std::io::{BufReader, Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hydramem::nbd::handshake::{transmission_flags, Negotiated, MAX_OPTION_DATA, MAX_OPTION_SKIP};
-use hydramem::nbd::transmission::{self, End};
+use hydramem::nbd::limits::{Deadlined, Limits};
+use hydramem::nbd::transmission::{self, End, Shared};
 use hydramem::nbd::wire::{
     Request, CHUNK_HEADER_LEN, CMD_DISC, CMD_FLAG_DF, CMD_FLAG_FUA, CMD_FLAG_NO_HOLE, CMD_FLUSH,
     CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES, EINVAL, FLAG_C_FIXED_NEWSTYLE,
@@ -682,6 +684,24 @@ fn apply(e: &Expected, read: Option<&[u8]>, device: &mut [u8]) {
     }
 }
 
+/// The server's reply bytes, shared with the checker (the server's writer must be `'static`:
+/// its workers are the server's, not the connection's).
+#[derive(Clone, Default)]
+pub struct Replies(pub Arc<Mutex<Vec<u8>>>);
+
+impl Write for Replies {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .expect("the reply buffer")
+            .extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 /// A stop question that answers yes from its `n + 1`-th asking on (never for `None`): the
 /// server's shutdown flag, as the models above count it.
 pub fn stop_after(n: Option<usize>) -> impl Fn() -> bool {
@@ -693,23 +713,27 @@ pub fn stop_after(n: Option<usize>) -> impl Fn() -> bool {
 /// (the bytes `r` will yield) with `workers` workers, and checks its end, its replies and,
 /// with one worker, the export's contents against the model.
 pub fn serve_and_check<R: Read>(
-    r: &mut BufReader<R>,
+    r: &mut BufReader<Deadlined<R>>,
     input: &[u8],
     size: u64,
     negotiated: Negotiated,
     workers: usize,
     max_requests: Option<usize>,
 ) {
-    let export = Export::new(MemStore::new(size, Duration::ZERO), size);
-    let mut out = Vec::new();
+    let export = Arc::new(Export::new(MemStore::new(size, Duration::ZERO), size));
+    let replies = Replies::default();
+    // A pool per input, joined when dropped: no worker outlives the input (LeakSanitizer).
+    let shared = Shared::new(workers, &Limits::default());
     let result = transmission::serve(
         r,
-        &mut out,
+        replies.clone(),
         &export,
         negotiated,
-        workers,
+        &shared,
         stop_after(max_requests),
     );
+    drop(shared);
+    let out = std::mem::take(&mut *replies.0.lock().expect("the reply buffer"));
     let structured = negotiated.structured;
     let (expected, end) = requests(input, structured, size, max_requests);
     let ended_right = matches!(

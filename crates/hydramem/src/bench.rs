@@ -234,7 +234,7 @@ fn corrupt_all(cluster: &Cluster, c: Option<crate::wire::Corruption>) -> Result<
     use crate::wire::Fault;
     for n in &cluster.nodes {
         let f = c.map_or(Fault::Clear, Fault::CorruptReplies);
-        rpc::inject(n.addr, f, cluster.key.as_ref(), Duration::from_secs(2))
+        rpc::inject(n.addr, f, &rpc::Access::of(cluster), Duration::from_secs(2))
             .map_err(BenchError::Inject)?;
     }
     Ok(())
@@ -362,7 +362,7 @@ fn held_by(cluster: &Cluster, fp: u32) -> (u64, u64, i64) {
     let mut held = 0u64;
     let (mut node_rss_max, mut node_overhead_max) = (0u64, i64::MIN);
     for n in &cluster.nodes {
-        if let Ok(st) = status::fetch(n.addr, cluster.key.as_ref(), Duration::from_secs(2)) {
+        if let Ok(st) = status::fetch(n.addr, &rpc::Access::of(cluster), Duration::from_secs(2)) {
             held += st
                 .slabs
                 .iter()

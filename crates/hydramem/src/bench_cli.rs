@@ -152,6 +152,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 },
                 cluster_file: None,
                 key_file: None,
+                tls_dir: None,
             })?;
             let cl = c.cluster().clone();
             _embedded = Some(c);

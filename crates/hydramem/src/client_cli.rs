@@ -16,7 +16,8 @@ use hydramem::cluster::Cluster;
 use hydramem::units::{parse_size, Size};
 use hydramem::wire::ClientId;
 
-/// The cluster key (see `hydramem key new`): nodes and clients prove it to each other.
+/// The cluster key (see `hydramem key new`) and TLS (see `hydramem tls`): what nodes and
+/// clients prove to each other.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct KeyArgs {
     /// The cluster key file (`hydramem key new FILE` makes one): the nodes and clients of a
@@ -24,24 +25,36 @@ pub struct KeyArgs {
     /// file's `key_file`.
     #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
     pub cluster_key: Option<PathBuf>,
+    /// TLS member directory (`hydramem tls issue` makes one: ca.pem, cert.pem, key.pem):
+    /// connections to the nodes are TLS, both ends showing a certificate from the cluster's
+    /// CA. Overrides the cluster file's `tls_dir`.
+    #[arg(long = "tls", env = "HYDRAMEM_TLS_DIR")]
+    pub tls_dir: Option<PathBuf>,
 }
 
 impl KeyArgs {
-    /// The cluster file at `path` with its key: this flag's, else the file's `key_file`.
+    /// The cluster file at `path` with its key and TLS: these flags', else the file's.
     pub fn load(&self, path: &Path) -> Result<Cluster> {
-        Ok(Cluster::load(path)?.with_key_flag(self.cluster_key.as_deref())?)
+        Ok(Cluster::load(path)?
+            .with_key_flag(self.cluster_key.as_deref())?
+            .with_tls_flag(self.tls_dir.as_deref())?)
     }
 
-    /// The key alone: this flag's, else that of the cluster file at `cluster` if there is
-    /// one (a command that names a node by address needs no cluster file).
-    pub fn key(&self, cluster: &Path) -> Result<Option<hydramem::auth::ClusterKey>> {
+    /// The key and TLS alone: these flags', else those of the cluster file at `cluster` if
+    /// there is one (a command that names a node by address needs no cluster file).
+    pub fn access(&self, cluster: &Path) -> Result<hydramem::rpc::Access> {
+        let mut access = if cluster.exists() {
+            hydramem::rpc::Access::of(&self.load(cluster)?)
+        } else {
+            hydramem::rpc::Access::open()
+        };
         if let Some(f) = &self.cluster_key {
-            return Ok(Some(hydramem::auth::ClusterKey::load(f)?));
+            access.key = Some(hydramem::auth::ClusterKey::load(f)?);
         }
-        if cluster.exists() {
-            return Ok(Cluster::load(cluster)?.key);
+        if let Some(d) = &self.tls_dir {
+            access.tls = Some(hydramem::tls::Tls::load(d)?);
         }
-        Ok(None)
+        Ok(access)
     }
 }
 

@@ -19,6 +19,10 @@
 //! [`crate::auth`]), relative to the cluster file's directory; `HYDRAMEM_CLUSTER_KEY_FILE`
 //! overrides it, and a command's `--cluster-key` both ([`Cluster::with_key_flag`]).
 //!
+//! An optional top-level `tls_dir = "tls/client"` names a TLS member directory (see
+//! [`crate::tls`]), relative to the same directory; `HYDRAMEM_TLS_DIR` overrides it, and a
+//! command's `--tls` both ([`Cluster::with_tls_flag`]).
+//!
 //! The placement policy lives in the cluster file, not in each client's settings, because
 //! CodingSets only keeps its copyset count low when every client forms the same extended groups
 //! from the same nodes with the same l.
@@ -36,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::auth::{ClusterKey, KeyError};
 use crate::placement::{Policy, PolicyKind};
+use crate::tls::{Tls, TlsError, TLS_DIR_ENV};
 
 /// Most nodes a cluster file may list: clients number nodes with 16 bits and keep the
 /// largest value to mean "no node".
@@ -77,6 +82,10 @@ pub struct Cluster {
     /// The cluster key's file, relative to the cluster file's directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key_file: Option<PathBuf>,
+    /// The member directory of TLS (see [`crate::tls`]), relative to the cluster file's
+    /// directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls_dir: Option<PathBuf>,
     /// The memory nodes.
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,
@@ -84,6 +93,9 @@ pub struct Cluster {
     /// written to the file.
     #[serde(skip)]
     pub key: Option<ClusterKey>,
+    /// TLS, as [`Cluster::load`] or [`Cluster::with_tls_flag`] found it; never written.
+    #[serde(skip)]
+    pub tls: Option<Tls>,
 }
 
 /// Errors reading or writing a cluster file.
@@ -118,6 +130,9 @@ pub enum ClusterError {
     /// The cluster key it names could not be used.
     #[error(transparent)]
     Key(#[from] KeyError),
+    /// The TLS member directory it names could not be used.
+    #[error(transparent)]
+    Tls(#[from] TlsError),
 }
 
 impl Cluster {
@@ -139,7 +154,21 @@ impl Cluster {
         let dir = path.parent().unwrap_or(Path::new("."));
         let named = c.key_file.as_ref().map(|f| dir.join(f));
         c.key = crate::auth::key_from(None, named.as_deref())?;
+        let tls_dir = std::env::var_os(TLS_DIR_ENV)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+            .or(c.tls_dir.as_ref().map(|d| dir.join(d)));
+        c.tls = tls_dir.map(|d| Tls::load(&d)).transpose()?;
         Ok(c)
+    }
+
+    /// The same cluster with the TLS member directory of `--tls DIR`, if given (it overrides
+    /// `HYDRAMEM_TLS_DIR` and the file's `tls_dir`).
+    pub fn with_tls_flag(mut self, flag: Option<&Path>) -> Result<Cluster, ClusterError> {
+        if let Some(d) = flag {
+            self.tls = Some(Tls::load(d)?);
+        }
+        Ok(self)
     }
 
     /// The same cluster with the key of `--cluster-key FILE`, if given (it overrides the
@@ -230,6 +259,8 @@ mod tests {
             slab_size: 1 << 20,
             placement: None,
             key_file: None,
+            tls_dir: None,
+            tls: None,
             key: None,
             nodes: vec![
                 NodeEntry {

@@ -11,6 +11,7 @@ use anyhow::{bail, Result};
 use hydramem::bench::fill_page;
 use hydramem::client::{ClientConfig, Mode, RemoteMemory, Resilience};
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
+use hydramem::rpc::Access;
 use hydramem::status;
 use hydramem::units::human;
 use hydramem::PAGE_SIZE;
@@ -108,6 +109,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         extra_args: vec!["--log".into(), "error".into()],
         cluster_file: None,
         key_file: None,
+        tls_dir: None,
     })?;
     let resilience = Resilience::Hydra {
         k: 8,
@@ -157,7 +159,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut per_node = Vec::new();
     let mut held = 0u64;
     for n in &cluster.cluster().nodes {
-        let st = status::fetch(n.addr, None, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+        let st = status::fetch(n.addr, &Access::open(), Duration::from_secs(2))
+            .map_err(anyhow::Error::msg)?;
         let mine: u64 = st
             .slabs
             .iter()
@@ -185,8 +188,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
     println!("4. maintenance: draining memory node {drained}; its slab moves to a spare node while reads go on");
     let t0 = Instant::now();
     let before = mem.regen_stats();
-    status::drain(addr, true, None, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
-    let total = status::fetch(addr, None, Duration::from_secs(2))
+    status::drain(addr, true, &Access::open(), Duration::from_secs(2))
+        .map_err(anyhow::Error::msg)?;
+    let total = status::fetch(addr, &Access::open(), Duration::from_secs(2))
         .map_err(anyhow::Error::msg)?
         .slabs
         .len() as u64;
@@ -194,7 +198,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     let mut reads = 0u64;
     let mut page = [0u8; PAGE_SIZE];
     loop {
-        let left = status::fetch(addr, None, Duration::from_secs(2))
+        let left = status::fetch(addr, &Access::open(), Duration::from_secs(2))
             .map_err(anyhow::Error::msg)?
             .slabs
             .len() as u64;
@@ -230,7 +234,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
     let mut per_node = Vec::new();
     for n in &cluster.cluster().nodes {
-        let st = status::fetch(n.addr, None, Duration::from_secs(2)).map_err(anyhow::Error::msg)?;
+        let st = status::fetch(n.addr, &Access::open(), Duration::from_secs(2))
+            .map_err(anyhow::Error::msg)?;
         per_node.push((
             n.id as usize,
             st.slabs
@@ -275,7 +280,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         c.cluster()
             .nodes
             .iter()
-            .filter_map(|n| status::fetch(n.addr, None, Duration::from_millis(200)).ok())
+            .filter_map(|n| status::fetch(n.addr, &Access::open(), Duration::from_millis(200)).ok())
             .map(|s| s.regen_pages)
             .sum()
     };

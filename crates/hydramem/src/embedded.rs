@@ -60,6 +60,10 @@ pub struct EmbeddedOptions {
     /// the cluster carries the key, so its clients prove it (see [`crate::auth`]); `None`: a
     /// cluster without a key.
     pub key_file: Option<PathBuf>,
+    /// A TLS member directory (see [`crate::tls`]): every node is started with it, the
+    /// cluster file names it and the cluster carries it, so its clients connect with TLS;
+    /// `None`: plain TCP.
+    pub tls_dir: Option<PathBuf>,
 }
 
 impl EmbeddedOptions {
@@ -84,6 +88,7 @@ impl EmbeddedOptions {
             ],
             cluster_file: None,
             key_file: None,
+            tls_dir: None,
         }
     }
 }
@@ -112,6 +117,9 @@ pub enum EmbeddedError {
     /// The cluster key could not be read.
     #[error(transparent)]
     Key(#[from] crate::auth::KeyError),
+    /// The TLS member directory could not be used.
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
     /// The private directory for the cluster file could not be made.
     #[error(
         "cannot create a private directory for the cluster file in {dir}: {source}; \
@@ -248,6 +256,14 @@ impl EmbeddedCluster {
             Some(f) => Some(crate::auth::ClusterKey::load(f)?),
             None => None,
         };
+        let tls_dir = options
+            .tls_dir
+            .as_ref()
+            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()));
+        let tls = match &tls_dir {
+            Some(d) => Some(crate::tls::Tls::load(d)?),
+            None => None,
+        };
         // From here on, dropping `c` (an error below) stops the nodes started so far and
         // removes the private directory.
         let mut c = EmbeddedCluster {
@@ -256,6 +272,8 @@ impl EmbeddedCluster {
                 placement: None,
                 key_file,
                 key,
+                tls_dir,
+                tls,
                 nodes: Vec::new(),
             },
             options,
@@ -313,6 +331,12 @@ impl EmbeddedCluster {
                     .key_file
                     .iter()
                     .flat_map(|k| [std::ffi::OsStr::new("--cluster-key"), k.as_os_str()]),
+            )
+            .args(
+                self.cluster
+                    .tls_dir
+                    .iter()
+                    .flat_map(|d| [std::ffi::OsStr::new("--tls"), d.as_os_str()]),
             )
             .args(&o.extra_args)
             // Every node would try to serve metrics on the same address.
@@ -454,7 +478,7 @@ impl EmbeddedCluster {
         crate::rpc::inject(
             self.nodes[i].entry.addr,
             fault,
-            self.cluster.key.as_ref(),
+            &crate::rpc::Access::of(&self.cluster),
             std::time::Duration::from_secs(5),
         )
     }

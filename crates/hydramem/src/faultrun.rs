@@ -59,6 +59,10 @@ pub struct FaultRunOptions {
     /// The scheme: hydra 8+2 Δ=1 ([`HYDRA_8_2`]) or span 8+2, whose pages go through its
     /// span store (so compaction runs under the faults too). A code of r = 2 either way.
     pub scheme: Resilience,
+    /// A cluster key file for the nodes and the client (`None`: no key).
+    pub key_file: Option<std::path::PathBuf>,
+    /// A TLS member directory for the nodes and the client (`None`: plain TCP).
+    pub tls_dir: Option<std::path::PathBuf>,
 }
 
 /// The scheme fault runs use by default.
@@ -178,7 +182,8 @@ pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
             "100ms".into(),
         ],
         cluster_file: None,
-        key_file: None,
+        key_file: o.key_file.clone(),
+        tls_dir: o.tls_dir.clone(),
     })
     .map_err(|e| e.to_string())?;
     let mut cfg = ClientConfig::new(o.scheme, o.pages * PAGE_SIZE as u64);

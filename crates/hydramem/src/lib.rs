@@ -51,6 +51,7 @@ pub mod span;
 pub mod status;
 pub mod supervisor;
 pub mod tags;
+pub mod tls;
 pub mod units;
 pub mod wire;
 

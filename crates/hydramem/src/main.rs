@@ -85,6 +85,33 @@ enum Cmd {
         #[command(subcommand)]
         action: KeyAction,
     },
+    /// TLS for the node protocol: `hydramem tls ca DIR` makes the cluster's certificate
+    /// authority, `hydramem tls issue DIR NAME OUT` a member directory for --tls.
+    Tls {
+        #[command(subcommand)]
+        action: TlsAction,
+    },
+}
+
+#[derive(Subcommand)]
+enum TlsAction {
+    /// Make a new certificate authority for the cluster in DIR: ca.pem (give it to every
+    /// member) and ca.key (mode 600; it signs members: keep it off the cluster's machines).
+    Ca {
+        /// The directory to create it in (an existing CA there is not overwritten).
+        dir: PathBuf,
+    },
+    /// Issue a member certificate from the CA in CA_DIR into the new directory OUT (ca.pem,
+    /// cert.pem, key.pem), named NAME (the machine it is for); give OUT to that node or
+    /// client with --tls.
+    Issue {
+        /// The CA's directory (`hydramem tls ca`).
+        ca_dir: PathBuf,
+        /// The member's name.
+        name: String,
+        /// The member directory to create.
+        out: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -167,6 +194,11 @@ struct NodeArgs {
     /// DRAIN and FAULT need an operator's. Without one the node serves anyone who connects.
     #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
     cluster_key: Option<PathBuf>,
+    /// TLS member directory (`hydramem tls issue`: ca.pem, cert.pem, key.pem): every
+    /// connection must be TLS with a certificate from the cluster's CA, and this node's own
+    /// connections to other nodes (regeneration) are.
+    #[arg(long = "tls", env = "HYDRAMEM_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
     /// Most slabs one client identity may hold on this node (0: no limit but --capacity).
     #[arg(long, env = "HYDRAMEM_QUOTA", default_value_t = 0)]
     quota: u64,
@@ -181,6 +213,15 @@ struct NodeArgs {
     /// Connections served at once; more are closed at accept (each holds a thread).
     #[arg(long, env = "HYDRAMEM_MAX_CONNECTIONS", default_value_t = 4096)]
     max_connections: usize,
+    /// Connections one client identity may hold open at once (0: no limit but
+    /// --max-connections); more are refused at HELLO (or AUTH) with OVER_QUOTA. A client
+    /// holds one per node, plus one per regeneration and tool.
+    #[arg(
+        long,
+        env = "HYDRAMEM_MAX_CONNECTIONS_PER_IDENTITY",
+        default_value_t = 64
+    )]
+    max_connections_per_identity: u32,
     /// Time a new connection has to identify itself (HELLO, and AUTH with a key).
     #[arg(long, env = "HYDRAMEM_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
     handshake_timeout: Duration,
@@ -393,6 +434,7 @@ fn main() {
         Cmd::Key {
             action: KeyAction::New { file },
         } => run_key_new(&file),
+        Cmd::Tls { action } => run_tls(action),
     };
     if let Err(e) = r {
         eprintln!("error: {e:#}");
@@ -442,15 +484,22 @@ fn run_node(a: NodeArgs) -> Result<()> {
             Some(f) => Some(hydramem::auth::ClusterKey::load(f)?),
             None => None,
         },
+        tls: match &a.tls_dir {
+            Some(d) => Some(hydramem::tls::Tls::load(d)?),
+            None => None,
+        },
         tenancy: hydramem::node::tenants::TenancyConfig {
             quota: a.quota,
             lease: a.lease,
             kept_lease: a.kept_lease,
+            max_connections: a.max_connections_per_identity,
         },
     };
     let keyed = config.key.is_some();
+    let tls = config.tls.is_some();
     let node = Node::new(config)?;
     metrics::gauge!("hydramem_node_cluster_key").set(if keyed { 1.0 } else { 0.0 });
+    metrics::gauge!("hydramem_node_tls").set(if tls { 1.0 } else { 0.0 });
     if !keyed {
         tracing::warn!(
             "NO CLUSTER KEY: this node serves anyone who can connect to it — any peer may read, \
@@ -569,13 +618,13 @@ fn run_drain(d: DrainArgs) -> Result<()> {
         }
     };
     let t = Duration::from_secs(5);
-    let key = d.key.key(&d.cluster)?;
+    let access = d.key.access(&d.cluster)?;
     let stats = |what: &str| {
-        hydramem::status::fetch(addr, key.as_ref(), t)
+        hydramem::status::fetch(addr, &access, t)
             .map_err(|e| anyhow::anyhow!("cannot {what} the node: {e}"))
     };
     let before = stats("reach")?;
-    hydramem::status::drain(addr, !d.cancel, key.as_ref(), t).map_err(|e| {
+    hydramem::status::drain(addr, !d.cancel, &access, t).map_err(|e| {
         let what = if d.cancel { "cancel" } else { "start" };
         anyhow::anyhow!("cannot {what} the drain: {e}")
     })?;
@@ -676,6 +725,30 @@ fn run_key_new(file: &std::path::Path) -> Result<()> {
          cluster with --cluster-key {0}, or name it in the cluster file as key_file",
         file.display()
     );
+    Ok(())
+}
+
+fn run_tls(action: TlsAction) -> Result<()> {
+    match action {
+        TlsAction::Ca { dir } => {
+            hydramem::tls::new_ca(&dir)?;
+            println!(
+                "made the cluster's TLS certificate authority in {}: ca.pem, and ca.key (mode \
+                 600), which signs members; issue a member directory per machine with \
+                 `hydramem tls issue {0} NAME OUT`, then keep ca.key off the cluster",
+                dir.display()
+            );
+        }
+        TlsAction::Issue { ca_dir, name, out } => {
+            hydramem::tls::issue(&ca_dir, &name, &out)?;
+            println!(
+                "issued member {name:?} in {}: ca.pem, cert.pem, key.pem (mode 600); give it to \
+                 that node or client with --tls {0} (or HYDRAMEM_TLS_DIR, or tls_dir in the \
+                 cluster file)",
+                out.display()
+            );
+        }
+    }
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 
 use crate::client_cli::ClientArgs;
-use hydramem::nbd::{Export, ExportConfig, Listener, Shutdown};
+use hydramem::nbd::{Export, ExportConfig, Limits, Listener, Shutdown};
 use hydramem::units::{human, parse_size, Size};
 
 #[derive(clap::Args)]
@@ -35,12 +35,31 @@ pub struct NbdArgs {
     /// Export name; clients may also ask for the default (empty) name.
     #[arg(long, env = "HYDRAMEM_NAME", default_value = "hydramem")]
     name: String,
-    /// Worker threads per connection: requests in flight on one connection run concurrently
-    /// up to this many (1 runs them in order). 16 covers a client at queue depth 16; with 8,
-    /// hydra 8+2 served fio's depth-16 4 KiB reads 22 % and writes 25 % slower
-    /// (docs/benchmarks.md §8).
-    #[arg(long, env = "HYDRAMEM_WORKERS", default_value_t = 16)]
+    /// Worker threads shared by all connections; one connection may use half of them at once
+    /// (1 runs every request in order on its connection's thread). 32 gives one client the
+    /// 16 that cover queue depth 16; with 8, hydra 8+2 served fio's depth-16 4 KiB reads 22 %
+    /// and writes 25 % slower (docs/benchmarks.md §8).
+    #[arg(long, env = "HYDRAMEM_WORKERS", default_value_t = 32)]
     workers: usize,
+    /// Connections served at once; more are closed at accept.
+    #[arg(long, env = "HYDRAMEM_MAX_CONNECTIONS", default_value_t = Limits::default().max_connections)]
+    max_connections: usize,
+    /// Time a client has from connecting to the end of the handshake.
+    #[arg(long, env = "HYDRAMEM_HANDSHAKE_TIMEOUT", default_value = "30s", value_parser = crate::parse_duration)]
+    handshake_timeout: Duration,
+    /// Time a request has from its first byte to its last, and a reply to be taken by the
+    /// client (against stalled or trickling clients; an idle connection may wait forever).
+    #[arg(long, env = "HYDRAMEM_REQUEST_TIMEOUT", default_value = "30s", value_parser = crate::parse_duration)]
+    request_timeout: Duration,
+    /// Bytes of write payloads and read buffers in flight, all connections together; a
+    /// connection that would pass it waits for replies to free some.
+    #[arg(long, env = "HYDRAMEM_MAX_BYTES_IN_FLIGHT", default_value = "256MiB", value_parser = parse_size)]
+    max_bytes_in_flight: Size,
+    /// Require TLS of NBD clients (STARTTLS; they must show a certificate of the same CA): a
+    /// member directory (`hydramem tls issue`). Without it the export is served in the clear,
+    /// which suits a Unix socket on this machine.
+    #[arg(long, env = "HYDRAMEM_NBD_TLS_DIR")]
+    nbd_tls: Option<PathBuf>,
     /// Client identity (32 hex digits) that owns the remote memory. Given, the data outlives
     /// the server and a restart with the same identity serves it again; without it a random
     /// identity is used and the memory is released at exit.
@@ -57,6 +76,20 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
     if a.workers == 0 {
         bail!("--workers must be at least 1");
     }
+    if a.max_connections == 0 {
+        bail!("--max-connections must be at least 1");
+    }
+    let bytes_in_flight = match a.max_bytes_in_flight {
+        Size::Bytes(b) if b >= 4096 => usize::try_from(b)
+            .context("--max-bytes-in-flight does not fit in this machine's address space")?,
+        _ => bail!("--max-bytes-in-flight takes a byte count of at least 4KiB (e.g. 256MiB)"),
+    };
+    let limits = Limits {
+        max_connections: a.max_connections,
+        handshake: a.handshake_timeout,
+        request: a.request_timeout,
+        bytes_in_flight,
+    };
     let cluster = a.client.key.load(&a.client.cluster)?;
     let label = a.client.label();
     let keep = a.client_id.is_some();
@@ -86,6 +119,10 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
             cluster.nodes.len()
         ),
         workers: a.workers,
+        tls: match &a.nbd_tls {
+            Some(d) => Some(hydramem::tls::Tls::load(d)?),
+            None => None,
+        },
     };
     println!(
         "serving NBD export {:?}: {} as {} on {} memory nodes, at {}",
@@ -109,7 +146,7 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
             })
             .context("starting the signal watcher thread")?;
     }
-    hydramem::nbd::run(listener, export, config, shutdown).context("serving NBD")?;
+    hydramem::nbd::run(listener, export, config, limits, shutdown).context("serving NBD")?;
     front.close()?;
     if keep {
         println!(

@@ -57,7 +57,9 @@ pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<No
             addr: n.addr,
             result: release_on(
                 n.addr,
-                &Greeting::client(&client, 0, cluster.key.as_ref()).to_node(n.id),
+                &Greeting::client(&client, 0, cluster.key.as_ref())
+                    .with_tls(cluster.tls.as_ref())
+                    .to_node(n.id),
                 timeout,
             ),
         })

@@ -2,7 +2,8 @@
 //! exchanges outside the pipelined data path (a client's REGEN, a regenerating node's HELLO and
 //! CORRUPT to its sources, and the STATS, DRAIN, FAULT, LIST and FREE of the tools), and the
 //! greeting every connection starts with, the data path's too ([`greet`]: HELLO, and with a
-//! cluster key the node's proof checked and AUTH, see [`crate::auth`]).
+//! cluster key the node's proof checked and AUTH, see [`crate::auth`]). A greeting with TLS
+//! ([`crate::tls`]) makes its connection a TLS one before the first byte of the protocol.
 //!
 //! Invariants: a request is one frame and its reply is awaited before anything else is sent on
 //! the connection. A reply is accepted only if it answers that very request (the reply bit,
@@ -20,6 +21,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::auth::{self, ClusterKey};
+use crate::tls::{Link, Tls};
 use crate::wire::{
     self, ClientId, FrameBuilder, Header, Hello, HelloReply, Op, Status, WireError, HEADER_LEN,
 };
@@ -130,7 +132,7 @@ static NEXT_ID: AtomicU64 = AtomicU64::new(1);
 /// A connection of its own to one node, for requests made one at a time.
 #[derive(Debug)]
 pub struct Connection {
-    stream: TcpStream,
+    stream: Link,
     node: SocketAddr,
     reply: Duration,
 }
@@ -149,6 +151,11 @@ impl Connection {
         let stream = TcpStream::connect_timeout(&node, connect).map_err(connect_error)?;
         stream
             .set_read_timeout(Some(reply))
+            .map_err(connect_error)?;
+        // TLS (when the greeting has it) before anything of the protocol, within the time a
+        // reply may take.
+        let tls = greeting.and_then(|g| g.tls.as_ref());
+        let stream = Link::connect(stream, tls, std::time::Instant::now() + reply.max(connect))
             .map_err(connect_error)?;
         let mut c = Connection {
             stream,
@@ -170,9 +177,9 @@ impl Connection {
         self.node
     }
 
-    /// The stream, after HELLO, for a caller that pipelines requests of its own on it (a
+    /// The connection, after HELLO, for a caller that pipelines requests of its own on it (a
     /// regenerating node's READV to a source).
-    pub fn into_stream(self) -> TcpStream {
+    pub fn into_link(self) -> Link {
         self.stream
     }
 
@@ -204,8 +211,9 @@ impl Connection {
 
 /// [`Connection::request`] on a stream the caller set up itself (its own timeouts and
 /// options); errors name the stream's peer.
-pub fn request(stream: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
-    exchange(stream, Peer::of(stream), op, body)
+pub fn request(stream: &mut Link, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+    let peer = Peer::of(stream.tcp());
+    exchange(stream, peer, op, body)
 }
 
 /// Asks the node at `node` to inject `fault`; it refuses ([`Status::Forbidden`]) unless it
@@ -213,15 +221,59 @@ pub fn request(stream: &mut TcpStream, op: Op, body: &[u8]) -> Result<Vec<u8>, R
 pub fn inject(
     node: SocketAddr,
     fault: wire::Fault,
-    key: Option<&ClusterKey>,
+    access: &Access,
     timeout: Duration,
 ) -> Result<(), RpcError> {
     let mut body = Vec::new();
     fault.put(&mut body);
-    let operator = key.map(|k| Greeting::operator(Some(k)));
-    Connection::open(node, operator.as_ref(), timeout, timeout)?
+    Connection::open(node, access.operator().as_ref(), timeout, timeout)?
         .request(Op::Fault, &body)
         .map(drop)
+}
+
+/// What a connection needs to be let into a cluster: its key and its TLS, each if the
+/// cluster has one.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Access {
+    /// The cluster key.
+    pub key: Option<ClusterKey>,
+    /// TLS.
+    pub tls: Option<Tls>,
+}
+
+impl Access {
+    /// Neither: an open cluster.
+    pub fn open() -> Access {
+        Access::default()
+    }
+
+    /// The key only.
+    pub fn key(key: Option<&ClusterKey>) -> Access {
+        Access {
+            key: key.cloned(),
+            tls: None,
+        }
+    }
+
+    /// What the cluster file (and the flags that override it) gave.
+    pub fn of(cluster: &crate::cluster::Cluster) -> Access {
+        Access {
+            key: cluster.key.clone(),
+            tls: cluster.tls.clone(),
+        }
+    }
+
+    /// An observer's greeting (STATS).
+    pub fn observer(&self) -> Greeting {
+        Greeting::observer(self.key.as_ref()).with_tls(self.tls.as_ref())
+    }
+
+    /// An operator's greeting (DRAIN, FAULT), if one is needed: a node without a key takes
+    /// them from anyone, so only TLS or a key makes a greeting worth its round trip.
+    pub fn operator(&self) -> Option<Greeting> {
+        (self.key.is_some() || self.tls.is_some())
+            .then(|| Greeting::operator(self.key.as_ref()).with_tls(self.tls.as_ref()))
+    }
 }
 
 /// What a connection says in its greeting.
@@ -236,6 +288,8 @@ pub struct Greeting {
     pub key: Option<ClusterKey>,
     /// The node id the node must say it is (the cluster file's), if known.
     pub node_id: Option<u32>,
+    /// TLS for the connection, if the cluster uses it (see [`crate::tls`]).
+    pub tls: Option<Tls>,
 }
 
 impl Greeting {
@@ -246,7 +300,14 @@ impl Greeting {
             flags,
             key: key.cloned(),
             node_id: None,
+            tls: None,
         }
+    }
+
+    /// The same over TLS with `tls`, if given.
+    pub fn with_tls(mut self, tls: Option<&Tls>) -> Greeting {
+        self.tls = tls.cloned();
+        self
     }
 
     /// An observer's greeting (status tools): no identity of its own.
@@ -283,7 +344,11 @@ impl Greeting {
 /// node's reply. Refused: a node that says it is another node than `g.node_id`, one that has
 /// no key when this end has one or the reverse (never a silent downgrade), and one whose proof
 /// is wrong — before this end proves anything.
-pub fn greet(stream: &mut TcpStream, peer: Peer, g: &Greeting) -> Result<HelloReply, RpcError> {
+pub fn greet(
+    stream: &mut (impl Read + Write),
+    peer: Peer,
+    g: &Greeting,
+) -> Result<HelloReply, RpcError> {
     let node = peer.node;
     let refuse = |reason: String| RpcError::Auth { node, reason };
     let hello = g.hello();
@@ -341,7 +406,12 @@ impl Peer {
 }
 
 /// One request and its reply on `stream`.
-fn exchange(stream: &mut TcpStream, peer: Peer, op: Op, body: &[u8]) -> Result<Vec<u8>, RpcError> {
+fn exchange(
+    stream: &mut (impl Read + Write),
+    peer: Peer,
+    op: Op,
+    body: &[u8],
+) -> Result<Vec<u8>, RpcError> {
     let node = peer.node;
     let protocol = |source| RpcError::Protocol { op, node, source };
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
@@ -356,7 +426,10 @@ fn exchange(stream: &mut TcpStream, peer: Peer, op: Op, body: &[u8]) -> Result<V
         }
         _ => RpcError::Io { op, node, source },
     };
-    stream.write_all(&out).map_err(io)?;
+    stream
+        .write_all(&out)
+        .and_then(|()| stream.flush())
+        .map_err(io)?;
     let mut hb = [0u8; HEADER_LEN];
     stream.read_exact(&mut hb).map_err(io)?;
     let h = Header::parse(&hb).map_err(protocol)?;
@@ -469,7 +542,7 @@ mod tests {
     #[test]
     fn a_refusal_names_the_request_the_node_and_what_to_do() {
         let fake = Fake::start(|h, _| Answer::Send(reply(h, Status::Forbidden, &[])));
-        let e = inject(fake.addr, wire::Fault::Clear, None, LONG).unwrap_err();
+        let e = inject(fake.addr, wire::Fault::Clear, &Access::open(), LONG).unwrap_err();
         assert_eq!(e.refused(), Some(Status::Forbidden));
         let text = e.to_string();
         for part in [

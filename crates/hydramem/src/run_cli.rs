@@ -209,6 +209,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         .as_deref()
         .map(absolute)
         .transpose()?;
+    let tls_dir = a.client.key.tls_dir.as_deref().map(absolute).transpose()?;
     // The client's own checks of its options, with their messages.
     a.client.config(remote_size)?;
     let up = status::collect(&cluster)
@@ -231,6 +232,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let config = RunConfig {
         cluster: cluster_path,
         cluster_key,
+        tls_dir,
         scheme: a.client.scheme.to_string(),
         checksums: !a.client.no_checksums,
         poll_us: a.client.poll_us,

@@ -34,6 +34,10 @@ pub struct RunConfig {
     /// file's.
     #[serde(default)]
     pub cluster_key: Option<PathBuf>,
+    /// The TLS member directory given to the command (absolute), which overrides the
+    /// cluster file's.
+    #[serde(default)]
+    pub tls_dir: Option<PathBuf>,
     /// The scheme, as `--scheme` takes it.
     pub scheme: String,
     /// Per-split checksums.
@@ -163,6 +167,7 @@ impl RunConfig {
     pub fn open(&self, id: ClientId) -> Result<FrontStore, RunConfigError> {
         let cluster = Cluster::load(&self.cluster)
             .and_then(|c| c.with_key_flag(self.cluster_key.as_deref()))
+            .and_then(|c| c.with_tls_flag(self.tls_dir.as_deref()))
             .map_err(|e| RunConfigError::Cluster(self.cluster.clone(), e.to_string()))?;
         let config = self.client_config(id)?;
         let mem: Arc<RemoteMemory> =
@@ -189,6 +194,7 @@ mod tests {
         let c = RunConfig {
             cluster: "/etc/hydramem/cluster.toml".into(),
             cluster_key: Some("/etc/hydramem/cluster.key".into()),
+            tls_dir: Some("/etc/hydramem/tls".into()),
             scheme: "span-8+2".into(),
             checksums: true,
             poll_us: 50,

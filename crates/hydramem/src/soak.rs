@@ -27,6 +27,13 @@ pub struct SoakArgs {
     /// The scheme of the client under test: hydra-8+2-d1 or span-8+2 (the faults assume r = 2).
     #[arg(long, env = "HYDRAMEM_SCHEME", default_value = "hydra-8+2-d1")]
     scheme: hydramem::client::Resilience,
+    /// Run the nodes and the client with this cluster key file (`hydramem key new`).
+    #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
+    cluster_key: Option<std::path::PathBuf>,
+    /// Run the nodes and the client with TLS from this member directory (`hydramem tls
+    /// issue`).
+    #[arg(long = "tls", env = "HYDRAMEM_TLS_DIR")]
+    tls_dir: Option<std::path::PathBuf>,
 }
 
 pub fn run(a: SoakArgs) -> Result<()> {
@@ -55,6 +62,8 @@ pub fn run(a: SoakArgs) -> Result<()> {
             max_faults: 2,
             corruption: a.corruption,
             scheme: a.scheme,
+            key_file: a.cluster_key.clone(),
+            tls_dir: a.tls_dir.clone(),
         })
         .map_err(anyhow::Error::msg)?;
         println!(

@@ -11,9 +11,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::auth::ClusterKey;
 use crate::cluster::Cluster;
-use crate::rpc::{Connection, Greeting, RpcError};
+use crate::rpc::{Access, Connection, RpcError};
 use crate::units::human;
 use crate::wire::{self, Op, Stats};
 
@@ -48,12 +47,8 @@ pub enum StatusResult {
 }
 
 /// Fetches STATS from one node, as an observer (proving the cluster's key, if it has one).
-pub fn fetch(
-    addr: SocketAddr,
-    key: Option<&ClusterKey>,
-    timeout: Duration,
-) -> Result<Stats, RpcError> {
-    let observer = Greeting::observer(key);
+pub fn fetch(addr: SocketAddr, access: &Access, timeout: Duration) -> Result<Stats, RpcError> {
+    let observer = access.observer();
     Connection::open(addr, Some(&observer), timeout, timeout)?.call(Op::Stats, &[], Stats::parse)
 }
 
@@ -62,13 +57,12 @@ pub fn fetch(
 pub fn drain(
     addr: SocketAddr,
     start: bool,
-    key: Option<&ClusterKey>,
+    access: &Access,
     timeout: Duration,
 ) -> Result<(), RpcError> {
     let mut body = Vec::new();
     wire::put_drain(&mut body, start);
-    let operator = key.map(|k| Greeting::operator(Some(k)));
-    Connection::open(addr, operator.as_ref(), timeout, timeout)?
+    Connection::open(addr, access.operator().as_ref(), timeout, timeout)?
         .request(Op::Drain, &body)
         .map(drop)
 }
@@ -81,7 +75,7 @@ pub fn collect(cluster: &Cluster) -> Vec<NodeStatus> {
         .map(|n| NodeStatus {
             id: n.id,
             addr: n.addr,
-            result: match fetch(n.addr, cluster.key.as_ref(), Duration::from_secs(2)) {
+            result: match fetch(n.addr, &Access::of(cluster), Duration::from_secs(2)) {
                 Ok(s) => StatusResult::Up(s),
                 Err(e @ RpcError::Auth { .. }) => StatusResult::Refused {
                     error: e.to_string(),
@@ -201,7 +195,7 @@ pub fn table(cluster: &Cluster, rows: &[NodeStatus]) -> String {
         human(used),
         human(cap)
     );
-    access_line(&mut o, rows);
+    access_line(&mut o, rows, cluster.tls.is_some());
     let slab_rows: Vec<_> = rows
         .iter()
         .filter_map(|r| match &r.result {
@@ -257,9 +251,10 @@ fn span(secs: u32) -> String {
     }
 }
 
-/// One line on who may connect: how many nodes have the cluster key, their quota and leases,
-/// and the identities they track (see `node::tenants`).
-fn access_line(o: &mut String, rows: &[NodeStatus]) {
+/// One line on who may connect: how many nodes have the cluster key, whether this tool
+/// reached them over TLS, their quota and leases, and the identities they track (see
+/// `node::tenants`).
+fn access_line(o: &mut String, rows: &[NodeStatus], tls: bool) {
     let up: Vec<&Stats> = rows
         .iter()
         .filter_map(|r| match &r.result {
@@ -276,6 +271,11 @@ fn access_line(o: &mut String, rows: &[NodeStatus]) {
         k if k == up.len() => "cluster key on every node".to_string(),
         k => format!("cluster key on only {k} of {} nodes", up.len()),
     };
+    let tls = if tls {
+        "TLS (certificates from the cluster CA)"
+    } else {
+        "no TLS (traffic in the clear)"
+    };
     let quota = match first.quota {
         0 => "no quota".to_string(),
         q => format!("quota {q} slabs per identity per node"),
@@ -288,7 +288,7 @@ fn access_line(o: &mut String, rows: &[NodeStatus]) {
     });
     let _ = writeln!(
         o,
-        "access: {key}; {quota}; leases {}, kept {}; {ids} identities on the nodes \
+        "access: {key}; {tls}; {quota}; leases {}, kept {}; {ids} identities on the nodes \
          ({connected} connected)",
         span(first.lease_s),
         span(first.kept_lease_s)
@@ -313,6 +313,8 @@ mod tests {
             slab_size: 1 << 20,
             placement: None,
             key_file: None,
+            tls_dir: None,
+            tls: None,
             key: None,
             nodes: Vec::new(),
         };

@@ -41,6 +41,10 @@ pub struct UpArgs {
     /// cluster file names it (key_file), so the clients that read the cluster file prove it.
     #[arg(long, env = "HYDRAMEM_CLUSTER_KEY_FILE")]
     cluster_key: Option<PathBuf>,
+    /// A TLS member directory (`hydramem tls issue`): every node is started with it and the
+    /// cluster file names it (tls_dir), so the clients that read the cluster file use TLS.
+    #[arg(long = "tls", env = "HYDRAMEM_TLS_DIR")]
+    tls_dir: Option<PathBuf>,
 }
 
 /// How often `up` looks for nodes that exited and restarts due.
@@ -58,6 +62,7 @@ pub fn run(a: UpArgs, log: &str) -> Result<()> {
         extra_args: vec!["--log".into(), log.into()],
         cluster_file: Some(a.cluster.clone()),
         key_file: a.cluster_key.clone(),
+        tls_dir: a.tls_dir.clone(),
     };
     let stop = crate::stop_flag()?;
     let mut cluster = EmbeddedCluster::start(opts)?;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use hydramem::auth::{ClusterKey, AUTH_HMAC};
 use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::embedded::{EmbeddedCluster, EmbeddedOptions};
-use hydramem::rpc::{self, Connection, Greeting};
+use hydramem::rpc::{self, Access, Connection, Greeting};
 use hydramem::wire::{
     self, ClientId, CorruptCause, CorruptReport, Fault, Hello, HelloReply, Op, OpenRuns, Regen,
     RegenSource, Run, SplitFields, Status, HEADER_LEN,
@@ -43,6 +43,7 @@ fn start(nodes: usize, key_file: Option<PathBuf>, extra: &[&str]) -> EmbeddedClu
         extra_args,
         cluster_file: None,
         key_file,
+        tls_dir: None,
     })
     .expect("start memory nodes")
 }
@@ -60,7 +61,8 @@ fn a_client_with_the_key_works_and_the_nodes_see_only_its_owner_handle() {
     let mut back = [0u8; PAGE_SIZE];
     mem.read_page(0, &mut back).unwrap();
     assert_eq!(back, [7u8; PAGE_SIZE]);
-    let st = hydramem::status::fetch(c.cluster().nodes[0].addr, Some(&key), WAIT).unwrap();
+    let st =
+        hydramem::status::fetch(c.cluster().nodes[0].addr, &Access::key(Some(&key)), WAIT).unwrap();
     let owners: Vec<u32> = st.slabs.iter().map(|s| s.owner).collect();
     assert!(!owners.is_empty());
     assert!(owners.iter().all(|&o| o == key.owner(&id).fingerprint()));
@@ -168,7 +170,8 @@ fn a_peer_without_the_key_is_refused_every_operation() {
         }
     }
     // A client with another key refuses the node's proof before it proves anything.
-    let e = hydramem::status::fetch(addr, Some(&ClusterKey::generate()), WAIT).unwrap_err();
+    let e = hydramem::status::fetch(addr, &Access::key(Some(&ClusterKey::generate())), WAIT)
+        .unwrap_err();
     assert!(
         e.to_string().contains("proof of the cluster key is wrong"),
         "{e}"
@@ -199,9 +202,19 @@ fn there_is_no_silent_downgrade_either_way() {
     let (_d, path, key) = key_file();
     let keyed = start(1, Some(path), &[]);
     let open = start(1, None, &[]);
-    let e = hydramem::status::fetch(keyed.cluster().nodes[0].addr, None, WAIT).unwrap_err();
+    let e = hydramem::status::fetch(
+        keyed.cluster().nodes[0].addr,
+        &hydramem::rpc::Access::open(),
+        WAIT,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("requires the cluster key"), "{e}");
-    let e = hydramem::status::fetch(open.cluster().nodes[0].addr, Some(&key), WAIT).unwrap_err();
+    let e = hydramem::status::fetch(
+        open.cluster().nodes[0].addr,
+        &hydramem::rpc::Access::key(Some(&key)),
+        WAIT,
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("runs without a cluster key"), "{e}");
 }
 
@@ -218,10 +231,16 @@ fn drain_and_fault_need_an_operator() {
         assert_eq!(e.refused(), Some(Status::Unauthenticated), "{op:?}: {e}");
     }
     // The operator's greeting may.
-    rpc::inject(addr, Fault::Clear, Some(&key), WAIT).unwrap();
-    hydramem::status::drain(addr, true, Some(&key), WAIT).unwrap();
+    rpc::inject(
+        addr,
+        Fault::Clear,
+        &hydramem::rpc::Access::key(Some(&key)),
+        WAIT,
+    )
+    .unwrap();
+    hydramem::status::drain(addr, true, &hydramem::rpc::Access::key(Some(&key)), WAIT).unwrap();
     assert!(
-        hydramem::status::fetch(addr, Some(&key), WAIT)
+        hydramem::status::fetch(addr, &hydramem::rpc::Access::key(Some(&key)), WAIT)
             .unwrap()
             .draining
     );
@@ -236,7 +255,7 @@ fn an_identity_gets_its_quota_and_a_vanished_one_loses_its_slabs_after_its_lease
     );
     let addr = c.cluster().nodes[0].addr;
     let slabs = || {
-        hydramem::status::fetch(addr, None, WAIT)
+        hydramem::status::fetch(addr, &hydramem::rpc::Access::open(), WAIT)
             .unwrap()
             .slabs
             .len()
@@ -284,21 +303,5 @@ fn a_keyed_cluster_regenerates_a_lost_slab_node_to_node() {
         ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64),
     )
     .unwrap();
-    for p in 0..pages {
-        mem.write_page(p * PAGE_SIZE as u64, &[p as u8; PAGE_SIZE])
-            .unwrap();
-    }
-    let g = mem.group_of(0).unwrap();
-    c.kill(g.nodes[2] as usize).unwrap();
-    common::wait_regenerated(&mem, 1);
-    let g2 = mem.group_of(0).unwrap();
-    // Two more original members die: the regenerated slab is among the 8 left.
-    for n in common::original_members(&g, &g2, 10, 2) {
-        c.kill(n as usize).unwrap();
-    }
-    let mut back = [0u8; PAGE_SIZE];
-    for p in 0..pages {
-        mem.read_page(p * PAGE_SIZE as u64, &mut back).unwrap();
-        assert_eq!(back, [p as u8; PAGE_SIZE], "page {p}");
-    }
+    common::regenerate_and_read_back(&mut c, &mem, pages);
 }

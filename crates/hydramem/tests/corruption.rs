@@ -113,7 +113,12 @@ fn corrupted_splits_are_reported_to_the_node_that_returned_them() {
     let found = mem.corrupt_splits()[bad];
     assert!(found > 0, "no read asked the corrupting node");
     let stats = |n: usize| {
-        hydramem::status::fetch(c.cluster().nodes[n].addr, None, Duration::from_secs(5)).unwrap()
+        hydramem::status::fetch(
+            c.cluster().nodes[n].addr,
+            &hydramem::rpc::Access::open(),
+            Duration::from_secs(5),
+        )
+        .unwrap()
     };
     // The maintenance thread reports within a round or two.
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -204,7 +209,7 @@ fn rebuild_around_a_rotten_source() -> bool {
     assert_ne!(replacement, g.nodes[0] as usize);
     let rotten = hydramem::status::fetch(
         c.cluster().nodes[g.nodes[2] as usize].addr,
-        None,
+        &hydramem::rpc::Access::open(),
         std::time::Duration::from_secs(5),
     )
     .unwrap();

@@ -488,10 +488,14 @@ fn placement_sees_other_clients_allocations_within_heartbeats() {
             .nodes
             .iter()
             .map(|n| {
-                hydramem::status::fetch(n.addr, None, std::time::Duration::from_secs(2))
-                    .unwrap()
-                    .slabs
-                    .len() as u64
+                hydramem::status::fetch(
+                    n.addr,
+                    &hydramem::rpc::Access::open(),
+                    std::time::Duration::from_secs(2),
+                )
+                .unwrap()
+                .slabs
+                .len() as u64
             })
             .collect()
     };

@@ -35,6 +35,7 @@ fn start_with_file(
         extra_args: vec!["--log".into(), "error".into()],
         cluster_file: Some(file),
         key_file: None,
+        tls_dir: None,
     })
 }
 

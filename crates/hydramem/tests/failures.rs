@@ -107,7 +107,7 @@ fn a_silent_node_is_detected_and_a_revived_one_is_reconsidered() {
     mem.release_orphans();
     let st = hydramem::status::fetch(
         c.cluster().nodes[victim as usize].addr,
-        None,
+        &hydramem::rpc::Access::open(),
         Duration::from_secs(2),
     )
     .unwrap();

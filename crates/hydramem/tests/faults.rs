@@ -49,9 +49,12 @@ fn faults_are_refused_unless_allowed() {
     assert_eq!(e.refused(), Some(Status::Forbidden), "{e}");
     assert!(e.to_string().contains("--allow-fault-injection"), "{e}");
     // The node is still alive and serving.
-    assert!(
-        hydramem::status::fetch(c.cluster().nodes[0].addr, None, Duration::from_secs(2)).is_ok()
-    );
+    assert!(hydramem::status::fetch(
+        c.cluster().nodes[0].addr,
+        &hydramem::rpc::Access::open(),
+        Duration::from_secs(2)
+    )
+    .is_ok());
 }
 
 #[test]

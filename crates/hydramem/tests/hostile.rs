@@ -350,7 +350,7 @@ fn no_request_panics_a_node_or_leaks_its_connection() {
         assert_eq!(raw.s.read(&mut b).unwrap_or(0), 0, "connection not closed");
     }
     eventually("every connection uncounted", || {
-        hydramem::status::fetch(addr, None, Duration::from_secs(5))
+        hydramem::status::fetch(addr, &hydramem::rpc::Access::open(), Duration::from_secs(5))
             .map(|s| s.clients == 0)
             .unwrap_or(false)
     });
@@ -415,7 +415,7 @@ fn regen_is_checked_against_the_slab_and_the_membership_before_it_allocates_or_c
     raw.hello(id);
     let slab = raw.alloc(512);
     let rss = || {
-        hydramem::status::fetch(addr, None, Duration::from_secs(5))
+        hydramem::status::fetch(addr, &hydramem::rpc::Access::open(), Duration::from_secs(5))
             .unwrap()
             .rss
     };
@@ -447,7 +447,10 @@ fn regen_is_checked_against_the_slab_and_the_membership_before_it_allocates_or_c
         .unwrap();
     let mut b = [0u8; 1];
     assert_eq!(raw.s.read(&mut b).unwrap_or(0), 0, "connection not closed");
-    assert!(hydramem::status::fetch(addr, None, Duration::from_secs(5)).is_ok());
+    assert!(
+        hydramem::status::fetch(addr, &hydramem::rpc::Access::open(), Duration::from_secs(5))
+            .is_ok()
+    );
     // A well-formed REGEN from members works (here: nothing written, 0 pages rebuilt).
     let mut raw = Raw::connect(addr);
     raw.hello(id);

@@ -1,32 +1,20 @@
 //! A node's bounds on connections against real node processes: connections beyond
 //! --max-connections are closed at once while the clients inside keep working; a peer that
 //! never says HELLO is cut off after --handshake-timeout; a trickled frame is cut off after
-//! --frame-timeout; legitimate clients are untouched by either.
+//! --frame-timeout; legitimate clients are untouched by either; an identity holds at most
+//! --max-connections-per-identity connections.
 
 mod common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::wire::{ClientId, Op};
 use hydramem::PAGE_SIZE;
 
 use common::{Raw, HYDRA, SLAB};
-
-/// Reads until the node closes `s`; how long that took.
-fn closed_after(s: &mut TcpStream) -> Duration {
-    let t0 = Instant::now();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-    let mut b = [0u8; 64];
-    loop {
-        match s.read(&mut b) {
-            Ok(0) | Err(_) => return t0.elapsed(),
-            Ok(_) => {}
-        }
-    }
-}
 
 #[test]
 fn connections_beyond_the_cap_are_closed_and_the_clients_inside_keep_working() {
@@ -83,9 +71,9 @@ fn a_silent_peer_and_a_trickling_one_are_cut_off_and_a_client_is_not() {
     // A client that identified itself and then idles past both timeouts keeps its connection.
     let mut patient = Raw::connect(addr);
     patient.hello(ClientId([6; 16]));
-    let silent_for = closed_after(&mut silent);
+    let silent_for = common::closed_after(&mut silent);
     assert!(silent_for < Duration::from_secs(15), "{silent_for:?}");
-    let trickled_for = closed_after(&mut trickler.s);
+    let trickled_for = common::closed_after(&mut trickler.s);
     assert!(trickled_for < Duration::from_secs(15), "{trickled_for:?}");
     dribble.join().unwrap();
     let (h, _) = patient.call(Op::Ping, &[]);
@@ -93,5 +81,46 @@ fn a_silent_peer_and_a_trickling_one_are_cut_off_and_a_client_is_not() {
         h.status,
         hydramem::wire::Status::Ok,
         "the idle client was cut off"
+    );
+}
+
+#[test]
+fn an_identity_beyond_its_connections_is_refused_and_other_identities_are_not() {
+    let c = common::cluster_with(1, SLAB, 8, &["--max-connections-per-identity", "2"]);
+    let addr = c.cluster().nodes[0].addr;
+    let id = ClientId([7; 16]);
+    let mut held = [Raw::connect(addr), Raw::connect(addr)];
+    for r in &mut held {
+        r.hello(id);
+    }
+    // A third connection of the same identity: OVER_QUOTA, then closed.
+    let mut third = Raw::connect(addr);
+    let mut b = Vec::new();
+    hydramem::wire::Hello {
+        client: id,
+        flags: 0,
+        nonce: [0; hydramem::auth::NONCE_LEN],
+    }
+    .put(&mut b);
+    let (h, _) = third.call(Op::Hello, &b);
+    assert_eq!(h.status, hydramem::wire::Status::OverQuota);
+    assert!(common::closed_after(&mut third.s) < Duration::from_secs(15));
+    // Another identity is not affected, and one of the two held goes on working.
+    let mut other = Raw::connect(addr);
+    other.hello(ClientId([8; 16]));
+    let (h, _) = held[0].call(Op::Ping, &[]);
+    assert_eq!(h.status, hydramem::wire::Status::Ok);
+    // Connections closed free their places for the identity (once the node has seen them
+    // close: asked again until it has).
+    drop(held);
+    let admitted = (0..200).any(|_| {
+        let mut again = Raw::connect(addr);
+        let (h, _) = again.call(Op::Hello, &b);
+        h.status == hydramem::wire::Status::Ok
+            || (std::thread::sleep(Duration::from_millis(20)), false).1
+    });
+    assert!(
+        admitted,
+        "the identity's closed connections were never given back"
     );
 }

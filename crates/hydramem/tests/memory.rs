@@ -51,7 +51,12 @@ fn connect(c: &EmbeddedCluster, pages: u64) -> std::sync::Arc<RemoteMemory> {
 }
 
 fn stats(c: &EmbeddedCluster, node: usize) -> Stats {
-    hydramem::status::fetch(c.cluster().nodes[node].addr, None, Duration::from_secs(2)).unwrap()
+    hydramem::status::fetch(
+        c.cluster().nodes[node].addr,
+        &hydramem::rpc::Access::open(),
+        Duration::from_secs(2),
+    )
+    .unwrap()
 }
 
 /// Sets the flag when dropped, so that a failed assertion stops the workload threads of a

@@ -53,8 +53,13 @@ struct Server {
 }
 
 impl Server {
-    /// Serves an export of `size` bytes (hydra 8+2) with `workers` per connection.
+    /// Serves an export of `size` bytes (hydra 8+2) with `workers` shared by its connections.
     fn start(size: u64, workers: usize) -> Server {
+        Server::start_with(size, workers, nbd::Limits::default())
+    }
+
+    /// The same within `limits`.
+    fn start_with(size: u64, workers: usize, limits: nbd::Limits) -> Server {
         let mem = RemoteMemory::connect(cluster(), ClientConfig::new(common::HYDRA, size))
             .expect("connect to the memory nodes");
         let listener = Listener::tcp("127.0.0.1:0").unwrap();
@@ -65,9 +70,11 @@ impl Server {
             name: "test".into(),
             description: "integration test".into(),
             workers,
+            tls: None,
         };
         let sd = shutdown.clone();
-        let thread = std::thread::spawn(move || nbd::run(listener, export, config, sd).unwrap());
+        let thread =
+            std::thread::spawn(move || nbd::run(listener, export, config, limits, sd).unwrap());
         Server {
             addr,
             mem,
@@ -502,4 +509,85 @@ fn shutdown_replies_to_requests_in_flight_and_loses_no_acknowledged_write() {
             "acknowledged write {cookie} lost"
         );
     }
+}
+
+#[test]
+fn connections_beyond_the_cap_are_closed_and_the_clients_inside_keep_working() {
+    let limits = nbd::Limits {
+        max_connections: 3,
+        ..nbd::Limits::default()
+    };
+    let server = Server::start_with(1 << 20, 4, limits);
+    let mut c = Client::connect(server.addr, true);
+    assert_eq!(c.write(0, &[9u8; 4096]), 0);
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).unwrap(); // greeted: inside the cap
+        idle.push(s);
+    }
+    // Past the cap: closed at once, before any greeting.
+    for _ in 0..20 {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut b = [0u8; 1];
+        assert!(
+            matches!(s.read(&mut b), Ok(0) | Err(_)),
+            "a connection past the cap was served"
+        );
+    }
+    assert_eq!(c.read(0, 4096).unwrap(), vec![9u8; 4096]);
+    // A place freed is a place for the next client.
+    drop(idle);
+    let served = (0..200).any(|_| {
+        let mut s = TcpStream::connect(server.addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut g = [0u8; 18];
+        s.read_exact(&mut g).is_ok() || (std::thread::sleep(Duration::from_millis(20)), false).1
+    });
+    assert!(served, "closed connections never gave their places back");
+    c.disconnect();
+}
+
+#[test]
+fn a_trickled_handshake_and_a_trickled_request_are_cut_off_and_an_idle_client_is_not() {
+    let limits = nbd::Limits {
+        handshake: Duration::from_secs(2),
+        request: Duration::from_secs(2),
+        ..nbd::Limits::default()
+    };
+    let server = Server::start_with(1 << 20, 4, limits);
+    // A client that greets and idles past both deadlines keeps its connection.
+    let mut patient = Client::connect(server.addr, false);
+    // The handshake a byte every 500 ms: each read is quick, the whole is not.
+    let mut slow = TcpStream::connect(server.addr).unwrap();
+    let mut g = [0u8; 18];
+    slow.read_exact(&mut g).unwrap();
+    let mut dribbler = slow.try_clone().unwrap();
+    let dribble = std::thread::spawn(move || {
+        let mut opt = 3u32.to_be_bytes().to_vec();
+        opt.extend_from_slice(b"IHAVEOPT\0\0\0\x07\0\0\0\x08\0\0\0\0\0\0\0\0");
+        for b in opt {
+            if dribbler.write_all(&[b]).is_err() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    });
+    // A client past the handshake that sends half a request and stops.
+    let mut half = Client::connect(server.addr, false);
+    half.s.write_all(&0x2560_9513u32.to_be_bytes()).unwrap();
+    let cut = common::closed_after(&mut slow);
+    assert!(
+        cut < Duration::from_secs(15),
+        "trickled handshake held {cut:?}"
+    );
+    let cut = common::closed_after(&mut half.s);
+    assert!(cut < Duration::from_secs(15), "half a request held {cut:?}");
+    dribble.join().unwrap();
+    // Both cut, well past the deadlines: the idle client reads on.
+    assert_eq!(patient.write(4096, &[3u8; 4096]), 0);
+    assert_eq!(patient.read(4096, 4096).unwrap(), vec![3u8; 4096]);
+    patient.disconnect();
 }

@@ -205,7 +205,12 @@ fn corrupt_reports_count_on_the_callers_slabs_and_bad_ones_are_refused_with_a_st
     let (h, reply) = ra.call(Op::Corrupt, &body(&[report(sa, 4), report(sb, 9)]));
     assert_eq!(h.status, Status::Ok);
     assert_eq!(wire::parse_corrupt_reply(&reply), Ok(1));
-    let stats = hydramem::status::fetch(addr, None, std::time::Duration::from_secs(5)).unwrap();
+    let stats = hydramem::status::fetch(
+        addr,
+        &hydramem::rpc::Access::open(),
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
     assert_eq!(stats.corrupt_reported, 13);
     let of = |id| stats.slabs.iter().find(|s| s.slab == id).unwrap().corrupt;
     assert_eq!((of(sa), of(sb)), (4, 0));
@@ -221,7 +226,12 @@ fn corrupt_reports_count_on_the_callers_slabs_and_bad_ones_are_refused_with_a_st
         Status::BadRequest
     );
     assert_eq!(readv(&mut ra, sa, 0, 512).0, Status::Ok);
-    let stats = hydramem::status::fetch(addr, None, std::time::Duration::from_secs(5)).unwrap();
+    let stats = hydramem::status::fetch(
+        addr,
+        &hydramem::rpc::Access::open(),
+        std::time::Duration::from_secs(5),
+    )
+    .unwrap();
     assert_eq!(stats.corrupt_reported, 13);
 
     // Only an identified client may report.

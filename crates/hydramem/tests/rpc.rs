@@ -31,9 +31,15 @@ fn requests_and_refusals_on_real_nodes() {
     wire::put_free(&mut free, 12345);
     let e = c.request(Op::Free, &free).unwrap_err();
     assert_eq!(e.refused(), Some(Status::NoSuchSlab), "{e}");
-    let e = rpc::inject(node.addr, Fault::Clear, None, WAIT).unwrap_err();
+    let e = rpc::inject(node.addr, Fault::Clear, &rpc::Access::open(), WAIT).unwrap_err();
     assert_eq!(e.refused(), Some(Status::Forbidden), "{e}");
-    rpc::inject(faulty.cluster().nodes[0].addr, Fault::Clear, None, WAIT).unwrap();
+    rpc::inject(
+        faulty.cluster().nodes[0].addr,
+        Fault::Clear,
+        &rpc::Access::open(),
+        WAIT,
+    )
+    .unwrap();
 }
 
 #[test]

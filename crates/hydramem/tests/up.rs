@@ -221,7 +221,7 @@ fn check_all(mem: &RemoteMemory) {
 }
 
 fn answers(addr: SocketAddr) -> Result<u32, String> {
-    hydramem::status::fetch(addr, None, Duration::from_secs(5))
+    hydramem::status::fetch(addr, &hydramem::rpc::Access::open(), Duration::from_secs(5))
         .map(|s| s.node_id)
         .map_err(|e| e.to_string())
 }

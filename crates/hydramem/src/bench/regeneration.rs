@@ -103,6 +103,7 @@ pub fn regeneration(
             ],
             cluster_file: None,
             key_file: None,
+            tls_dir: None,
         })
         .map_err(|e| io("cluster", e.to_string()))?;
         let layout = crate::client::Layout::new(hydra, slab).map_err(|e| BenchError::Client {

@@ -114,7 +114,8 @@ impl RemoteMemory {
         let slots =
             Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
         let flags = if config.kept { wire::HELLO_KEPT } else { 0 };
-        let greeting = Greeting::client(&config.client_id, flags, cluster.key.as_ref());
+        let greeting = Greeting::client(&config.client_id, flags, cluster.key.as_ref())
+            .with_tls(cluster.tls.as_ref());
         let owner = greeting.owner;
         let (transport, outcomes) = open(greeting, slots.clone())?;
         if outcomes.len() != cluster.nodes.len() || transport.nodes() != cluster.nodes.len() {

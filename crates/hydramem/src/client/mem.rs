@@ -149,6 +149,8 @@ pub fn cluster(n: usize, slab_size: u64) -> Cluster {
         slab_size,
         placement: None,
         key_file: None,
+        tls_dir: None,
+        tls: None,
         key: None,
         nodes: (0..n)
             .map(|i| NodeEntry {
@@ -201,6 +203,7 @@ impl MemTransport {
                 allow_faults: false,
                 membership: None,
                 key: greeting.key.clone(),
+                tls: None,
                 tenancy: Default::default(),
             };
             let bad = |e: &dyn std::fmt::Display| {

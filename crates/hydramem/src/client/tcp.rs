@@ -12,6 +12,12 @@
 //! straight to its landing place. Control replies (ALLOC, LIST, ...) go to the thread waiting in
 //! [`Transport::call`] through a channel keyed by request id.
 //!
+//! With TLS ([`crate::tls`]) a connection's session is shared by its senders and the receiver
+//! under a lock ([`Wire`]): a sender encrypts into it and writes what the socket takes, the
+//! receiver reads ciphertext into it and takes the plaintext out; encrypted bytes the socket
+//! did not take wait in the session for the socket to become writable, as plain ones wait in
+//! the send buffer.
+//!
 //! A connection that fails (EOF, reset, malformed reply) is marked down; its outstanding splits
 //! are failed through [`Completions::node_down`] and its pending calls return errors.
 //!
@@ -116,8 +122,9 @@ struct Conn {
     /// The node's id in the cluster file (what it must say in HELLO).
     id: u32,
     up: AtomicBool,
-    /// The socket for sending; replaced when a node that was down is reconnected.
-    stream: ArcSwapOption<TcpStream>,
+    /// The socket (and TLS session) for sending; replaced when a node that was down is
+    /// reconnected.
+    stream: ArcSwapOption<Wire>,
     send: Mutex<SendState>,
     /// Request id of the heartbeat PING in flight (0: none yet).
     ping_sent: AtomicU64,
@@ -149,7 +156,7 @@ struct Shared {
     /// writable and flushes them, so no caller ever blocks on a stalled node.
     want_write: Mutex<Vec<u16>>,
     /// Reconnected sockets for the receiver thread to register.
-    new_streams: Mutex<Vec<(u16, mio::net::TcpStream)>>,
+    new_streams: Mutex<Vec<(u16, mio::net::TcpStream, Arc<Wire>)>>,
     /// What to say to a node when (re)connecting.
     greeting: Greeting,
     /// Wakes the monitor thread early (stop).
@@ -182,16 +189,17 @@ impl TcpTransport {
         let mut rx = Vec::with_capacity(nodes.len());
         for (i, &(id, addr)) in nodes.iter().enumerate() {
             match handshake(addr, id, &greeting, options) {
-                Ok((stream, reply)) => {
-                    let mut m = mio::net::TcpStream::from_std(stream.try_clone()?);
+                Ok((wire, reply)) => {
+                    let wire = Arc::new(wire);
+                    let mut m = mio::net::TcpStream::from_std(wire.sock.try_clone()?);
                     poll.registry()
                         .register(&mut m, Token(i), Interest::READABLE)?;
-                    rx.push(Some(Rx::new(m)));
+                    rx.push(Some(Rx::new(m, wire.clone())));
                     conns.push(Conn {
                         addr,
                         id,
                         up: AtomicBool::new(true),
-                        stream: ArcSwapOption::from_pointee(stream),
+                        stream: ArcSwapOption::new(Some(wire)),
                         send: Mutex::new(SendState::new()),
                         ping_sent: AtomicU64::new(0),
                         pong: AtomicU64::new(0),
@@ -270,32 +278,129 @@ impl Drop for TcpTransport {
         }
         for c in self.shared.conns.iter() {
             if let Some(s) = c.stream.load().as_ref() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
+                let _ = s.sock.shutdown(std::net::Shutdown::Both);
             }
         }
     }
 }
 
-/// Connects and greets the node on a blocking socket ([`crate::rpc::greet`]: HELLO, and with a
-/// cluster key both proofs), then switches to non-blocking. The node must answer as node `id`
-/// (the cluster file's id for that address), or the connection is refused: a node started
-/// with another `--id`, or a cluster file that lists the wrong address, must not be used as
-/// the node it is not.
+/// Connects and greets the node on a blocking socket (TLS first if the greeting has it, then
+/// [`crate::rpc::greet`]: HELLO, and with a cluster key both proofs), then switches to
+/// non-blocking. The node must answer as node `id` (the cluster file's id for that address),
+/// or the connection is refused: a node started with another `--id`, or a cluster file that
+/// lists the wrong address, must not be used as the node it is not.
 fn handshake(
     addr: SocketAddr,
     id: u32,
     greeting: &Greeting,
     o: TcpOptions,
-) -> io::Result<(TcpStream, HelloReply)> {
-    let mut s = TcpStream::connect_timeout(&addr, o.connect_timeout)?;
+) -> io::Result<(Wire, HelloReply)> {
+    let s = TcpStream::connect_timeout(&addr, o.connect_timeout)?;
     s.set_nodelay(true)?;
     s.set_read_timeout(Some(o.call_timeout))?;
     let g = greeting.clone().to_node(id);
     let peer = crate::rpc::Peer::of(&s);
-    let reply = crate::rpc::greet(&mut s, peer, &g).map_err(io::Error::other)?;
-    s.set_read_timeout(None)?;
-    s.set_nonblocking(true)?;
-    Ok((s, reply))
+    let deadline = Instant::now() + o.call_timeout;
+    let mut link = crate::tls::Link::connect(s, g.tls.as_ref(), deadline)?;
+    let reply = crate::rpc::greet(&mut link, peer, &g).map_err(io::Error::other)?;
+    let (sock, tls) = link.into_client_parts();
+    sock.set_read_timeout(None)?;
+    sock.set_nonblocking(true)?;
+    let wire = Wire {
+        sock,
+        tls: tls.map(Mutex::new),
+    };
+    Ok((wire, reply))
+}
+
+/// A connection's socket and, with TLS, its session, which senders and the receiver take in
+/// turn (see the module doc).
+struct Wire {
+    sock: TcpStream,
+    tls: Option<Mutex<rustls::ClientConnection>>,
+}
+
+impl Wire {
+    /// Writes as much of `buf` as the socket takes without blocking. Returns how much of it
+    /// was taken, and whether encrypted bytes still wait in the TLS session for the socket
+    /// (then the socket must be waited on, as for a partial write).
+    fn send(&self, buf: &[u8]) -> io::Result<(usize, bool)> {
+        let Some(tls) = &self.tls else {
+            let mut done = 0;
+            while done < buf.len() {
+                match (&self.sock).write(&buf[done..]) {
+                    Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                    Ok(n) => done += n,
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            return Ok((done, false));
+        };
+        let mut conn = tls.lock();
+        // What an earlier call left encrypted goes out first, in order.
+        if !push(&mut conn, &self.sock)? {
+            return Ok((0, true));
+        }
+        let mut done = 0;
+        while done < buf.len() {
+            let n = conn.writer().write(&buf[done..])?;
+            done += n;
+            if !push(&mut conn, &self.sock)? {
+                return Ok((done, true));
+            }
+            if n == 0 {
+                break; // the session takes no more now: a partial write, waited on as one
+            }
+        }
+        Ok((done, false))
+    }
+
+    /// Whether encrypted bytes wait in the TLS session for the socket.
+    fn pending(&self) -> bool {
+        self.tls.as_ref().is_some_and(|t| t.lock().wants_write())
+    }
+
+    /// Reads what is available now into `out` without blocking (plaintext, with TLS):
+    /// `WouldBlock` when nothing is, `Ok(0)` at the end of the connection.
+    fn receive(&self, sock: &mut mio::net::TcpStream, out: &mut [u8]) -> io::Result<usize> {
+        let Some(tls) = &self.tls else {
+            return sock.read(out);
+        };
+        let mut conn = tls.lock();
+        loop {
+            match conn.reader().read(out) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+            // No plaintext left: take in what the socket holds (as much as the session has
+            // room for), and what it decrypts to.
+            if conn.read_tls(sock)? == 0 {
+                return Ok(0);
+            }
+            conn.process_new_packets()
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+            // A session message to answer (a key update) goes out with the next bytes if the
+            // socket is full now.
+            push(&mut conn, &self.sock)?;
+        }
+    }
+}
+
+/// Writes the session's encrypted bytes to the socket: true once none are left, false if the
+/// socket is full.
+fn push(conn: &mut rustls::ClientConnection, mut sock: &TcpStream) -> io::Result<bool> {
+    while conn.wants_write() {
+        match conn.write_tls(&mut sock) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(false),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 impl Shared {
@@ -372,8 +477,41 @@ impl Shared {
         c: &'a Conn,
         mut st: parking_lot::MutexGuard<'a, SendState>,
     ) -> Result<(), TransportError> {
-        if st.flushing || st.buf.is_empty() {
+        if st.flushing {
             return Ok(());
+        }
+        if st.buf.is_empty() {
+            // Nothing queued here, but a TLS session may still hold encrypted bytes that a
+            // full socket did not take: push them (the receiver calls this when writable).
+            return match c.stream.load().as_ref().map(|w| w.pending()) {
+                Some(true) => {
+                    st.flushing = true;
+                    drop(st);
+                    let r = write_some(c, &[]);
+                    let mut st = c.send.lock();
+                    st.flushing = false;
+                    match r {
+                        Ok((_, true)) => {
+                            drop(st);
+                            self.want_write.lock().push(node);
+                            let _ = self.waker.wake();
+                            Ok(())
+                        }
+                        Ok((_, false)) if !st.buf.is_empty() => self.flush_locked(node, c, st),
+                        Ok(_) => Ok(()),
+                        Err(e) => {
+                            drop(st);
+                            tracing::warn!(node, addr = %c.addr, error = %e, "send to memory node failed");
+                            self.mark_down(node);
+                            Err(TransportError::Down {
+                                node,
+                                addr: c.addr.to_string(),
+                            })
+                        }
+                    }
+                }
+                _ => Ok(()),
+            };
         }
         st.flushing = true;
         loop {
@@ -384,7 +522,7 @@ impl Shared {
             let r = write_some(c, &out);
             st = c.send.lock();
             match r {
-                Ok(n) if n == out.len() => {
+                Ok((n, false)) if n == out.len() => {
                     out.clear();
                     st.spare = out;
                     if st.buf.is_empty() {
@@ -392,9 +530,10 @@ impl Shared {
                         return Ok(());
                     }
                 }
-                Ok(n) => {
+                Ok((n, _)) => {
                     // The socket is full (a slow or stalled node): keep the rest, in order,
-                    // ahead of whatever was queued meanwhile.
+                    // ahead of whatever was queued meanwhile (with TLS, bytes may also wait
+                    // inside the session; the socket's readiness pushes them too).
                     out.drain(..n);
                     out.extend_from_slice(&st.buf);
                     st.buf.clear();
@@ -517,7 +656,7 @@ impl Shared {
     /// Tries to reconnect a node that is down; on success it is up again.
     fn reconnect(&self, node: u16) {
         let c = &self.conns[node as usize];
-        let (stream, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
+        let (wire, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
             Ok(x) => x,
             Err(e) => {
                 tracing::debug!(node, error = %e, "memory node still down");
@@ -529,19 +668,20 @@ impl Shared {
             tracing::warn!(node, addr = %c.addr, "memory node restarted: the slabs it held are gone");
             c.restarted.store(true, Ordering::Release);
         }
-        let Ok(clone) = stream.try_clone() else {
+        let Ok(clone) = wire.sock.try_clone() else {
             return;
         };
+        let wire = Arc::new(wire);
         {
             let mut st = c.send.lock();
             st.buf.clear();
             st.open = None;
             st.flushing = false;
         }
-        c.stream.store(Some(Arc::new(stream)));
+        c.stream.store(Some(wire.clone()));
         self.new_streams
             .lock()
-            .push((node, mio::net::TcpStream::from_std(clone)));
+            .push((node, mio::net::TcpStream::from_std(clone), wire));
         let _ = self.waker.wake();
         c.notice
             .store(wire::Notice::default().encode(), Ordering::Relaxed);
@@ -563,7 +703,7 @@ impl Shared {
             tracing::warn!(node, addr = %c.addr, "memory node connection lost");
             metrics::counter!("hydramem_client_node_down_total").increment(1);
             if let Some(s) = c.stream.load().as_ref() {
-                let _ = s.shutdown(std::net::Shutdown::Both);
+                let _ = s.sock.shutdown(std::net::Shutdown::Both);
             }
             self.calls.lock().retain(|_, (n, _, _)| *n != node);
             self.completions.node_down(node);
@@ -697,7 +837,7 @@ fn monitor_loop(sh: Arc<Shared>) {
                     continue; // lost meanwhile, already handled
                 }
                 metrics::counter!("hydramem_client_suspicions_total").increment(1);
-                match verify(c.addr, c.id, sh.greeting.key.as_ref(), o.verify_timeout) {
+                match verify(c.addr, c.id, &sh.greeting, o.verify_timeout) {
                     Ok(()) => {
                         tracing::info!(node, addr = %c.addr, "suspected node answered a fresh connection: slow, not failed");
                     }
@@ -715,68 +855,40 @@ fn monitor_loop(sh: Arc<Shared>) {
 }
 
 /// Verifies a suspect over a fresh connection: connect, HELLO as an observer, PING.
-fn verify(
-    addr: SocketAddr,
-    id: u32,
-    key: Option<&crate::auth::ClusterKey>,
-    timeout: Duration,
-) -> io::Result<()> {
-    let o = TcpOptions {
-        connect_timeout: timeout,
-        call_timeout: timeout,
-        ..TcpOptions::default()
-    };
-    let (mut s, _) = handshake(addr, id, &Greeting::observer(key), o)?;
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(timeout))?;
-    let mut out = Vec::new();
-    FrameBuilder::begin(&mut out, Op::Ping, false, Status::Ok, 1)
-        .finish(&mut out)
-        .map_err(io::Error::other)?;
-    s.write_all(&out)?;
-    let mut hb = [0u8; HEADER_LEN];
-    s.read_exact(&mut hb)?;
-    // Only the answer to this very PING proves the node alive.
-    match Header::parse(&hb) {
-        Ok(h) if h.reply && h.op == Op::Ping && h.id == 1 && h.status == Status::Ok => Ok(()),
-        Ok(h) => Err(io::Error::other(format!(
-            "answered {:?} #{} to a PING #1",
-            h.op, h.id
-        ))),
-        Err(e) => Err(io::Error::other(e)),
-    }
+fn verify(addr: SocketAddr, id: u32, greeting: &Greeting, timeout: Duration) -> io::Result<()> {
+    // An observer with the client's key and TLS; the node must be node `id`. The PING's
+    // reply is checked to answer this very PING (op and id), which proves the node alive.
+    let observer = crate::rpc::Greeting::observer(greeting.key.as_ref())
+        .with_tls(greeting.tls.as_ref())
+        .to_node(id);
+    crate::rpc::Connection::open(addr, Some(&observer), timeout, timeout)
+        .and_then(|mut c| c.request(Op::Ping, &[]))
+        .map(drop)
+        .map_err(io::Error::other)
 }
 
-/// Writes as much of `buf` as the socket takes without blocking; returns the count.
-fn write_some(c: &Conn, buf: &[u8]) -> io::Result<usize> {
-    let s = c
-        .stream
+/// Writes as much of `buf` as the connection takes without blocking ([`Wire::send`]).
+fn write_some(c: &Conn, buf: &[u8]) -> io::Result<(usize, bool)> {
+    c.stream
         .load_full()
-        .ok_or_else(|| io::Error::other("not connected"))?;
-    let mut done = 0;
-    while done < buf.len() {
-        match (&*s).write(&buf[done..]) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => done += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
+        .ok_or_else(|| io::Error::other("not connected"))?
+        .send(buf)
 }
 
-/// Receive state of one connection: the socket and a buffer of bytes not yet parsed.
+/// Receive state of one connection: the socket, its wire (for TLS) and a buffer of bytes not
+/// yet parsed.
 struct Rx {
     stream: mio::net::TcpStream,
+    wire: Arc<Wire>,
     buf: Vec<u8>,
     filled: usize,
 }
 
 impl Rx {
-    fn new(stream: mio::net::TcpStream) -> Rx {
+    fn new(stream: mio::net::TcpStream, wire: Arc<Wire>) -> Rx {
         Rx {
             stream,
+            wire,
             buf: vec![0; 256 << 10],
             filled: 0,
         }
@@ -795,7 +907,7 @@ fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
         }
         for ev in events.iter() {
             if ev.token() == WAKER {
-                for (n, mut m) in std::mem::take(&mut *sh.new_streams.lock()) {
+                for (n, mut m, wire) in std::mem::take(&mut *sh.new_streams.lock()) {
                     if let Some(mut old) = rx[n as usize].take() {
                         let _ = poll.registry().deregister(&mut old.stream);
                     }
@@ -804,7 +916,7 @@ fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
                         .register(&mut m, Token(n as usize), Interest::READABLE)
                         .is_ok()
                     {
-                        rx[n as usize] = Some(Rx::new(m));
+                        rx[n as usize] = Some(Rx::new(m, wire));
                     }
                 }
                 // Drained in place: the vector keeps its capacity, so a full socket costs no
@@ -849,7 +961,7 @@ fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<(), String> {
             r.buf
                 .resize((r.buf.len() * 2).min(MAX_BODY + HEADER_LEN), 0);
         }
-        match r.stream.read(&mut r.buf[r.filled..]) {
+        match r.wire.receive(&mut r.stream, &mut r.buf[r.filled..]) {
             Ok(0) => return Err("node closed the connection".into()),
             Ok(n) => r.filled += n,
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),

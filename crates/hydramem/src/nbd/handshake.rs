@@ -1,10 +1,14 @@
 //! The handshake: the fixed newstyle greeting and option haggling, up to the moment the client
 //! enters the transmission phase (NBD_OPT_GO or NBD_OPT_EXPORT_NAME) or leaves.
 //!
-//! Supported options: EXPORT_NAME, ABORT, LIST, INFO, GO and STRUCTURED_REPLY; every other
-//! option (STARTTLS, metadata contexts, extended headers, ...) is answered NBD_REP_ERR_UNSUP,
-//! which conforming clients take as "not available" and carry on without. The server has one
-//! export; the empty name (the protocol's default export) names it too.
+//! Supported options: EXPORT_NAME, ABORT, LIST, INFO, GO, STRUCTURED_REPLY, and STARTTLS when
+//! the server has TLS ([`Phase`]); every other option (metadata contexts, extended headers,
+//! ...) is answered NBD_REP_ERR_UNSUP, which conforming clients take as "not available" and
+//! carry on without. The server has one export; the empty name (the protocol's default
+//! export) names it too. A server with TLS requires it (the protocol's "forced TLS"): before
+//! STARTTLS only ABORT is served, other options get NBD_REP_ERR_TLS_REQD and EXPORT_NAME (which
+//! has no error reply) ends the connection; after the upgrade the haggling starts over inside
+//! TLS, where STARTTLS is invalid.
 //!
 //! Invariants: every option gets exactly one final reply (LIST and INFO/GO send theirs after
 //! their informational replies); a client's mistake inside a well-framed option is an error
@@ -54,10 +58,33 @@ pub fn transmission_flags(structured: bool) -> u16 {
     f
 }
 
-/// Runs the handshake on a fresh connection. `Ok(Some(_))` enters transmission; `Ok(None)`
-/// means the client ended the session (ABORT, or it closed between options); `Err` is a
-/// protocol violation or I/O failure, after which the connection is closed.
-/// `shutting_down` is asked before each option: while true, options are refused with
+/// Where the haggling stands with respect to TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The server has no TLS: STARTTLS is unsupported.
+    Plain,
+    /// The server requires TLS and the client has not started it.
+    TlsRequired,
+    /// Inside TLS: STARTTLS again is invalid.
+    InTls,
+}
+
+/// How haggling ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Haggled {
+    /// The client enters transmission with this agreement.
+    Transmission(Negotiated),
+    /// The client ended the session (ABORT, or it closed between options).
+    Ended,
+    /// STARTTLS was acknowledged: the TLS handshake comes next on the socket, then haggling
+    /// again ([`haggle`] with [`Phase::InTls`]).
+    StartTls,
+}
+
+/// Runs the handshake on a fresh connection of a server without TLS. `Ok(Some(_))` enters
+/// transmission; `Ok(None)` means the client ended the session (ABORT, or it closed between
+/// options); `Err` is a protocol violation or I/O failure, after which the connection is
+/// closed. `shutting_down` is asked before each option: while true, options are refused with
 /// NBD_REP_ERR_SHUTDOWN, as the protocol asks of a server that is stopping.
 pub fn negotiate(
     r: &mut impl Read,
@@ -66,19 +93,42 @@ pub fn negotiate(
     size: u64,
     shutting_down: impl Fn() -> bool,
 ) -> Result<Option<Negotiated>, NbdError> {
+    let Some(client) = greet(r, w)? else {
+        return Ok(None);
+    };
+    match haggle(r, w, client, export, size, Phase::Plain, shutting_down)? {
+        Haggled::Transmission(n) => Ok(Some(n)),
+        Haggled::Ended | Haggled::StartTls => Ok(None),
+    }
+}
+
+/// Sends the greeting and reads the client's flags; `None` if the client left.
+pub fn greet(r: &mut impl Read, w: &mut impl Write) -> Result<Option<wire::ClientFlags>, NbdError> {
     w.write_all(&wire::greeting())?;
     w.flush()?;
     let mut cf = [0u8; 4];
     if !read_or_eof(r, &mut cf)? {
         return Ok(None);
     }
-    let client = wire::parse_client_flags(cf)?;
+    Ok(Some(wire::parse_client_flags(cf)?))
+}
+
+/// Option haggling (see [`negotiate`]) in `phase`, for a client that sent `client` flags.
+pub fn haggle(
+    r: &mut impl Read,
+    w: &mut impl Write,
+    client: wire::ClientFlags,
+    export: &ExportConfig,
+    size: u64,
+    phase: Phase,
+    shutting_down: impl Fn() -> bool,
+) -> Result<Haggled, NbdError> {
     let mut structured = false;
     let mut out = Vec::new();
     loop {
         let mut hb = [0u8; wire::OPTION_HEADER_LEN];
         if !read_or_eof(r, &mut hb)? {
-            return Ok(None);
+            return Ok(Haggled::Ended);
         }
         let h = OptionHeader::parse(&hb)?;
         out.clear();
@@ -112,15 +162,33 @@ pub fn negotiate(
         tracing::debug!(option = %OptionName(h.option), len = h.len, "NBD option");
         if shutting_down() && h.option != wire::OPT_ABORT {
             if h.option == wire::OPT_EXPORT_NAME {
-                return Ok(None);
+                return Ok(Haggled::Ended);
             }
             let msg = "the server is shutting down";
             wire::put_option_error(&mut out, h.option, wire::REP_ERR_SHUTDOWN, msg);
             send(w, &out)?;
             continue;
         }
-        match h.option {
-            wire::OPT_EXPORT_NAME => {
+        match (phase, h.option) {
+            (Phase::TlsRequired, wire::OPT_STARTTLS) if data.is_empty() => {
+                wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
+                send(w, &out)?;
+                return Ok(Haggled::StartTls);
+            }
+            (Phase::TlsRequired, wire::OPT_EXPORT_NAME) => return Err(NbdError::TlsRequired),
+            (Phase::TlsRequired, o) if o != wire::OPT_ABORT && o != wire::OPT_STARTTLS => {
+                let msg = "this server requires TLS: send NBD_OPT_STARTTLS first";
+                wire::put_option_error(&mut out, o, wire::REP_ERR_TLS_REQD, msg);
+            }
+            (Phase::TlsRequired, wire::OPT_STARTTLS) => {
+                let msg = "STARTTLS takes no data";
+                wire::put_option_error(&mut out, h.option, wire::REP_ERR_INVALID, msg);
+            }
+            (Phase::InTls, wire::OPT_STARTTLS) => {
+                let msg = "TLS is already started on this connection";
+                wire::put_option_error(&mut out, h.option, wire::REP_ERR_INVALID, msg);
+            }
+            (_, wire::OPT_EXPORT_NAME) => {
                 let name = String::from_utf8(data)
                     .map_err(|_| wire::WireError::Invalid("export name (not UTF-8)"))?;
                 if !export.serves(&name) {
@@ -128,34 +196,34 @@ pub fn negotiate(
                 }
                 let flags = transmission_flags(structured);
                 send(w, &wire::export_name_reply(size, flags, client.no_zeroes))?;
-                return Ok(Some(Negotiated { structured, flags }));
+                return Ok(Haggled::Transmission(Negotiated { structured, flags }));
             }
-            wire::OPT_ABORT => {
+            (_, wire::OPT_ABORT) => {
                 wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
                 // The client may already have closed: that is its right after ABORT.
                 let _ = send(w, &out);
-                return Ok(None);
+                return Ok(Haggled::Ended);
             }
-            wire::OPT_LIST if data.is_empty() => {
+            (_, wire::OPT_LIST) if data.is_empty() => {
                 let server = wire::rep_server(&export.name, &export.description);
                 wire::put_option_reply(&mut out, h.option, wire::REP_SERVER, &server);
                 wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
             }
-            wire::OPT_STRUCTURED_REPLY if data.is_empty() => {
+            (_, wire::OPT_STRUCTURED_REPLY) if data.is_empty() => {
                 structured = true;
                 wire::put_option_reply(&mut out, h.option, wire::REP_ACK, &[]);
             }
-            wire::OPT_LIST | wire::OPT_STRUCTURED_REPLY => {
+            (_, wire::OPT_LIST | wire::OPT_STRUCTURED_REPLY) => {
                 let msg = format!("{} takes no data", OptionName(h.option));
                 wire::put_option_error(&mut out, h.option, wire::REP_ERR_INVALID, &msg);
             }
-            wire::OPT_INFO | wire::OPT_GO => {
+            (_, wire::OPT_INFO | wire::OPT_GO) => {
                 if let Some(n) = info(&mut out, h.option, &data, export, size, structured) {
                     send(w, &out)?;
-                    return Ok(Some(n));
+                    return Ok(Haggled::Transmission(n));
                 }
             }
-            other => {
+            (_, other) => {
                 let msg = format!("{} is not supported by this server", OptionName(other));
                 wire::put_option_error(&mut out, other, wire::REP_ERR_UNSUP, &msg);
             }
@@ -238,6 +306,7 @@ mod tests {
             name: "disk".into(),
             description: "a test export".into(),
             workers: 1,
+            tls: None,
         }
     }
 
@@ -279,6 +348,78 @@ mod tests {
         }
         assert!(b.is_empty(), "{} stray bytes", b.len());
         v
+    }
+
+    /// Option replies as (option, type, data).
+    type Replies = Vec<(u32, u32, Vec<u8>)>;
+
+    /// Haggles over `input` in `phase`; the end and the replies.
+    fn haggle_in(phase: Phase, input: &[u8]) -> (Result<Haggled, NbdError>, Replies) {
+        let mut out = Vec::new();
+        let client = ClientFlags { no_zeroes: true };
+        let r = haggle(
+            &mut &input[..],
+            &mut out,
+            client,
+            &config(),
+            1 << 20,
+            phase,
+            || false,
+        );
+        (r, replies(&out))
+    }
+
+    #[test]
+    fn with_tls_required_only_starttls_and_abort_are_served_before_tls() {
+        let mut go = Vec::new();
+        InfoRequest {
+            name: String::new(),
+            infos: vec![],
+        }
+        .put(&mut go);
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_GO, &go);
+        option(&mut inp, OPT_LIST, &[]);
+        option(&mut inp, OPT_STARTTLS, b"x");
+        option(&mut inp, OPT_STARTTLS, &[]);
+        let (r, rs) = haggle_in(Phase::TlsRequired, &inp);
+        assert_eq!(r.unwrap(), Haggled::StartTls);
+        let types: Vec<(u32, u32)> = rs.iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            types,
+            [
+                (OPT_GO, REP_ERR_TLS_REQD),
+                (OPT_LIST, REP_ERR_TLS_REQD),
+                (OPT_STARTTLS, REP_ERR_INVALID),
+                (OPT_STARTTLS, REP_ACK)
+            ]
+        );
+        // EXPORT_NAME has no error reply: the connection ends; ABORT is acknowledged.
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_EXPORT_NAME, b"");
+        assert!(matches!(
+            haggle_in(Phase::TlsRequired, &inp).0,
+            Err(NbdError::TlsRequired)
+        ));
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_ABORT, &[]);
+        assert_eq!(
+            haggle_in(Phase::TlsRequired, &inp).0.unwrap(),
+            Haggled::Ended
+        );
+        // Inside TLS: a second STARTTLS is invalid, GO works.
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_STARTTLS, &[]);
+        option(&mut inp, OPT_GO, &go);
+        let (r, rs) = haggle_in(Phase::InTls, &inp);
+        assert!(matches!(r.unwrap(), Haggled::Transmission(_)));
+        assert_eq!((rs[0].0, rs[0].1), (OPT_STARTTLS, REP_ERR_INVALID));
+        // Without TLS, STARTTLS is unsupported (and the haggling goes on).
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_STARTTLS, &[]);
+        let (r, rs) = haggle_in(Phase::Plain, &inp);
+        assert_eq!(r.unwrap(), Haggled::Ended);
+        assert_eq!((rs[0].0, rs[0].1), (OPT_STARTTLS, REP_ERR_UNSUP));
     }
 
     #[test]

@@ -8,17 +8,19 @@
 //! speak it directly. This is the paper's block device for unmodified applications (Hydra §6,
 //! after Infiniswap), in user space and over a standard protocol.
 //!
-//! The protocol follows the upstream NBD protocol document (fixed newstyle only; no TLS, no
-//! metadata contexts). Rust has NBD *client* crates, but no maintained server-side library
-//! covers fixed newstyle with structured replies, so the server is written here, in four
-//! modules, one concept each:
+//! The protocol follows the upstream NBD protocol document (fixed newstyle only, TLS by
+//! STARTTLS when the server has a member directory, no metadata contexts). Rust has NBD
+//! *client* crates, but no maintained server-side library covers fixed newstyle with
+//! structured replies, so the server is written here, one concept per module:
 //!
 //! - [`wire`]: every byte of the protocol, with byte tables; pure parsing and encoding;
 //! - [`handshake`]: greeting and option haggling (GO, INFO, EXPORT_NAME, LIST, ABORT,
 //!   STRUCTURED_REPLY);
 //! - [`transmission`]: requests and replies of one connection, executed by a small worker pool;
 //! - [`export`]: the byte-addressed device over whole remote pages (read-modify-write of
-//!   partial pages under a per-page lock from [`page_locks`]).
+//!   partial pages under a per-page lock from [`page_locks`]);
+//! - [`limits`]: what a client may hold (connections, deadlines, bytes in flight), and
+//!   [`pool`]: the worker threads every connection shares.
 //!
 //! Invariants the server keeps: a WRITE (or TRIM, WRITE_ZEROES) is replied to only once every
 //! page it touched is acknowledged under the client's resilience mode; all connections share
@@ -33,7 +35,9 @@
 mod batch;
 pub mod export;
 pub mod handshake;
+pub mod limits;
 pub mod page_locks;
+pub mod pool;
 pub mod transmission;
 pub mod wire;
 
@@ -45,6 +49,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use export::{Export, ExportError, MemStore, PageStore};
+use handshake::{Haggled, Phase};
+use limits::Deadlined;
+pub use limits::Limits;
+use transmission::Shared;
 
 use crate::shutdown::Waker;
 
@@ -52,10 +60,9 @@ use crate::shutdown::Waker;
 /// protocol document names as never a denial of service; a request of this size holds that
 /// much memory while it runs.
 pub const MAX_PAYLOAD: usize = 32 << 20;
-/// A client has this long for each message of the handshake before it is dropped, so that
-/// half-open connections do not hold a thread forever. The transmission phase has no timeout
-/// (an idle block device is normal).
-pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Why a connection was cut during the handshake.
+const HANDSHAKE_LATE: &str = "the NBD handshake did not finish within the handshake time \
+     (a stalled or trickling client; see --handshake-timeout)";
 
 /// Why a connection ended abnormally (logged; the server goes on).
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +85,10 @@ pub enum NbdError {
         /// Its declared data length.
         len: u32,
     },
+    /// The client asked for the export with NBD_OPT_EXPORT_NAME before STARTTLS on a server
+    /// that requires TLS (that option has no error reply: the connection is closed).
+    #[error("the client asked for the export before starting TLS, which this server requires; connect with TLS (e.g. an nbds:// URI with the member's certificates)")]
+    TlsRequired,
     /// The connection ended inside a WRITE payload (the write was not done nor acknowledged).
     #[error("connection ended inside the payload of a {len}-byte write at offset {offset} (that write was not applied)")]
     TruncatedPayload {
@@ -95,8 +106,12 @@ pub struct ExportConfig {
     pub name: String,
     /// Human-readable description (LIST, NBD_INFO_DESCRIPTION).
     pub description: String,
-    /// Worker threads per connection (1: requests run in order on the connection's thread).
+    /// Worker threads shared by all connections (1: every request runs in order on its
+    /// connection's thread).
     pub workers: usize,
+    /// TLS required of every client (STARTTLS, mutual, certificates from the cluster CA);
+    /// `None`: plain.
+    pub tls: Option<crate::tls::Tls>,
 }
 
 impl ExportConfig {
@@ -137,6 +152,13 @@ impl Stream {
         }
     }
 
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(t),
+            Stream::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+
     fn peer(&self) -> String {
         match self {
             Stream::Tcp(s) => s.peer_addr().map(|a| a.to_string()),
@@ -152,6 +174,27 @@ impl Read for Stream {
             Stream::Tcp(s) => s.read(buf),
             Stream::Unix(s) => s.read(buf),
         }
+    }
+}
+
+impl Read for &Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).read(buf),
+            Stream::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Stream::Tcp(s) => (&*s).write(buf),
+            Stream::Unix(s) => (&*s).write(buf),
+        }
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
     }
 }
 
@@ -255,28 +298,41 @@ impl Shutdown {
     }
 }
 
-/// Serves `export` on `listener` until `shutdown` is triggered, then waits for every
-/// connection to reply to the requests it read and close. A Unix socket file is removed.
+/// Serves `export` on `listener` until `shutdown` is triggered, within `limits`, then waits
+/// for every connection to reply to the requests it read and close. A Unix socket file is
+/// removed.
 pub fn run(
     listener: Listener,
     export: Arc<Export>,
     config: ExportConfig,
+    limits: Limits,
     shutdown: Arc<Shutdown>,
 ) -> io::Result<()> {
     shutdown.set_waker(match &listener {
         Listener::Tcp(l) => Waker::Tcp(l.local_addr()?),
         Listener::Unix(_, p) => Waker::Unix(p.clone()),
     });
+    let shared = Shared::new(config.workers, &limits);
     tracing::info!(
         addr = %listener.describe(),
         export = %config.name,
         size = export.size(),
-        workers = config.workers,
+        workers = shared.pool.as_ref().map_or(0, |p| p.size()),
+        max_connections = limits.max_connections,
+        bytes_in_flight = limits.bytes_in_flight,
+        tls = config.tls.is_some(),
         "NBD server listening"
     );
-    let config = Arc::new(config);
+    let serving = Arc::new(Serving {
+        export,
+        config,
+        limits,
+        shared,
+        shutdown: shutdown.clone(),
+    });
     let connections = metrics::gauge!("hydramem_nbd_connections");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
+    let mut refused = 0u64;
     loop {
         let accepted = listener.accept();
         if shutdown.is_triggered() {
@@ -291,20 +347,30 @@ pub fn run(
                 continue;
             }
         };
+        if shutdown.tracked() >= limits.max_connections {
+            // Closed at once: a flood of connections costs the server no thread and no buffer.
+            metrics::counter!("hydramem_nbd_connections_refused_total").increment(1);
+            if refused.is_multiple_of(1000) {
+                tracing::warn!(
+                    peer = %stream.peer(),
+                    max = limits.max_connections,
+                    refused_so_far = refused,
+                    "refusing NBD connections: the server serves --max-connections already"
+                );
+            }
+            refused += 1;
+            stream.shutdown(NetShutdown::Both);
+            continue;
+        }
         let id = shutdown.register(&stream);
-        let (export, config, sd, gauge) = (
-            export.clone(),
-            config.clone(),
-            shutdown.clone(),
-            connections.clone(),
-        );
+        let (serving, gauge) = (serving.clone(), connections.clone());
         let spawned = std::thread::Builder::new()
             .name(format!("nbd-conn-{id}"))
             .spawn(move || {
                 gauge.increment(1.0);
-                connection(stream, id, &export, &config, &sd);
+                connection(stream, id, &serving);
                 gauge.decrement(1.0);
-                sd.unregister(id);
+                serving.shutdown.unregister(id);
             });
         match spawned {
             Ok(t) => threads.push(t),
@@ -330,32 +396,33 @@ pub fn run(
     Ok(())
 }
 
+/// What every connection of one server serves, and within what.
+struct Serving {
+    export: Arc<Export>,
+    config: ExportConfig,
+    limits: Limits,
+    shared: Shared,
+    shutdown: Arc<Shutdown>,
+}
+
 /// Serves one connection from greeting to close.
-fn connection(stream: Stream, id: u64, export: &Export, config: &ExportConfig, sd: &Shutdown) {
+fn connection(stream: Stream, id: u64, serving: &Serving) {
     let peer = stream.peer();
     tracing::info!(conn = id, %peer, "NBD client connected");
-    let result = (|| -> Result<Option<transmission::End>, NbdError> {
-        stream.set_read_timeout(Some(HANDSHAKE_TIMEOUT))?;
-        let mut r = BufReader::with_capacity(256 << 10, stream.try_clone()?);
-        let mut w = stream.try_clone()?;
-        let negotiated =
-            handshake::negotiate(&mut r, &mut w, config, export.size(), || sd.is_triggered())?;
-        let Some(n) = negotiated else {
-            return Ok(None);
-        };
-        tracing::info!(
-            conn = id,
-            structured = n.structured,
-            flags = format_args!("{:#06x}", n.flags),
-            "NBD transmission"
-        );
-        stream.set_read_timeout(None)?;
-        let w = BufWriter::with_capacity(64 << 10, w);
-        transmission::serve(&mut r, w, export, n, config.workers, || sd.is_triggered()).map(Some)
-    })();
+    let result = session(&stream, id, serving);
     match result {
         Ok(Some(end)) => tracing::info!(conn = id, ?end, "NBD client disconnected"),
         Ok(None) => tracing::info!(conn = id, "NBD client left during the handshake"),
+        Err(NbdError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
+            metrics::counter!("hydramem_nbd_connections_timed_out_total").increment(1);
+            // A flood of silent or trickling peers must not become a flood of log lines.
+            let n = TIMED_OUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if n.is_multiple_of(1000) {
+                tracing::warn!(conn = id, %peer, error = %e, cut_off_so_far = n + 1, "closing NBD connection");
+            } else {
+                tracing::debug!(conn = id, %peer, error = %e, "closing NBD connection");
+            }
+        }
         Err(e) => {
             metrics::counter!("hydramem_nbd_protocol_errors_total").increment(1);
             tracing::warn!(conn = id, %peer, error = %e, "closing NBD connection");
@@ -363,3 +430,90 @@ fn connection(stream: Stream, id: u64, export: &Export, config: &ExportConfig, s
     }
     stream.shutdown(NetShutdown::Both);
 }
+
+/// The handshake (with STARTTLS when the server has TLS) and the transmission phase of one
+/// connection; `None` if the client left during the handshake.
+fn session(
+    stream: &Stream,
+    id: u64,
+    serving: &Serving,
+) -> Result<Option<transmission::End>, NbdError> {
+    let Serving {
+        export,
+        config,
+        limits,
+        shared,
+        shutdown: sd,
+    } = serving;
+    let accepted = std::time::Instant::now();
+    // Reads wake every tick to check their deadline; a reply the client does not take
+    // within the request time fails (and ends the connection).
+    stream.set_read_timeout(Some(limits::TICK))?;
+    stream.set_write_timeout(Some(limits.request))?;
+    let mut input = Deadlined::new(stream.try_clone()?);
+    input.until(accepted + limits.handshake, HANDSHAKE_LATE);
+    let mut r = BufReader::with_capacity(256 << 10, input);
+    let mut w = stream.try_clone()?;
+    let stopping = || sd.is_triggered();
+    let Some(client) = handshake::greet(&mut r, &mut w)? else {
+        return Ok(None);
+    };
+    let size = export.size();
+    let Some(tls) = &config.tls else {
+        let n = match handshake::haggle(
+            &mut r,
+            &mut w,
+            client,
+            config,
+            size,
+            Phase::Plain,
+            stopping,
+        )? {
+            Haggled::Transmission(n) => n,
+            Haggled::Ended | Haggled::StartTls => return Ok(None),
+        };
+        log_transmission(id, n, false);
+        let w = BufWriter::with_capacity(64 << 10, w);
+        return transmission::serve(&mut r, w, export, n, shared, stopping).map(Some);
+    };
+    match handshake::haggle(
+        &mut r,
+        &mut w,
+        client,
+        config,
+        size,
+        Phase::TlsRequired,
+        stopping,
+    )? {
+        Haggled::StartTls => {}
+        Haggled::Ended | Haggled::Transmission(_) => return Ok(None),
+    }
+    // TLS from here on; bytes of its handshake the client sent early are in the buffer.
+    let early = r.buffer().to_vec();
+    let deadline = accepted + limits.handshake;
+    let (rd, wr) = tls.start_server(stream.try_clone()?, &early, deadline)?;
+    let mut input = Deadlined::new(rd);
+    input.until(deadline, HANDSHAKE_LATE);
+    let mut r = BufReader::with_capacity(256 << 10, input);
+    let mut w = wr.clone();
+    let n = match handshake::haggle(&mut r, &mut w, client, config, size, Phase::InTls, stopping)? {
+        Haggled::Transmission(n) => n,
+        Haggled::Ended | Haggled::StartTls => return Ok(None),
+    };
+    log_transmission(id, n, true);
+    let w = BufWriter::with_capacity(64 << 10, wr);
+    transmission::serve(&mut r, w, export, n, shared, stopping).map(Some)
+}
+
+fn log_transmission(id: u64, n: handshake::Negotiated, tls: bool) {
+    tracing::info!(
+        conn = id,
+        structured = n.structured,
+        tls,
+        flags = format_args!("{:#06x}", n.flags),
+        "NBD transmission"
+    );
+}
+
+/// Connections cut off by a deadline since the server started (their log lines are sampled).
+static TIMED_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);

@@ -43,14 +43,17 @@
 //!   simple replies.
 
 use std::io::{self, BufReader, Read, Write};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
 
 use super::batch::{complete_reads, execute_batch, submit_reads, Batch, Work};
-use super::export::{Export, ExportError};
+use super::export::{Export, ExportError, SubmittedReads};
 use super::handshake::{read_or_eof, Negotiated};
+use super::limits::{Budget, Deadlined, Limits, Permit};
+use super::pool::{Pool, Task};
 use super::wire::{self, Request};
 use super::{NbdError, MAX_PAYLOAD};
 
@@ -67,6 +70,8 @@ pub enum End {
 pub(super) struct Job {
     pub(super) req: Request,
     pub(super) payload: Payload,
+    /// Its bytes of the server's budget, given back when the job is dropped (replied to).
+    pub(super) _permit: Permit,
 }
 
 /// The payload of a request.
@@ -89,6 +94,11 @@ pub(super) struct Replies<W> {
 impl<W: Write> Replies<W> {
     /// Writes one reply made of `parts` and pushes it out.
     fn send(&self, parts: &[&[u8]]) {
+        // A client that stopped taking replies (the write timed out, or the socket broke)
+        // gets no more: its connection ends at the next request.
+        if self.failed.load(Ordering::Relaxed) {
+            return;
+        }
         let mut w = self.w.lock();
         let r = parts
             .iter()
@@ -132,146 +142,193 @@ impl<W: Write> Replies<W> {
     }
 }
 
+/// What the connections of one server share: the worker pool, the budget of bytes in flight,
+/// and the time a request may take to arrive and its reply to be taken.
+pub struct Shared {
+    /// Runs pipelined requests; `None`: every request runs in order on the reading thread.
+    pub pool: Option<Pool>,
+    /// Bytes of payloads and read buffers in flight.
+    pub budget: Arc<Budget>,
+    /// From a request's first byte to its last.
+    pub request: Duration,
+}
+
+impl Shared {
+    /// `workers` threads shared by all connections (1 or fewer: no pool, requests in order),
+    /// and the limits' budget and request time.
+    pub fn new(workers: usize, limits: &Limits) -> Shared {
+        Shared {
+            pool: (workers > 1).then(|| Pool::new(workers)),
+            budget: Budget::new(limits.bytes_in_flight),
+            request: limits.request,
+        }
+    }
+}
+
+/// Requests of one connection handed to the pool or the completer and not yet replied to.
+#[derive(Default)]
+struct InFlight {
+    n: Mutex<usize>,
+    changed: Condvar,
+}
+
+impl InFlight {
+    fn get(&self) -> usize {
+        *self.n.lock()
+    }
+
+    /// One more, once fewer than `max` are in flight.
+    fn enter(&self, max: usize) {
+        let mut n = self.n.lock();
+        while *n >= max {
+            self.changed.wait(&mut n);
+        }
+        *n += 1;
+    }
+
+    fn leave(&self) {
+        *self.n.lock() -= 1;
+        self.changed.notify_all();
+    }
+
+    fn wait_idle(&self) {
+        let mut n = self.n.lock();
+        while *n > 0 {
+            self.changed.wait(&mut n);
+        }
+    }
+}
+
+/// What the request reader hands on.
+enum Event {
+    /// A request, and whether more input is already buffered behind it.
+    Job(Job, bool),
+    /// The reader is about to wait for budget: requests held back for a batch must go now.
+    Flush,
+}
+
 /// Serves requests read from `r` on `export`, replying on `w`, until the client disconnects,
-/// the input ends, `stopping()` is true between two requests, or a request breaks framing
-/// (`Err`). Returns after every request read has been replied to and every worker thread of
-/// the connection has exited (thread-local destructors included).
-pub fn serve<R: Read, W: Write + Send>(
-    r: &mut BufReader<R>,
+/// the input ends, `stopping()` is true between two requests, a reply cannot be sent, or a
+/// request breaks framing or its deadline (`Err`). Returns after every request read has been
+/// replied to (or its reply failed).
+pub fn serve<R: Read, W: Write + Send + 'static>(
+    r: &mut BufReader<Deadlined<R>>,
     w: W,
-    export: &Export,
+    export: &Arc<Export>,
     negotiated: Negotiated,
-    workers: usize,
+    shared: &Shared,
     stopping: impl Fn() -> bool,
 ) -> Result<End, NbdError> {
-    let replies = Replies {
+    let replies = Arc::new(Replies {
         w: Mutex::new(w),
         structured: negotiated.structured,
         failed: AtomicBool::new(false),
-    };
-    let replies = &replies;
-    // Requests handed to the pool and not yet replied to.
-    let busy = &AtomicUsize::new(0);
-    std::thread::scope(|s| {
-        let mut pool = None;
-        let mut started = Vec::new();
-        if workers > 1 {
-            let (tx, rx) = mpsc::sync_channel::<Work>(workers * 2);
-            let rx = std::sync::Arc::new(Mutex::new(rx));
-            for i in 0..workers {
-                let rx = rx.clone();
-                let worker = move || loop {
-                    let work = rx.lock().recv();
-                    match work {
-                        Ok(work) => {
-                            run(work, export, replies);
-                            busy.fetch_sub(1, Ordering::SeqCst);
-                        }
-                        Err(_) => return,
-                    }
-                };
-                match std::thread::Builder::new()
-                    .name(format!("nbd-worker-{i}"))
-                    .spawn_scoped(s, worker)
-                {
-                    Ok(handle) => started.push(handle),
-                    Err(e) => tracing::warn!(error = %e, "cannot start an NBD worker thread"),
-                }
-            }
-            if !started.is_empty() {
-                pool = Some(tx);
-            }
-        }
-        // The completer: ends the READs this thread started without waiting (one thread for
-        // all of them, however many are in flight).
-        let mut completer = None;
-        if pool.is_some() {
-            let (tx, rx) = mpsc::sync_channel(workers * 4);
-            let complete = move || {
-                for (sub, jobs) in rx {
-                    complete_reads(sub, jobs, export, replies);
-                    busy.fetch_sub(1, Ordering::SeqCst);
-                }
+    });
+    let inflight = Arc::new(InFlight::default());
+    let per_connection = shared.pool.as_ref().map_or(1, Pool::per_connection);
+    let structured = replies.structured;
+    let result = std::thread::scope(|s| {
+        let (rp, fl): (&Replies<W>, &InFlight) = (&replies, &inflight);
+        // The completer ends the READs this thread started without waiting (one thread for
+        // all of them, however many are in flight), started when the first such READ comes.
+        let mut completer: Option<mpsc::SyncSender<(SubmittedReads<'_>, Vec<Job>)>> = None;
+        let mut completer_failed = false;
+        let mut dispatch = |work: Work, pipelined: bool| {
+            let Some(pool) = &shared.pool else {
+                return run(work, export, rp);
             };
-            match std::thread::Builder::new()
-                .name("nbd-completer".into())
-                .spawn_scoped(s, complete)
-            {
-                Ok(handle) => {
-                    started.push(handle);
-                    completer = Some(tx);
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot start the NBD completer thread"),
-            }
-        }
-        let structured = replies.structured;
-        let dispatch = |work: Work, pipelined: bool| match &pool {
-            // Pipelined READs of whole pages are started here and ended by the completer: no
-            // worker is woken before their splits leave.
-            Some(_)
-                if completer.is_some()
-                    && (pipelined || busy.load(Ordering::SeqCst) > 0)
-                    && Batch::submittable(&work, export, structured) =>
-            {
-                match submit_reads(work, export) {
-                    Ok(started) => {
-                        busy.fetch_add(1, Ordering::SeqCst);
-                        let tx = completer.as_ref().expect("checked above");
-                        if let Err(mpsc::SendError((sub, jobs))) = tx.send(started) {
-                            busy.fetch_sub(1, Ordering::SeqCst);
-                            complete_reads(sub, jobs, export, replies);
-                        }
-                    }
-                    Err(work) => run(work, export, replies),
-                }
-            }
             // Work with nothing in flight and nothing behind it (a client at queue depth 1)
             // runs here, sparing the wake-up of a worker: tens of µs on these machines, a
             // fifth of a page write.
-            Some(tx) if pipelined || busy.load(Ordering::SeqCst) > 0 => {
-                busy.fetch_add(1, Ordering::SeqCst);
-                // A send fails only if every worker is gone, which happens only on panic.
-                if let Err(mpsc::SendError(work)) = tx.send(work) {
-                    busy.fetch_sub(1, Ordering::SeqCst);
-                    run(work, export, replies);
+            if !pipelined && fl.get() == 0 {
+                return run(work, export, rp);
+            }
+            // Pipelined READs of whole pages are started here and ended by the completer: no
+            // worker is woken before their splits leave.
+            if !completer_failed && Batch::submittable(&work, export, structured) {
+                if completer.is_none() {
+                    let (tx, rx) = mpsc::sync_channel(per_connection * 2);
+                    let complete = move || {
+                        for (sub, jobs) in rx {
+                            complete_reads(sub, jobs, export, rp);
+                            fl.leave();
+                        }
+                    };
+                    match std::thread::Builder::new()
+                        .name("nbd-completer".into())
+                        .spawn_scoped(s, complete)
+                    {
+                        Ok(_) => completer = Some(tx),
+                        Err(e) => {
+                            tracing::warn!(error = %e, "cannot start the NBD completer thread");
+                            completer_failed = true;
+                        }
+                    }
+                }
+                if let Some(tx) = &completer {
+                    fl.enter(per_connection);
+                    match submit_reads(work, export) {
+                        Ok(started) => {
+                            if let Err(mpsc::SendError((sub, jobs))) = tx.send(started) {
+                                complete_reads(sub, jobs, export, rp);
+                                fl.leave();
+                            }
+                        }
+                        Err(work) => {
+                            fl.leave();
+                            run(work, export, rp);
+                        }
+                    }
+                    return;
                 }
             }
-            _ => run(work, export, replies),
+            fl.enter(per_connection);
+            let (e, r, f) = (export.clone(), replies.clone(), inflight.clone());
+            let task: Task = Box::new(move || {
+                run(work, &e, &r);
+                drop(r);
+                f.leave();
+            });
+            // Given back only if every worker is gone (a panic): run it here.
+            if let Err(task) = pool.submit(task) {
+                task();
+            }
         };
         let mut batch = Batch::default();
-        let r = read_requests(r, &stopping, |job, pipelined| {
-            if !batch.takes(&job, export, replies.structured) {
+        let stop = || stopping() || rp.failed.load(Ordering::Relaxed);
+        let r = read_requests(r, &stop, shared, |event| match event {
+            Event::Flush => {
                 if let Some(work) = batch.take() {
                     dispatch(work, true);
                 }
-                if !batch.takes(&job, export, replies.structured) {
-                    return dispatch(Work::One(job), pipelined);
-                }
             }
-            batch.push(job);
-            // Requests already buffered behind this one join it; the last of them sends the
-            // batch off.
-            if !pipelined || batch.full() {
-                if let Some(work) = batch.take() {
-                    dispatch(work, pipelined);
+            Event::Job(job, pipelined) => {
+                if !batch.takes(&job, export, structured) {
+                    if let Some(work) = batch.take() {
+                        dispatch(work, true);
+                    }
+                    if !batch.takes(&job, export, structured) {
+                        return dispatch(Work::One(job), pipelined);
+                    }
+                }
+                batch.push(job);
+                // Requests already buffered behind this one join it; the last of them sends
+                // the batch off.
+                if !pipelined || batch.full() {
+                    if let Some(work) = batch.take() {
+                        dispatch(work, pipelined);
+                    }
                 }
             }
         });
         if let Some(work) = batch.take() {
             dispatch(work, false);
         }
-        drop(pool); // workers finish the queue and return
-        drop(completer); // and the completer the reads in flight
-                         // Joined one by one: the scope's own join returns as soon as each worker's closure
-                         // has, before its thread-local destructors have run, so its thread could outlive the
-                         // connection. A worker's panic goes on to this thread, as the scope would pass it.
-        for worker in started {
-            if let Err(panic) = worker.join() {
-                std::panic::resume_unwind(panic);
-            }
-        }
+        drop(completer); // the completer ends the reads in flight, and the scope joins it
         r
-    })
+    });
+    inflight.wait_idle();
+    result
 }
 
 /// Executes one unit of work and sends its replies.
@@ -309,22 +366,31 @@ pub(super) fn reply_error<W: Write>(replies: &Replies<W>, req: &Request, e: Expo
 }
 
 /// Reads requests until DISC, end of input, `stopping()`, or a framing error, passing each to
-/// `run` with whether more input is already buffered behind it. (A shutdown also ends the
-/// reading side of the socket, which wakes a blocked read; the check here stops a client
-/// whose requests are already buffered, or keep coming.)
+/// `on` with whether more input is already buffered behind it. Between requests the reader
+/// waits as long as the client is idle; once a request's first byte is in, the rest of it
+/// must come within the request time. Each request takes its bytes (payload, or data to read)
+/// from the budget before its payload is read; if they are not free, held-back requests are
+/// flushed first, then the reader waits for them. (A shutdown also ends the reading side of
+/// the socket, which wakes a blocked read; the check here stops a client whose requests are
+/// already buffered, or keep coming.)
 fn read_requests<R: Read>(
-    r: &mut BufReader<R>,
+    r: &mut BufReader<Deadlined<R>>,
     stopping: &dyn Fn() -> bool,
-    mut run: impl FnMut(Job, bool),
+    shared: &Shared,
+    mut on: impl FnMut(Event),
 ) -> Result<End, NbdError> {
     loop {
         if stopping() {
             return Ok(End::Closed);
         }
         let mut hb = [0u8; wire::REQUEST_LEN];
-        if !read_or_eof(r, &mut hb)? {
+        r.get_mut().no_deadline();
+        if !read_or_eof(r, &mut hb[..1])? {
             return Ok(End::Closed);
         }
+        r.get_mut()
+            .until(Instant::now() + shared.request, REQUEST_LATE);
+        r.read_exact(&mut hb[1..])?;
         let req = Request::parse(&hb)?;
         if req.kind == wire::CMD_DISC {
             return Ok(End::Disconnect);
@@ -332,6 +398,20 @@ fn read_requests<R: Read>(
         let truncated = || NbdError::TruncatedPayload {
             len: req.len,
             offset: req.offset,
+        };
+        let held = match (req.kind, req.len as usize) {
+            (wire::CMD_READ | wire::CMD_WRITE, n) if n <= MAX_PAYLOAD => n,
+            _ => 0,
+        };
+        let permit = match shared.budget.try_take(held) {
+            Some(p) => p,
+            None => {
+                on(Event::Flush);
+                let p = shared.budget.take(held);
+                r.get_mut()
+                    .until(Instant::now() + shared.request, REQUEST_LATE);
+                p
+            }
         };
         let payload = match req.payload_len() as usize {
             0 if req.kind != wire::CMD_WRITE => Payload::None,
@@ -354,9 +434,20 @@ fn read_requests<R: Read>(
             }
         };
         let pipelined = !r.buffer().is_empty();
-        run(Job { req, payload }, pipelined);
+        on(Event::Job(
+            Job {
+                req,
+                payload,
+                _permit: permit,
+            },
+            pipelined,
+        ));
     }
 }
+
+/// Why a connection was cut inside a request.
+const REQUEST_LATE: &str =
+    "a request did not arrive whole within the request time (a stalled or trickling client)";
 
 /// Executes one request and sends its reply.
 pub(super) fn execute<W: Write>(job: Job, export: &Export, replies: &Replies<W>) {
@@ -424,7 +515,7 @@ mod tests {
     use crate::nbd::export::{MemStore, PageStore};
     use crate::nbd::handshake::transmission_flags;
     use crate::nbd::wire::*;
-    use std::sync::Arc;
+    use std::sync::atomic::AtomicUsize;
 
     fn req(kind: u16, flags: u16, cookie: u64, offset: u64, len: u32) -> Vec<u8> {
         Request {
@@ -438,17 +529,46 @@ mod tests {
         .to_vec()
     }
 
+    /// Reply bytes, shared with the test that reads them.
+    #[derive(Clone, Default)]
+    pub(crate) struct Out(pub(crate) Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Out {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            self.0.lock().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn shared(workers: usize) -> Shared {
+        Shared::new(workers, &Limits::default())
+    }
+
+    fn reader(input: &[u8]) -> BufReader<Deadlined<&[u8]>> {
+        BufReader::new(Deadlined::new(input))
+    }
+
     /// Serves `input` on a fresh 64 KiB export and returns the end and the reply bytes.
     fn run(input: &[u8], structured: bool, workers: usize) -> (Result<End, NbdError>, Vec<u8>) {
-        let export = Export::new(MemStore::new(65536, Default::default()), 65536);
+        let export = Arc::new(Export::new(MemStore::new(65536, Default::default()), 65536));
         let neg = Negotiated {
             structured,
             flags: transmission_flags(structured),
         };
-        let mut out = Vec::new();
-        let mut r = BufReader::new(input);
-        let r = serve(&mut r, &mut out, &export, neg, workers, || false);
-        (r, out)
+        let out = Out::default();
+        let r = serve(
+            &mut reader(input),
+            out.clone(),
+            &export,
+            neg,
+            &shared(workers),
+            || false,
+        );
+        let bytes = out.0.lock().clone();
+        (r, bytes)
     }
 
     /// Simple replies in `b`: (error, cookie, data) given the read lengths by cookie.
@@ -504,18 +624,26 @@ mod tests {
         // connection, 16 pipelined reads and a read of the partial page: every reply right,
         // and the pages of the pipelined requests went to the store in list calls.
         let store = MemStore::new(1 << 20, Default::default());
-        let export = Export::new(store.clone(), 1 << 20);
+        let export = Arc::new(Export::new(store.clone(), 1 << 20));
         let page = |i: u64| vec![i as u8 + 1; 4096];
         let neg = Negotiated {
             structured: false,
             flags: transmission_flags(false),
         };
+        let workers = shared(4);
         let serve_all = |inp: &[u8]| {
-            let mut out = Vec::new();
-            let mut r = BufReader::new(inp);
-            let end = serve(&mut r, &mut out, &export, neg, 4, || false).unwrap();
-            assert_eq!(end, End::Disconnect);
-            out
+            let out = Out::default();
+            let end = serve(
+                &mut reader(inp),
+                out.clone(),
+                &export,
+                neg,
+                &workers,
+                || false,
+            );
+            assert_eq!(end.unwrap(), End::Disconnect);
+            let bytes = out.0.lock().clone();
+            bytes
         };
         let partial_page = 3 * 8192 + 4096; // an odd page: no whole-page write touches it
         let mut inp = Vec::new();
@@ -670,11 +798,11 @@ mod tests {
     }
 
     #[test]
-    fn workers_have_exited_when_serve_returns() {
+    fn workers_have_exited_when_the_pool_is_dropped() {
         // Found by fuzzing (LeakSanitizer saw a worker's thread-local destructor list alive
-        // after serve returned): the scope's implicit join does not wait for thread-local
-        // destructors, so workers could outlive their connection. Here every worker that ran
-        // a write holds a thread-local whose destructor takes 50 ms; all must have run.
+        // after serve returned): a join that does not wait for thread-local destructors let
+        // workers outlive their pool. Here every worker that ran a write holds a
+        // thread-local whose destructor takes 50 ms; all must have run once the pool is gone.
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         static ENDED: AtomicUsize = AtomicUsize::new(0);
         struct Mark;
@@ -704,7 +832,7 @@ mod tests {
             }
         }
         let store = Arc::new(Marking(MemStore::new(65536, Default::default())));
-        let export = Export::new(store, 65536);
+        let export = Arc::new(Export::new(store, 65536));
         let neg = Negotiated {
             structured: true,
             flags: transmission_flags(true),
@@ -715,8 +843,18 @@ mod tests {
             inp.extend(req(CMD_WRITE, 0, i, i * 4096, 4000));
             inp.extend(vec![1; 4000]);
         }
-        let mut r = BufReader::new(&inp[..]);
-        serve(&mut r, Vec::new(), &export, neg, 4, || false).unwrap();
+        let workers = shared(4);
+        serve(
+            &mut reader(&inp),
+            Vec::new(),
+            &export,
+            neg,
+            &workers,
+            || false,
+        )
+        .unwrap();
+        // The pool is the server's: its workers exit when it is dropped, and not before.
+        drop(workers);
         let started = STARTED.load(Ordering::SeqCst);
         assert!(started > 0, "no worker ran a write");
         assert_eq!(ENDED.load(Ordering::SeqCst), started);
@@ -741,8 +879,11 @@ mod tests {
                 std::thread::spawn(move || {
                     let mut inp = req(CMD_WRITE, 0, 1, 4096 + half, 2048);
                     inp.extend(vec![1 + (half / 2048) as u8; 2048]);
-                    let mut r = BufReader::new(&inp[..]);
-                    serve(&mut r, Vec::new(), &export, neg, 1, || false).unwrap();
+                    let inline = shared(1);
+                    serve(&mut reader(&inp), Vec::new(), &export, neg, &inline, || {
+                        false
+                    })
+                    .unwrap();
                 })
             })
             .collect();

@@ -4,7 +4,9 @@
 //!
 //! All integers are **big-endian** (network byte order), as the upstream protocol document
 //! (`doc/proto.md` of the NetworkBlockDevice project) specifies. Only the fixed newstyle
-//! handshake is spoken; oldstyle and TLS are not.
+//! handshake is spoken (oldstyle is not). TLS is STARTTLS's: NBD_OPT_STARTTLS answered
+//! `REP_ACK`, then a TLS handshake on the same socket, then option haggling goes on inside TLS
+//! (with TLS required, other options before it get `REP_ERR_TLS_REQD`).
 //!
 //! ## Handshake (server greeting, client flags)
 //!
@@ -142,6 +144,8 @@ pub const REP_ERR_UNSUP: u32 = (1 << 31) + 1;
 pub const REP_ERR_INVALID: u32 = (1 << 31) + 3;
 /// Option error: the platform cannot do this (TLS).
 pub const REP_ERR_PLATFORM: u32 = (1 << 31) + 4;
+/// Option error: the server requires TLS first (NBD_OPT_STARTTLS).
+pub const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 /// Option error: no such export.
 pub const REP_ERR_UNKNOWN: u32 = (1 << 31) + 6;
 /// Option error: the server is shutting down.

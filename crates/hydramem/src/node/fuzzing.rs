@@ -71,6 +71,7 @@ pub fn requests(input: &[u8]) {
         allow_faults: false,
         membership: None,
         key: key.clone(),
+        tls: None,
         tenancy: Default::default(),
     })
     .expect("valid node");

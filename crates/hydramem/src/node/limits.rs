@@ -15,9 +15,11 @@
 //! heartbeats are the client's business), and the node's shutdown reaches a waiting reader
 //! within a tick.
 
-use std::io::{self, BufReader, Read};
+use std::io::{self, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
+
+use crate::tls::{Link, Tls};
 
 /// How often a waiting reader wakes to check its deadlines (and the node's shutdown).
 pub const TICK: Duration = Duration::from_secs(1);
@@ -63,22 +65,38 @@ pub enum ReadError {
     Io(#[from] io::Error),
 }
 
-/// Reads frames' bytes from a socket under the limits' deadlines.
+/// Reads frames' bytes from a connection under the limits' deadlines (and writes the
+/// replies: with TLS the two directions share one session).
 pub struct FrameReader {
-    reader: BufReader<TcpStream>,
+    reader: BufReader<Link>,
     limits: ConnLimits,
     accepted: Instant,
 }
 
 impl FrameReader {
-    /// A reader of `stream`, accepted now. Sets the socket's read timeout to [`TICK`].
-    pub fn new(stream: TcpStream, limits: ConnLimits) -> io::Result<FrameReader> {
+    /// A reader of `stream`, accepted now. Sets the socket's read timeout to [`TICK`]; with
+    /// `tls`, runs the TLS handshake first, within the handshake time (a peer without a
+    /// certificate from the cluster CA fails here).
+    pub fn new(
+        stream: TcpStream,
+        limits: ConnLimits,
+        tls: Option<&Tls>,
+    ) -> io::Result<FrameReader> {
         stream.set_read_timeout(Some(TICK))?;
+        let accepted = Instant::now();
+        let link = Link::accept(stream, tls, accepted + limits.handshake)?;
         Ok(FrameReader {
-            reader: BufReader::with_capacity(KEEP_BUFFER, stream),
+            reader: BufReader::with_capacity(KEEP_BUFFER, link),
             limits,
-            accepted: Instant::now(),
+            accepted,
         })
+    }
+
+    /// Sends `bytes` (replies) and pushes them out.
+    pub fn send(&mut self, bytes: &[u8]) -> io::Result<()> {
+        let link = self.reader.get_mut();
+        link.write_all(bytes)?;
+        link.flush()
     }
 
     /// Whether more bytes are buffered already (another request is waiting).
@@ -166,7 +184,7 @@ mod tests {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
         let (s, _) = l.accept().unwrap();
-        (FrameReader::new(s, limits).unwrap(), peer)
+        (FrameReader::new(s, limits, None).unwrap(), peer)
     }
 
     fn short() -> ConnLimits {

@@ -62,6 +62,10 @@ pub struct NodeConfig {
     /// The cluster key: connections must prove it (see [`crate::auth`]); `None`: anyone may
     /// connect, as before keys existed.
     pub key: Option<crate::auth::ClusterKey>,
+    /// TLS: connections must be TLS with a certificate from the cluster CA, and the node's
+    /// own connections to other nodes (regeneration) are (see [`crate::tls`]); `None`: plain
+    /// TCP.
+    pub tls: Option<crate::tls::Tls>,
     /// Quotas and leases of identities.
     pub tenancy: tenants::TenancyConfig,
 }
@@ -672,9 +676,13 @@ impl Node {
     }
 
     /// A connection of `owner` is identified (not an observer's); `kept` if it said so.
-    pub(crate) fn client_connected(&self, owner: ClientId, kept: bool) {
-        self.clients.fetch_add(1, Ordering::Relaxed);
-        self.tenants.connected(owner, kept);
+    /// False if the identity holds as many connections as it may (nothing counted then).
+    pub(crate) fn client_connected(&self, owner: ClientId, kept: bool) -> bool {
+        let admitted = self.tenants.connected(owner, kept);
+        if admitted {
+            self.clients.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted
     }
 
     /// That connection closed.
@@ -707,6 +715,7 @@ mod tests {
             allow_faults: false,
             membership: None,
             key: None,
+            tls: None,
             tenancy: Default::default(),
         })
         .unwrap()
@@ -783,6 +792,7 @@ mod tests {
             allow_faults: true,
             membership: None,
             key: None,
+            tls: None,
             tenancy: Default::default(),
         })
         .unwrap()
@@ -912,6 +922,7 @@ mod tests {
                 allow_faults: true,
                 membership: None,
                 key: None,
+                tls: None,
                 tenancy: Default::default(),
             })
             .unwrap();
@@ -1066,6 +1077,7 @@ mod tests {
             allow_faults: false,
             membership: None,
             key: None,
+            tls: None,
             tenancy: Default::default(),
         };
         assert!(Node::new(cfg(1 << 20, 1000)).is_err());

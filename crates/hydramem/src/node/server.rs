@@ -16,7 +16,7 @@
 //! may hold — how many there are, how long a peer may take to identify itself or to send a
 //! frame, how much buffer stays — is bounded by [`super::limits`].
 
-use std::io::{self, Write};
+use std::io;
 use std::net::{Shutdown as NetShutdown, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -100,6 +100,16 @@ pub fn run(
                     Ok(Err(ConnError::Io(e))) => {
                         tracing::debug!(?peer, error = %e, "connection ended")
                     }
+                    Ok(Err(ConnError::Tls(why))) => {
+                        metrics::counter!("hydramem_node_tls_refused_total").increment(1);
+                        // Sampled as timeouts are: a scan of the port must not flood the log.
+                        let n = TLS_REFUSED.fetch_add(1, Ordering::Relaxed);
+                        if n.is_multiple_of(1000) {
+                            tracing::warn!(?peer, reason = %why, refused_so_far = n + 1, "closing connection: no TLS with a certificate of this cluster");
+                        } else {
+                            tracing::debug!(?peer, reason = %why, "closing connection: TLS failed");
+                        }
+                    }
                     Ok(Err(ConnError::Deadline(why))) => {
                         metrics::counter!("hydramem_node_connections_timed_out_total").increment(1);
                         // A flood of silent peers must not become a flood of log lines.
@@ -131,6 +141,8 @@ pub fn run(
 
 /// Connections cut off by a deadline since the node started (their log lines are sampled).
 static TIMED_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+/// Connections whose TLS handshake failed since the node started (sampled likewise).
+static TLS_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 /// Unregisters a connection and shuts its socket when its thread ends, however it ends.
 struct Registered {
@@ -154,6 +166,8 @@ enum ConnError {
     Io(#[from] io::Error),
     #[error("{0}")]
     Deadline(&'static str),
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl From<ReadError> for ConnError {
@@ -191,8 +205,15 @@ impl Connection {
     }
 
     fn serve(&mut self, stream: TcpStream) -> Result<(), ConnError> {
-        let mut reader = FrameReader::new(stream.try_clone()?, self.limits)?;
-        let mut writer = stream;
+        let tls = self.node.config().tls.clone();
+        let mut reader =
+            FrameReader::new(stream, self.limits, tls.as_ref()).map_err(|e| match e.kind() {
+                io::ErrorKind::TimedOut if tls.is_some() => {
+                    ConnError::Deadline("the TLS handshake did not finish in time")
+                }
+                _ if tls.is_some() => ConnError::Tls(e.to_string()),
+                _ => ConnError::Io(e),
+            })?;
         let sd = self.shutdown.clone();
         let stop = move || sd.is_triggered();
         loop {
@@ -223,7 +244,7 @@ impl Connection {
                 After::Reply => {}
                 After::DropOtherConnections => self.shutdown.drop_others(self.key),
                 After::Close => {
-                    writer.write_all(&self.out)?;
+                    reader.send(&self.out)?;
                     return Ok(());
                 }
             }
@@ -232,7 +253,7 @@ impl Connection {
                 if delay > 0 {
                     std::thread::sleep(std::time::Duration::from_micros(delay));
                 }
-                writer.write_all(&self.out)?;
+                reader.send(&self.out)?;
                 self.out.clear();
                 limits::shrink(&mut self.out);
             }

@@ -94,7 +94,7 @@ impl Session {
         let client = identified.unwrap_or_default();
         let node = self.node.clone();
         match req {
-            Request::Hello(hello) => self.hello(h, hello, out)?,
+            Request::Hello(hello) => return self.hello(h, hello, out),
             Request::Auth(proof) => return self.auth(h, &proof, out),
             Request::Ping => {
                 let fb = ok(out, h);
@@ -215,7 +215,7 @@ impl Session {
         h: &Header,
         hello: wire::Hello,
         out: &mut Vec<u8>,
-    ) -> Result<(), WireError> {
+    ) -> Result<After, WireError> {
         let node = self.node.clone();
         let mut reply = HelloReply {
             node_id: node.config().id,
@@ -251,11 +251,15 @@ impl Session {
                     "HELLO with a different identity on one connection",
                 ));
             }
-            self.identify(hello);
+            if !self.identify(hello) {
+                reply_status(out, h, Status::OverQuota)?;
+                return Ok(After::Close);
+            }
         }
         let fb = ok(out, h);
         reply.put(out);
-        fb.finish(out)
+        fb.finish(out)?;
+        Ok(After::Reply)
     }
 
     /// AUTH: the client's proof for the pending HELLO. Right: the connection is identified.
@@ -272,10 +276,13 @@ impl Session {
             _ => None,
         };
         match verified {
-            Some(hello) => {
-                self.identify(hello);
+            Some(hello) if self.identify(hello) => {
                 reply_status(out, h, Status::Ok)?;
                 Ok(After::Reply)
+            }
+            Some(_) => {
+                reply_status(out, h, Status::OverQuota)?;
+                Ok(After::Close)
             }
             None => {
                 metrics::counter!("hydramem_node_auth_refused_total").increment(1);
@@ -289,17 +296,31 @@ impl Session {
         }
     }
 
-    /// The connection is `hello`'s identity from now on.
-    fn identify(&mut self, hello: wire::Hello) {
-        self.observer = hello.flags & HELLO_OBSERVER != 0;
+    /// The connection is `hello`'s identity from now on — unless the identity holds as many
+    /// connections as it may on this node (false: the connection stays unidentified).
+    fn identify(&mut self, hello: wire::Hello) -> bool {
+        let observer = hello.flags & HELLO_OBSERVER != 0;
+        if !observer && !self.counted {
+            if !self
+                .node
+                .client_connected(hello.client, hello.flags & HELLO_KEPT != 0)
+            {
+                metrics::counter!("hydramem_node_identity_connections_refused_total").increment(1);
+                tracing::warn!(
+                    client = ?hello.client,
+                    max = self.node.tenants.config().max_connections,
+                    "refusing a connection: its identity holds --max-connections-per-identity \
+                     already; closing it"
+                );
+                return false;
+            }
+            self.counted = true;
+        }
+        self.observer = observer;
         self.operator = hello.flags & HELLO_OPERATOR != 0;
         self.client = Some(hello.client);
-        if !self.observer && !self.counted {
-            self.counted = true;
-            self.node
-                .client_connected(hello.client, hello.flags & HELLO_KEPT != 0);
-        }
         tracing::debug!(client = ?hello.client, observer = self.observer, "hello");
+        true
     }
 
     /// Applies a FAULT request; `Forbidden` unless the node allows fault injection.

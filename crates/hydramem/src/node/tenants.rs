@@ -31,17 +31,22 @@ pub struct TenancyConfig {
     pub lease: Duration,
     /// The same for an identity that said it is kept.
     pub kept_lease: Duration,
+    /// Most connections one identity may hold open on this node (observers not counted); 0:
+    /// no limit but the node's. A client holds one, plus one per regeneration and tool.
+    pub max_connections: u32,
 }
 
 impl Default for TenancyConfig {
     /// No quota; ten minutes for a client that lost its connections (long enough to ride out
     /// a network partition or a node's restart of its listener, short enough that a crashed
-    /// client's memory comes back soon); seven days for kept identities.
+    /// client's memory comes back soon); seven days for kept identities; 64 connections per
+    /// identity.
     fn default() -> TenancyConfig {
         TenancyConfig {
             quota: 0,
             lease: Duration::from_secs(600),
             kept_lease: Duration::from_secs(7 * 24 * 3600),
+            max_connections: 64,
         }
     }
 }
@@ -75,17 +80,23 @@ impl Tenants {
         &self.config
     }
 
-    /// A connection of `owner` opened (it renews the lease); `kept` if it said so.
-    pub fn connected(&self, owner: ClientId, kept: bool) {
+    /// A connection of `owner` opened (it renews the lease); `kept` if it said so. False, and
+    /// nothing changed, if the identity holds as many connections as it may.
+    pub fn connected(&self, owner: ClientId, kept: bool) -> bool {
         let mut map = self.map.lock();
         let t = map.entry(owner).or_insert(Tenant {
             connections: 0,
             kept,
             idle_since: None,
         });
+        let max = self.config.max_connections;
+        if max > 0 && t.connections >= max {
+            return false;
+        }
         t.connections += 1;
         t.kept |= kept;
         t.idle_since = None;
+        true
     }
 
     /// A connection of `owner` closed at `now`; the lease runs from the last one.
@@ -139,12 +150,13 @@ mod tests {
             quota: 0,
             lease: Duration::from_secs(10),
             kept_lease: Duration::from_secs(100),
+            max_connections: 0,
         });
         let (a, k) = (ClientId([1; 16]), ClientId([2; 16]));
         let t0 = Instant::now();
-        tenants.connected(a, false);
-        tenants.connected(a, false);
-        tenants.connected(k, true);
+        assert!(tenants.connected(a, false));
+        assert!(tenants.connected(a, false));
+        assert!(tenants.connected(k, true));
         tenants.disconnected(a, t0);
         // One connection of `a` is still open: no lease runs.
         assert!(tenants.expired(t0 + Duration::from_secs(50)).is_empty());
@@ -163,5 +175,24 @@ mod tests {
         assert!(tenants.expired(t0 + Duration::from_secs(200)).is_empty());
         assert_eq!(tenants.expired(t0 + Duration::from_secs(240)).len(), 1);
         assert_eq!(tenants.counts(), (0, 0));
+    }
+
+    #[test]
+    fn an_identity_holds_at_most_its_connections_and_others_are_unaffected() {
+        let tenants = Tenants::new(TenancyConfig {
+            max_connections: 2,
+            ..TenancyConfig::default()
+        });
+        let (a, b) = (ClientId([1; 16]), ClientId([2; 16]));
+        assert!(tenants.connected(a, false));
+        assert!(tenants.connected(a, false));
+        assert!(!tenants.connected(a, false), "a third connection of a");
+        assert!(tenants.connected(b, false), "b has its own allowance");
+        tenants.disconnected(a, Instant::now());
+        assert!(
+            tenants.connected(a, false),
+            "a connection freed is one more"
+        );
+        assert_eq!(tenants.counts(), (2, 2));
     }
 }

@@ -206,7 +206,8 @@ impl fmt::Display for Status {
                  needs an operator's credential"
             }
             Status::OverQuota => {
-                "this identity holds as many slabs on the node as its quota allows"
+                "this identity holds as many slabs (or connections) on the node as its quota \
+                 allows"
             }
         };
         f.write_str(s)

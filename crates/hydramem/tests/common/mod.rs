@@ -54,6 +54,7 @@ pub fn cluster_in(
         extra_args,
         cluster_file,
         key_file: None,
+        tls_dir: None,
     })
     .expect("start memory nodes")
 }
@@ -271,5 +272,46 @@ impl Raw {
             })
             .collect();
         (got.status, stamps, got.data().to_vec())
+    }
+}
+
+/// Reads until the peer closes `s` (or 30 s pass); how long that took.
+pub fn closed_after(s: &mut TcpStream) -> std::time::Duration {
+    let t0 = std::time::Instant::now();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut b = [0u8; 256];
+    loop {
+        match s.read(&mut b) {
+            Ok(0) | Err(_) => return t0.elapsed(),
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Writes `pages` pages, kills a node of range 0's group and waits for its slab to be
+/// regenerated elsewhere (a node reading its sources), then kills two more original members
+/// so that the regenerated slab must serve, and reads every page back.
+pub fn regenerate_and_read_back(
+    c: &mut EmbeddedCluster,
+    mem: &hydramem::client::RemoteMemory,
+    pages: u64,
+) {
+    use hydramem::PAGE_SIZE;
+    for p in 0..pages {
+        mem.write_page(p * PAGE_SIZE as u64, &[p as u8; PAGE_SIZE])
+            .unwrap();
+    }
+    let g = mem.group_of(0).unwrap();
+    c.kill(g.nodes[2] as usize).unwrap();
+    wait_regenerated(mem, 1);
+    let g2 = mem.group_of(0).unwrap();
+    for n in original_members(&g, &g2, 10, 2) {
+        c.kill(n as usize).unwrap();
+    }
+    let mut back = [0u8; PAGE_SIZE];
+    for p in 0..pages {
+        mem.read_page(p * PAGE_SIZE as u64, &mut back).unwrap();
+        assert_eq!(back, [p as u8; PAGE_SIZE], "page {p}");
     }
 }

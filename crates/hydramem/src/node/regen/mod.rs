@@ -256,7 +256,7 @@ fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     // group instead of always loading its first k.
     decoding.shuffle(&mut rand::rng());
     let codec = Codec::new(k, req.r as usize).map_err(|e| RegenError::Invalid(e.to_string()))?;
-    let mut p = Pipeline::start(req, node.config().key.as_ref(), decoding, k)?;
+    let mut p = Pipeline::start(req, node.config(), decoding, k)?;
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
     while let Some(c) = p.next_chunk()? {
@@ -276,7 +276,7 @@ fn copy_from(
     addr: SocketAddr,
 ) -> Result<u64, RegenError> {
     let req = checked.req;
-    let mut p = Pipeline::start(req, node.config().key.as_ref(), vec![(c, addr)], 1)?;
+    let mut p = Pipeline::start(req, node.config(), vec![(c, addr)], 1)?;
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
     while let Some(c) = p.next_chunk()? {

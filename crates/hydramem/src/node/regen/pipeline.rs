@@ -42,8 +42,9 @@ pub fn chunk_slots(split_len: u32) -> u64 {
 /// The sources of one regeneration (see the module doc).
 pub struct Pipeline<'a> {
     req: &'a Regen,
-    /// The node's cluster key, which it proves to its sources.
-    key: Option<&'a crate::auth::ClusterKey>,
+    /// The node's configuration: its cluster key, which it proves to its sources, and its
+    /// TLS, which it connects to them with.
+    config: &'a crate::node::NodeConfig,
     /// Sources being read, chunk by chunk.
     pub active: Vec<Source>,
     /// Named sources not connected yet, next first.
@@ -61,7 +62,7 @@ impl<'a> Pipeline<'a> {
     /// Connects `want` sources among `named`, in order, and asks each the first chunks.
     pub fn start(
         req: &'a Regen,
-        key: Option<&'a crate::auth::ClusterKey>,
+        config: &'a crate::node::NodeConfig,
         named: Vec<(&'a RegenSource, SocketAddr)>,
         want: usize,
     ) -> Result<Pipeline<'a>, RegenError> {
@@ -69,7 +70,7 @@ impl<'a> Pipeline<'a> {
         spare.reverse();
         let mut p = Pipeline {
             req,
-            key,
+            config,
             active: Vec::with_capacity(want),
             spare,
             extra: Vec::new(),
@@ -172,7 +173,7 @@ impl<'a> Pipeline<'a> {
         }
         let mut last = String::from("none named");
         while let Some((s, addr)) = self.spare.pop() {
-            match Source::connect(s, addr, self.req, self.key) {
+            match Source::connect(s, addr, self.req, self.config) {
                 Ok(src) => return Ok(src),
                 Err(e) => {
                     tracing::warn!(error = %e, "regeneration source unreachable; using the others");
@@ -188,7 +189,7 @@ impl<'a> Pipeline<'a> {
     /// dropped; afterwards every extra source's [`Source::fetched`] is that chunk.
     pub fn fetch_extra(&mut self, first: u64, n: u64) {
         while let Some((s, addr)) = self.spare.pop() {
-            match Source::connect(s, addr, self.req, self.key) {
+            match Source::connect(s, addr, self.req, self.config) {
                 Ok(src) => self.extra.push(src),
                 Err(e) => tracing::warn!(error = %e, "regeneration source unreachable"),
             }

@@ -14,7 +14,9 @@
 
 use std::collections::VecDeque;
 use std::io::{Read, Write};
-use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::net::{Shutdown, SocketAddr};
+
+use crate::tls::Link;
 use std::time::Duration;
 
 use crate::wire::{
@@ -29,7 +31,7 @@ pub(super) struct Source {
     pub node: u32,
     slab: u32,
     split_len: u32,
-    stream: TcpStream,
+    stream: Link,
     /// Splits it returned that failed their checksum, reported to it at the end.
     pub corrupt: u32,
     request: Vec<u8>,
@@ -49,7 +51,7 @@ impl Source {
         s: &RegenSource,
         addr: SocketAddr,
         req: &Regen,
-        key: Option<&crate::auth::ClusterKey>,
+        config: &crate::node::NodeConfig,
     ) -> Result<Source, String> {
         let greet = Duration::from_secs(1);
         // The request's owner handle as it is (a node never sees a client's identity), with
@@ -57,16 +59,17 @@ impl Source {
         let hello = crate::rpc::Greeting {
             owner: req.client,
             flags: 0,
-            key: key.cloned(),
+            key: config.key.clone(),
             node_id: Some(s.node),
+            tls: config.tls.clone(),
         };
         let stream = crate::rpc::Connection::open(addr, Some(&hello), greet, greet)
             .map_err(|e| format!("node {}: {e}", s.node))?
-            .into_stream();
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
+            .into_link();
+        let tcp = stream.tcp();
+        tcp.set_read_timeout(Some(Duration::from_secs(10)))
             .map_err(|e| e.to_string())?;
-        stream.set_nodelay(true).map_err(|e| e.to_string())?;
+        tcp.set_nodelay(true).map_err(|e| e.to_string())?;
         Ok(Source {
             split: s.split as usize,
             node: s.node,
@@ -177,7 +180,7 @@ impl Source {
 
     /// Marks the connection failed (every later call fails at once) and says why.
     fn broken(&mut self, why: String) -> String {
-        let _ = self.stream.shutdown(Shutdown::Both);
+        let _ = self.stream.tcp().shutdown(Shutdown::Both);
         self.asked.clear();
         self.reply_len = 0;
         format!("source split {} on node {}: {why}", self.split, self.node)
