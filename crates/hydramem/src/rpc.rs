@@ -59,7 +59,8 @@ pub enum RpcError {
         "{op:?} to the memory node at {}: {source}{}",
         at(node),
         if source.kind() == io::ErrorKind::UnexpectedEof {
-            " (the node closed the connection: it exited, or found the request malformed)"
+            " (the node closed the connection: it exited, found the request malformed, or \
+             requires TLS, which this end did not use: give --tls DIR, see `hydramem tls`)"
         } else {
             ""
         }
