@@ -260,15 +260,16 @@ impl Pager {
                     Err(e) => {
                         Stats::add(&self.stats.lost, 1);
                         let at = self.store.location(slot * PAGE as u64).unwrap_or_default();
-                        if self.uffd.poison(addr) {
+                        // Said before the page is poisoned: poisoning wakes the thread, whose
+                        // SIGBUS may end the process (this thread with it) at once.
+                        tracing::error!(
+                            "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}): \
+                             more memory nodes are lost than the scheme survives; the program gets SIGBUS on it"
+                        );
+                        if !self.uffd.poison(addr) {
                             tracing::error!(
-                                "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}): \
-                                 more memory nodes are lost than the scheme survives; the program gets SIGBUS on it"
-                            );
-                        } else {
-                            tracing::error!(
-                                "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}), \
-                                 and this kernel cannot poison it (Linux 6.6 can): ending the program with SIGBUS"
+                                "this kernel cannot poison page {addr:#x} (Linux 6.6 can): ending the \
+                                 program with SIGBUS"
                             );
                             // SAFETY: tgkill on this process's own thread.
                             unsafe {
