@@ -170,7 +170,8 @@ struct NodeArgs {
     /// tests only: never on a node that holds data anyone needs.
     #[arg(long, env = "HYDRAMEM_ALLOW_FAULT_INJECTION")]
     allow_fault_injection: bool,
-    /// Print "listening ADDR" on stdout once ready (used by `up`).
+    /// Print "listening ADDR" on stdout once ready (used by `up`, which also gives the
+    /// warning of a node without a key, once for all its nodes).
     #[arg(long, hide = true)]
     announce: bool,
     /// Share of the machine's memory (or its cgroup limit) kept free for local applications;
@@ -500,7 +501,9 @@ fn run_node(a: NodeArgs) -> Result<()> {
     let node = Node::new(config)?;
     metrics::gauge!("hydramem_node_cluster_key").set(if keyed { 1.0 } else { 0.0 });
     metrics::gauge!("hydramem_node_tls").set(if tls { 1.0 } else { 0.0 });
-    if !keyed {
+    // Nodes that announce themselves were started by `up` (or another embedded cluster),
+    // which says this once for all of them.
+    if !keyed && !a.announce {
         tracing::warn!(
             "NO CLUSTER KEY: this node serves anyone who can connect to it — any peer may read, \
              write and free every client's slabs and drain the node. Make a key with \

@@ -65,7 +65,15 @@ pub fn run(a: UpArgs, log: &str) -> Result<()> {
         tls_dir: a.tls_dir.clone(),
     };
     let stop = crate::stop_flag()?;
+    let keyed = opts.key_file.is_some();
     let mut cluster = EmbeddedCluster::start(opts)?;
+    if !keyed {
+        eprintln!(
+            "warning: NO CLUSTER KEY: these nodes serve anyone who can connect to them — any \
+             peer may read, write and free every client's slabs and drain a node. Make a key \
+             with `hydramem key new FILE` and start with --cluster-key FILE"
+        );
+    }
     println!(
         "{} memory nodes up on loopback ({} each, {} slabs); cluster file: {}",
         a.nodes,
