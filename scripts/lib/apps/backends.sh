@@ -96,6 +96,13 @@ mount_swap() {
   local how=(--in-memory)
   [ "$1" = ram-mount ] || { mapfile -t how < <(backend_scheme "$1"); how+=(--cluster "$dir/cluster.toml"); }
   mkdir -p "$dir/mnt" "$dir/backup"
+  # In a failover run the mount serves its metrics, so that its regenerations can be followed
+  # second by second beside the application's rate (regen_sampler).
+  metrics_addr=""
+  if [ "${failover:-0}" = 1 ] && [ "$1" != ram-mount ]; then
+    metrics_addr=127.0.0.1:$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    how+=(--metrics "$metrics_addr")
+  fi
   # One MiB more than the swap file: the mount keeps a page for its superblock.
   "$BIN" mount "$dir/mnt" --size $(($(bytes "$swapsize") + (1 << 20))) "${how[@]}" --log warn \
     >"$dir/mount.out" 2>"$dir/mount.err" &

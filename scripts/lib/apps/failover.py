@@ -3,10 +3,13 @@
   failover.py DIR KILL_AT WORKLOAD...
 
 Reads DIR/failover-WORKLOAD-BACKEND.json (requests completed in each second, errors), .victim
-(the node killed) and .verdict (the run's data check). Per run: the rate before the kill
-(seconds 2 .. KILL_AT, the first ones warm up), after it (from KILL_AT to the end), the seconds
-from the kill until a second reaches 80% of the rate before (never: "-"), and whether the
-application failed or read a wrong value. Writes DIR/failover-WORKLOAD.png (matplotlib).
+(the node killed), .verdict (the run's data check) and, for the mount backends,
+.regen.csv (the client's regenerations in progress and started, each second). Per run: the
+rate before the kill (seconds 2 .. KILL_AT, the first ones warm up), after it (from KILL_AT to
+the end), the seconds from the kill until a second reaches 80% of the rate before (never:
+"-"), when the lost node's slabs were rebuilt (the last second with a regeneration in
+progress, and how many were started), and whether the application failed or read a wrong
+value. Writes DIR/failover-WORKLOAD.png (matplotlib).
 """
 import glob
 import json
@@ -28,6 +31,29 @@ def text(path, default):
             return f.read().strip()
     except OSError:
         return default
+
+
+def rebuilt(path, kill_at):
+    """When the regenerations after the kill ended: "s N (M started)", or "" without data."""
+    try:
+        with open(path) as f:
+            rows = [line.strip().split(",") for line in f.readlines()[1:] if line.strip()]
+    except OSError:
+        return ""
+    rows = [(float(t), int(p), int(n)) for t, p, n in rows]
+    after = [r for r in rows if r[0] >= kill_at]
+    if not after:
+        return ""
+    base = next((r[2] for r in reversed(rows) if r[0] < kill_at), 0)
+    started = after[-1][2] - base
+    busy = [r[0] for r in after if r[1] > 0]
+    if not started:
+        return "no regeneration"
+    # Done between two samples: the first sample that shows it started (and ended).
+    seen = next(r[0] for r in after if r[2] > base)
+    end = f"s {max(busy[-1] if busy else 0, seen):.0f}"
+    still = " (still running at the end)" if after[-1][1] > 0 else ""
+    return f"rebuilt by {end}{still}, {started} regenerations"
 
 
 def row(series, kill_at):
@@ -55,8 +81,9 @@ def main():
             victim = text(path[:-5] + ".victim", "none")
             ratio = f"{post / pre:.2f}" if pre else "-"
             backs = "-" if back is None else f"{back} s"
+            regen = rebuilt(path[:-5] + ".regen.csv", kill_at)
             print(f"{w:<14} {b:<18} {pre:>8.0f} {post:>8.0f} {ratio:>8} {backs:>12}  "
-                  f"{verdict} (node {victim} killed)")
+                  f"{verdict} (node {victim} killed){'; ' + regen if regen else ''}")
         if not runs:
             continue
         plt = pyplot("failover.py")
