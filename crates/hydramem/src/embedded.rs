@@ -248,22 +248,14 @@ impl EmbeddedCluster {
         };
         // Absolute, like the cluster file, and loaded now: a key that cannot be read stops
         // the start before any node runs.
-        let key_file = options
-            .key_file
-            .as_ref()
-            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()));
-        let key = match &key_file {
-            Some(f) => Some(crate::auth::ClusterKey::load(f)?),
-            None => None,
-        };
-        let tls_dir = options
-            .tls_dir
-            .as_ref()
-            .map(|p| std::path::absolute(p).unwrap_or_else(|_| p.clone()));
-        let tls = match &tls_dir {
-            Some(d) => Some(crate::tls::Tls::load(d)?),
-            None => None,
-        };
+        let absolute = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        let key_file = options.key_file.as_ref().map(absolute);
+        let key = key_file
+            .as_deref()
+            .map(crate::auth::ClusterKey::load)
+            .transpose()?;
+        let tls_dir = options.tls_dir.as_ref().map(absolute);
+        let tls = tls_dir.as_deref().map(crate::tls::Tls::load).transpose()?;
         // From here on, dropping `c` (an error below) stops the nodes started so far and
         // removes the private directory.
         let mut c = EmbeddedCluster {

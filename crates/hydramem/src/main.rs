@@ -481,14 +481,16 @@ fn run_node(a: NodeArgs) -> Result<()> {
         slab_size: a.slab_size.bytes(),
         allow_faults: a.allow_fault_injection,
         membership: Some(a.cluster.clone()),
-        key: match &a.cluster_key {
-            Some(f) => Some(hydramem::auth::ClusterKey::load(f)?),
-            None => None,
-        },
-        tls: match &a.tls_dir {
-            Some(d) => Some(hydramem::tls::Tls::load(d)?),
-            None => None,
-        },
+        key: a
+            .cluster_key
+            .as_deref()
+            .map(hydramem::auth::ClusterKey::load)
+            .transpose()?,
+        tls: a
+            .tls_dir
+            .as_deref()
+            .map(hydramem::tls::Tls::load)
+            .transpose()?,
         tenancy: hydramem::node::tenants::TenancyConfig {
             quota: a.quota,
             lease: a.lease,

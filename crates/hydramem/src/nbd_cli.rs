@@ -119,10 +119,11 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
             cluster.nodes.len()
         ),
         workers: a.workers,
-        tls: match &a.nbd_tls {
-            Some(d) => Some(hydramem::tls::Tls::load(d)?),
-            None => None,
-        },
+        tls: a
+            .nbd_tls
+            .as_deref()
+            .map(hydramem::tls::Tls::load)
+            .transpose()?,
     };
     println!(
         "serving NBD export {:?}: {} as {} on {} memory nodes, at {}",

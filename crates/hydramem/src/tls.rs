@@ -248,9 +248,7 @@ where
                 conn.process_new_packets()
                     .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
                 // A session message to answer (a key update).
-                while conn.wants_write() {
-                    conn.write_tls(&mut &self.shared.sock)?;
-                }
+                send_pending(&mut **conn, &self.shared.sock)?;
                 continue;
             }
             drop(conn);
@@ -274,13 +272,9 @@ where
         let s = &*self.0;
         let mut conn = s.conn.lock();
         // What an earlier write left encrypted goes first, so the session has room.
-        while conn.wants_write() {
-            conn.write_tls(&mut &s.sock)?;
-        }
+        send_pending(&mut **conn, &s.sock)?;
         let n = conn.writer().write(buf)?;
-        while conn.wants_write() {
-            conn.write_tls(&mut &s.sock)?;
-        }
+        send_pending(&mut **conn, &s.sock)?;
         Ok(n)
     }
 
@@ -288,9 +282,7 @@ where
         let s = &*self.0;
         let mut conn = s.conn.lock();
         conn.writer().flush()?;
-        while conn.wants_write() {
-            conn.write_tls(&mut &s.sock)?;
-        }
+        send_pending(&mut **conn, &s.sock)?;
         Ok(())
     }
 }
@@ -561,8 +553,16 @@ fn handshake<S: rustls::SideData>(
         }
     }
     // What the handshake's last step left to send (a TLS 1.3 client's Finished).
+    send_pending(conn, sock)
+}
+
+/// Writes every encrypted byte the session holds to a blocking socket.
+fn send_pending<D: rustls::SideData>(
+    conn: &mut rustls::ConnectionCommon<D>,
+    mut sock: impl Write,
+) -> io::Result<()> {
     while conn.wants_write() {
-        conn.write_tls(sock)?;
+        conn.write_tls(&mut sock)?;
     }
     Ok(())
 }

@@ -477,41 +477,12 @@ impl Shared {
         c: &'a Conn,
         mut st: parking_lot::MutexGuard<'a, SendState>,
     ) -> Result<(), TransportError> {
-        if st.flushing {
+        // An empty buffer has nothing to write, unless a TLS session still holds encrypted
+        // bytes a full socket did not take (the receiver calls this once it is writable).
+        if st.flushing
+            || (st.buf.is_empty() && !c.stream.load().as_ref().is_some_and(|w| w.pending()))
+        {
             return Ok(());
-        }
-        if st.buf.is_empty() {
-            // Nothing queued here, but a TLS session may still hold encrypted bytes that a
-            // full socket did not take: push them (the receiver calls this when writable).
-            return match c.stream.load().as_ref().map(|w| w.pending()) {
-                Some(true) => {
-                    st.flushing = true;
-                    drop(st);
-                    let r = write_some(c, &[]);
-                    let mut st = c.send.lock();
-                    st.flushing = false;
-                    match r {
-                        Ok((_, true)) => {
-                            drop(st);
-                            self.want_write.lock().push(node);
-                            let _ = self.waker.wake();
-                            Ok(())
-                        }
-                        Ok((_, false)) if !st.buf.is_empty() => self.flush_locked(node, c, st),
-                        Ok(_) => Ok(()),
-                        Err(e) => {
-                            drop(st);
-                            tracing::warn!(node, addr = %c.addr, error = %e, "send to memory node failed");
-                            self.mark_down(node);
-                            Err(TransportError::Down {
-                                node,
-                                addr: c.addr.to_string(),
-                            })
-                        }
-                    }
-                }
-                _ => Ok(()),
-            };
         }
         st.flushing = true;
         loop {
