@@ -23,6 +23,11 @@
 //! [`crate::tls`]), relative to the same directory; `HYDRAMEM_TLS_DIR` overrides it, and a
 //! command's `--tls` both ([`Cluster::with_tls_flag`]).
 //!
+//! An optional `[etcd]` table ([`crate::membership::EtcdConfig`]: `endpoints`, `prefix`,
+//! `lease_ttl`, `room`) adds the members registered in etcd to the nodes listed here; nodes
+//! read it to register themselves, clients to follow nodes that join and leave. With it the
+//! file may list no node at all.
+//!
 //! The placement policy lives in the cluster file, not in each client's settings, because
 //! CodingSets only keeps its copyset count low when every client forms the same extended groups
 //! from the same nodes with the same l.
@@ -86,6 +91,9 @@ pub struct Cluster {
     /// directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls_dir: Option<PathBuf>,
+    /// Membership in etcd, beside (or instead of) the nodes listed here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd: Option<crate::membership::EtcdConfig>,
     /// The memory nodes.
     #[serde(rename = "node", default)]
     pub nodes: Vec<NodeEntry>,
@@ -188,8 +196,14 @@ impl Cluster {
                 self.slab_size
             ));
         }
-        if self.nodes.is_empty() {
-            return Err("it lists no [[node]]; start nodes with `hydramem up` or add them".into());
+        if let Some(e) = &self.etcd {
+            e.validate()?;
+        } else if self.nodes.is_empty() {
+            return Err(
+                "it lists no [[node]] and no [etcd]; start nodes with `hydramem up` \
+                        or add them"
+                    .into(),
+            );
         }
         if self.nodes.len() > MAX_NODES {
             return Err(format!(
@@ -256,6 +270,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("c.toml");
         let c = Cluster {
+            etcd: None,
             slab_size: 1 << 20,
             placement: None,
             key_file: None,

@@ -34,6 +34,7 @@ pub mod embedded;
 #[cfg(feature = "tools")]
 pub mod faultrun;
 pub mod integrity;
+pub mod membership;
 pub mod mount;
 pub mod nbd;
 pub mod node;

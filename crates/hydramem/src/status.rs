@@ -310,6 +310,7 @@ mod tests {
     #[test]
     fn corrupted_splits_have_their_columns_per_node_and_per_slab() {
         let cluster = Cluster {
+            etcd: None,
             slab_size: 1 << 20,
             placement: None,
             key_file: None,

@@ -19,7 +19,7 @@ use super::error::protocol;
 use super::health::NodeHealth;
 use super::layout::MAX_WIDTH;
 use super::maintain::MAINTENANCE_INTERVAL;
-use super::ranges::{node_views, Placement};
+use super::ranges::{node_views, Domains, Placement};
 use super::repair::RegenCounters;
 use super::slots::{self, Slots};
 use super::tcp::TcpTransport;
@@ -84,17 +84,23 @@ impl RemoteMemory {
         cluster: &Cluster,
         config: ClientConfig,
     ) -> Result<Arc<RemoteMemory>, ClientError> {
+        let joined = crate::membership::Joined::resolve(cluster)?;
+        let cluster = joined.cluster();
         let members: Vec<(u32, std::net::SocketAddr)> =
             cluster.nodes.iter().map(|n| (n.id, n.addr)).collect();
         let options = config.tcp;
-        RemoteMemory::connect_with(cluster, config, |hello, completions| {
+        let capacity = members.len() + joined.room();
+        let mem = RemoteMemory::connect_with(cluster, config, |hello, completions| {
             Ok(TcpTransport::connect(
                 &members,
+                capacity,
                 hello,
                 completions,
                 options,
             )?)
-        })
+        })?;
+        joined.follow(&mem)?;
+        Ok(mem)
     }
 
     /// Like [`RemoteMemory::connect`], on the transport `open` builds: `open` gets the HELLO
@@ -140,19 +146,18 @@ impl RemoteMemory {
                 "found this identity's existing address ranges"
             );
         }
-        let domains = domains(cluster);
-        let health: Arc<[NodeHealth]> = (0..cluster.nodes.len())
+        let mut domains = Domains::default();
+        for n in &cluster.nodes {
+            domains.push(n.domain.as_deref());
+        }
+        let health: Arc<[NodeHealth]> = (0..transport.capacity().max(cluster.nodes.len()))
             .map(|_| NodeHealth::default())
             .collect();
-        let views = node_views(&transport, &held.loads, &domains, &health);
+        let views = node_views(&transport, &held.loads, &domains.of, &health);
         let seed = config.seed.unwrap_or_else(rand::random);
-        let placer = Placer::new(
-            cluster.placement_policy(config.placement_l),
-            layout.width,
-            &views,
-            seed,
-        )
-        .map_err(|source| ClientError::Placement { range: 0, source })?;
+        let policy = cluster.placement_policy(config.placement_l);
+        let placer = Placer::new(policy, layout.width, &views, seed)
+            .map_err(|source| ClientError::Placement { range: 0, source })?;
         let mem = Arc::new(RemoteMemory {
             layout,
             config,
@@ -164,9 +169,11 @@ impl RemoteMemory {
             placement: Mutex::new(Placement {
                 placer,
                 loads: held.loads,
+                domains,
+                policy,
+                seed,
             }),
-            domains,
-            node_ids: cluster.nodes.iter().map(|n| n.id).collect(),
+            node_ids: parking_lot::RwLock::new(cluster.nodes.iter().map(|n| n.id).collect()),
             stats: ClientStats::default(),
             metrics: ClientMetrics::register(),
             clock: AtomicU64::new(held.newest),
@@ -276,21 +283,6 @@ fn empty_ranges(
             ))
         })?;
     Ok((0..n_ranges).map(|_| ArcSwapOption::empty()).collect())
-}
-
-/// Failure domains as small integers, for placement.
-fn domains(cluster: &Cluster) -> Vec<Option<u32>> {
-    let mut names: HashMap<&str, u32> = HashMap::new();
-    cluster
-        .nodes
-        .iter()
-        .map(|n| {
-            n.domain.as_deref().map(|d| {
-                let next = u32::try_from(names.len()).unwrap_or(u32::MAX);
-                *names.entry(d).or_insert(next)
-            })
-        })
-        .collect()
 }
 
 /// Asks every node that is up for its load (STATS) and this identity's slabs (LIST): the

@@ -11,6 +11,9 @@ use crate::wire::{self};
 /// Errors that stop a client from starting or from mapping memory.
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// The membership in etcd could not be read.
+    #[error(transparent)]
+    Membership(#[from] crate::membership::MembershipError),
     /// Bad resilience parameters.
     #[error(transparent)]
     Layout(#[from] layout::LayoutError),

@@ -50,8 +50,8 @@ mod delivery;
 mod faults;
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -87,6 +87,9 @@ pub struct MemOptions {
     pub slabs_per_node: u64,
     /// Seed of every node's random choices (dropped frames, flipped bits, reply jitter).
     pub seed: u64,
+    /// Room for members that join at run time ([`Transport::join`]; [`MemControl::nodes`]
+    /// counts members only).
+    pub spare: usize,
 }
 
 impl Default for MemOptions {
@@ -94,6 +97,7 @@ impl Default for MemOptions {
         MemOptions {
             slabs_per_node: 64,
             seed: 0,
+            spare: 0,
         }
     }
 }
@@ -124,7 +128,14 @@ struct MemNode {
 }
 
 struct Shared {
-    nodes: Box<[MemNode]>,
+    /// One slot per member, filled once in join order; `members` of them are filled.
+    nodes: Box<[OnceLock<MemNode>]>,
+    members: AtomicUsize,
+    /// Serializes joins.
+    joining: Mutex<()>,
+    /// What a joining node is built with.
+    options: MemOptions,
+    slab_size: u64,
     completions: Arc<dyn Completions>,
     greeting: Greeting,
     next_id: AtomicU64,
@@ -146,6 +157,7 @@ pub struct MemTransport {
 /// addresses, in the documentation range 192.0.2.0/24, are only names: nothing dials them.
 pub fn cluster(n: usize, slab_size: u64) -> Cluster {
     Cluster {
+        etcd: None,
         slab_size,
         placement: None,
         key_file: None,
@@ -189,51 +201,20 @@ impl MemTransport {
         greeting: Greeting,
         completions: Arc<dyn Completions>,
     ) -> Result<(MemTransport, Vec<HelloOutcome>), ClientError> {
-        let capacity = cluster
-            .slab_size
-            .checked_mul(options.slabs_per_node)
-            .ok_or_else(|| ClientError::Config("in-memory node capacity overflows".into()))?;
-        let mut nodes = Vec::with_capacity(cluster.nodes.len());
+        let slots = cluster.nodes.len() + options.spare;
+        let nodes: Box<[OnceLock<MemNode>]> = (0..slots).map(|_| OnceLock::new()).collect();
         let mut outcomes = Vec::with_capacity(cluster.nodes.len());
         for (i, entry) in cluster.nodes.iter().enumerate() {
-            let config = NodeConfig {
-                id: entry.id,
-                capacity,
-                slab_size: cluster.slab_size,
-                allow_faults: false,
-                membership: None,
-                key: greeting.key.clone(),
-                tls: None,
-                tenancy: Default::default(),
-            };
-            let bad = |e: &dyn std::fmt::Display| {
-                ClientError::Config(format!("in-memory node {i} cannot start: {e}"))
-            };
-            let node = Node::new(config.clone()).map_err(|e| bad(&e))?;
-            let mut session = Session::new(node.clone());
-            let reply = greet(&mut session, &greeting, entry.id).map_err(|e| bad(&e))?;
+            let (node, reply) = mem_node(i, entry.id, cluster.slab_size, options, &greeting)?;
             outcomes.push(Ok(reply));
-            let seed = options.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            nodes.push(MemNode {
-                config,
-                up: AtomicBool::new(true),
-                restarted: AtomicBool::new(false),
-                epoch: AtomicU64::new(0),
-                state: Mutex::new(NodeState {
-                    node,
-                    session,
-                    buf: Vec::new(),
-                    open: None,
-                    faults: Settings::default(),
-                    rng: SmallRng::seed_from_u64(seed),
-                    counts: NodeCounts::default(),
-                }),
-                delivered: AtomicU64::new(0),
-                reordered: AtomicU64::new(0),
-            });
+            let _ = nodes[i].set(node);
         }
         let shared = Arc::new(Shared {
-            nodes: nodes.into_boxed_slice(),
+            nodes,
+            members: AtomicUsize::new(cluster.nodes.len()),
+            joining: Mutex::new(()),
+            options,
+            slab_size: cluster.slab_size,
             completions,
             greeting,
             next_id: AtomicU64::new(1),
@@ -270,6 +251,55 @@ impl Drop for MemTransport {
             let _ = h.join();
         }
     }
+}
+
+/// Builds in-memory node `i` with id `id` (with the greeting's cluster key, if any) and
+/// greets it as `greeting` says.
+fn mem_node(
+    i: usize,
+    id: u32,
+    slab_size: u64,
+    options: MemOptions,
+    greeting: &Greeting,
+) -> Result<(MemNode, HelloReply), ClientError> {
+    let capacity = slab_size
+        .checked_mul(options.slabs_per_node)
+        .ok_or_else(|| ClientError::Config("in-memory node capacity overflows".into()))?;
+    let config = NodeConfig {
+        id,
+        capacity,
+        slab_size,
+        allow_faults: false,
+        membership: None,
+        key: greeting.key.clone(),
+        tls: None,
+        tenancy: Default::default(),
+    };
+    let bad = |e: &dyn std::fmt::Display| {
+        ClientError::Config(format!("in-memory node {i} cannot start: {e}"))
+    };
+    let node = Node::new(config.clone()).map_err(|e| bad(&e))?;
+    let mut session = Session::new(node.clone());
+    let reply = greet(&mut session, greeting, id).map_err(|e| bad(&e))?;
+    let seed = options.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let node = MemNode {
+        config,
+        up: AtomicBool::new(true),
+        restarted: AtomicBool::new(false),
+        epoch: AtomicU64::new(0),
+        state: Mutex::new(NodeState {
+            node,
+            session,
+            buf: Vec::new(),
+            open: None,
+            faults: Settings::default(),
+            rng: SmallRng::seed_from_u64(seed),
+            counts: NodeCounts::default(),
+        }),
+        delivered: AtomicU64::new(0),
+        reordered: AtomicU64::new(0),
+    };
+    Ok((node, reply))
 }
 
 /// Splits the frame at the start of `buf` off: its header, its body and what follows.
@@ -348,8 +378,13 @@ impl Shared {
         }
     }
 
+    /// The member in slot `node`, if it is filled.
+    pub(super) fn slot(&self, node: u16) -> Option<&MemNode> {
+        self.nodes.get(node as usize)?.get()
+    }
+
     fn addr(&self, node: u16) -> String {
-        match self.nodes.get(node as usize) {
+        match self.slot(node) {
             Some(n) => format!("in-memory node {node} (id {})", n.config.id),
             None => format!("(no node {node})"),
         }
@@ -357,7 +392,7 @@ impl Shared {
 
     /// The node if it is up.
     fn conn(&self, node: u16) -> Result<&MemNode, TransportError> {
-        match self.nodes.get(node as usize) {
+        match self.slot(node) {
             Some(n) if n.up.load(Ordering::Acquire) => Ok(n),
             _ => Err(self.down_error(node)),
         }
@@ -484,7 +519,34 @@ impl Shared {
 
 impl Transport for MemTransport {
     fn nodes(&self) -> usize {
+        self.shared.members.load(Ordering::Acquire)
+    }
+
+    fn capacity(&self) -> usize {
         self.shared.nodes.len()
+    }
+
+    /// A spare slot ([`MemOptions::spare`]) becomes a fresh node with id `id`.
+    fn join(&self, id: u32, addr: std::net::SocketAddr) -> Result<u16, TransportError> {
+        let sh = &self.shared;
+        let _joining = sh.joining.lock();
+        let slot = sh.members.load(Ordering::Acquire);
+        let full = || TransportError::Full {
+            capacity: sh.nodes.len(),
+            addr: addr.to_string(),
+        };
+        let node = u16::try_from(slot).map_err(|_| full())?;
+        let cell = sh.nodes.get(slot).ok_or_else(full)?;
+        let (n, _) = mem_node(slot, id, sh.slab_size, sh.options, &sh.greeting).map_err(|e| {
+            TransportError::Protocol {
+                node,
+                addr: addr.to_string(),
+                reason: e.to_string(),
+            }
+        })?;
+        let _ = cell.set(n);
+        sh.members.store(slot + 1, Ordering::Release);
+        Ok(node)
     }
 
     fn is_up(&self, node: u16) -> bool {
@@ -493,8 +555,7 @@ impl Transport for MemTransport {
 
     fn take_restarted(&self, node: u16) -> bool {
         self.shared
-            .nodes
-            .get(node as usize)
+            .slot(node)
             .is_some_and(|n| n.restarted.swap(false, Ordering::AcqRel))
     }
 

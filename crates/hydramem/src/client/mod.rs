@@ -33,6 +33,7 @@
 //!   reports;
 //! - [`rows`]: span coding's unit (rows of k whole pages and r parity pages, one version):
 //!   writing rows whole, and reading one piece with a hedged degraded read behind it;
+//! - [`members`]: members that join the cluster while the client runs (etcd membership);
 //! - [`repair`]: moving a split to a new slab and regenerating it; [`maintain`]: the
 //!   maintenance thread that notices failures, reclaims and restarts and starts repairs;
 //! - [`slots`]: in-flight operations and the landing protocol; [`transport`] (the seam) and
@@ -53,6 +54,7 @@ mod lagging;
 pub mod layout;
 mod maintain;
 pub mod mem;
+mod members;
 mod ranges;
 mod read;
 mod repair;
@@ -106,9 +108,9 @@ pub struct RemoteMemory {
     transport: Box<dyn Transport>,
     ranges: Arc<[ArcSwapOption<Group>]>,
     placement: Mutex<Placement>,
-    domains: Vec<Option<u32>>,
-    /// Each node's id in the cluster file (cluster-file order).
-    node_ids: Vec<u32>,
+    /// Each node's id (cluster-file order, then members in the order they joined); grows
+    /// only under the placement lock, with the transport's members.
+    node_ids: parking_lot::RwLock<Vec<u32>>,
     stats: ClientStats,
     metrics: ClientMetrics,
     /// The last page version handed out (see [`RemoteMemory::next_version`]).

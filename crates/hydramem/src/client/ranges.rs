@@ -31,7 +31,32 @@ pub struct Group {
 
 pub(super) struct Placement {
     pub(super) placer: Placer,
+    /// Slabs per node (what placement balances).
     pub(super) loads: Vec<u64>,
+    /// Failure domain per node, as small integers ([`Domains`]).
+    pub(super) domains: Domains,
+    /// The policy and seed the placer was built with (a new member rebuilds it).
+    pub(super) policy: crate::placement::Policy,
+    pub(super) seed: u64,
+}
+
+/// Failure domains as small integers, for placement: one entry per node, names numbered in
+/// the order first seen.
+#[derive(Debug, Default)]
+pub(super) struct Domains {
+    pub(super) of: Vec<Option<u32>>,
+    names: std::collections::HashMap<String, u32>,
+}
+
+impl Domains {
+    /// Adds the next node's domain.
+    pub(super) fn push(&mut self, name: Option<&str>) {
+        let d = name.map(|d| {
+            let next = u32::try_from(self.names.len()).unwrap_or(u32::MAX);
+            *self.names.entry(d.to_string()).or_insert(next)
+        });
+        self.of.push(d);
+    }
 }
 
 /// The placer's view: a node takes new slabs if it is up and has not said it refuses them
@@ -70,7 +95,7 @@ impl RemoteMemory {
             }
         }
         if changed {
-            let views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
+            let views = node_views(&*self.transport, &pl.loads, &pl.domains.of, &self.health);
             let _ = pl.placer.refresh(&views);
         }
     }
@@ -120,7 +145,7 @@ impl RemoteMemory {
         let mut excluded: Vec<u16> = Vec::new();
         let mut full: Vec<u16> = Vec::new();
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
+            let mut views = node_views(&*self.transport, &pl.loads, &pl.domains.of, &self.health);
             for n in &excluded {
                 views[*n as usize].available = false;
             }

@@ -100,7 +100,7 @@ impl RemoteMemory {
             Vec::new()
         };
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &self.domains, &self.health);
+            let mut views = node_views(&*self.transport, &pl.loads, &pl.domains.of, &self.health);
             for n in &excluded {
                 views[*n as usize].available = false;
             }
@@ -196,7 +196,8 @@ impl RemoteMemory {
         };
         // Sources are named by their id in the cluster file; the regenerating node looks
         // their addresses up in its own copy of it.
-        let id = |n: u16| self.node_ids.get(n as usize).copied();
+        let ids = self.node_ids.read().clone();
+        let id = |n: u16| ids.get(n as usize).copied();
         let j = job.split;
         let mut sources: Vec<crate::wire::RegenSource> = Vec::new();
         if let Some((node, slab)) = job.from {

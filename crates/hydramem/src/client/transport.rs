@@ -177,6 +177,18 @@ pub enum TransportError {
         /// What went wrong (boxed: the error stays small on the data path).
         source: Box<crate::rpc::RpcError>,
     },
+    /// A member joined, but every slot of the client's node table is taken.
+    #[error(
+        "cannot add the memory node at {addr}: this client's node table is full ({capacity} \
+         nodes); restart the client to use the new node (a restart sizes the table for the \
+         cluster of that moment and room for more)"
+    )]
+    Full {
+        /// Slots of the table.
+        capacity: usize,
+        /// The new member's address.
+        addr: String,
+    },
     /// A reply could not be parsed.
     #[error("memory node {node} ({addr}) sent a malformed reply: {reason}")]
     Protocol {
@@ -191,8 +203,27 @@ pub enum TransportError {
 
 /// Moves split requests to memory nodes and completions back.
 pub trait Transport: Send + Sync {
-    /// Number of nodes (indices `0..nodes()` follow the cluster file's order).
+    /// Number of nodes (indices `0..nodes()` follow the cluster file's order, then the order
+    /// in which members joined). Only grows.
     fn nodes(&self) -> usize;
+    /// Most nodes this transport can hold, members that may join included (a client sizes
+    /// its per-node tables by it).
+    fn capacity(&self) -> usize {
+        self.nodes()
+    }
+    /// Adds a member that joined the cluster at run time ([`crate::membership`]) as node
+    /// `nodes()` and connects to it (a member that cannot be reached joins down, and is
+    /// retried like a node that went down). Returns its index. A transport without room for
+    /// more members (the default) says so.
+    fn join(&self, _id: u32, addr: std::net::SocketAddr) -> Result<u16, TransportError> {
+        Err(TransportError::Full {
+            capacity: self.nodes(),
+            addr: addr.to_string(),
+        })
+    }
+    /// The membership says `node` left (its lease expired): verify it now rather than at the
+    /// next unanswered heartbeat. It is declared failed only if verification fails.
+    fn suspect(&self, _node: u16) {}
     /// Whether the node is currently connected.
     fn is_up(&self, node: u16) -> bool;
     /// What the node said in its last heartbeat reply: slabs of ours it reclaimed, and whether

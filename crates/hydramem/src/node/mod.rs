@@ -171,6 +171,9 @@ pub struct Node {
     credential: Option<crate::auth::NodeCredential>,
     /// Identities, their connections and leases.
     tenants: tenants::Tenants,
+    /// The members etcd listed last (see [`crate::membership::register`]): regeneration
+    /// sources the cluster file does not list are looked up here.
+    listed: RwLock<Vec<crate::cluster::NodeEntry>>,
 }
 
 impl Node {
@@ -210,6 +213,7 @@ impl Node {
             incarnation: rand::random::<u64>() | 1,
             credential: config.key.as_ref().map(|k| k.node_credential(config.id)),
             tenants: tenants::Tenants::new(config.tenancy),
+            listed: RwLock::new(Vec::new()),
             config,
         }))
     }
@@ -374,6 +378,25 @@ impl Node {
                 },
             })
             .collect()
+    }
+
+    /// Whether the node is draining.
+    pub fn draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// Records the members etcd lists (regeneration sources).
+    pub fn set_listed(&self, members: Vec<crate::cluster::NodeEntry>) {
+        *self.listed.write() = members;
+    }
+
+    /// The address of member `id` as etcd listed it last.
+    pub fn listed_addr(&self, id: u32) -> Option<std::net::SocketAddr> {
+        self.listed
+            .read()
+            .iter()
+            .find(|n| n.id == id)
+            .map(|n| n.addr)
     }
 
     /// Starts draining (no new slabs; every slab reclaimed without deadline, so that each

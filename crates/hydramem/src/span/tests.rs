@@ -26,6 +26,7 @@ fn start(scheme: &str, nodes: usize, pages: u64) -> (Arc<SpanStore>, MemControl)
     let options = MemOptions {
         slabs_per_node: 256,
         seed: 5,
+        spare: 0,
     };
     let (mem, ctl) = connect(&cluster(nodes, SLAB), config, options).expect("connects");
     (SpanStore::new(mem).expect("a fresh span store"), ctl)

@@ -86,7 +86,7 @@ impl Shared {
     /// Delivers one reply, unless its node went down since it was served.
     pub(super) fn deliver_one(&self, p: &Pending, latest: &mut Option<u64>) {
         let guard = self.deliver.lock();
-        let Some(n) = self.nodes.get(p.node as usize) else {
+        let Some(n) = self.slot(p.node) else {
             return;
         };
         if !n.up.load(Ordering::Acquire) || n.epoch.load(Ordering::Acquire) != p.epoch {
@@ -117,7 +117,7 @@ impl Shared {
     }
 
     pub(super) fn lose_locked(&self, node: u16, _delivering: &parking_lot::MutexGuard<'_, ()>) {
-        let Some(n) = self.nodes.get(node as usize) else {
+        let Some(n) = self.slot(node) else {
             return;
         };
         {

@@ -101,7 +101,7 @@ impl Shared {
     /// gone. It stays down if it cannot start or refuses HELLO (neither happens to a node
     /// that started once).
     pub(super) fn revive(&self, node: u16, fresh: bool) {
-        let Some(n) = self.nodes.get(node as usize) else {
+        let Some(n) = self.slot(node) else {
             return;
         };
         let mut st = n.state.lock();
@@ -131,7 +131,7 @@ impl Shared {
 
     /// Changes the node's fault settings.
     pub(super) fn set(&self, node: u16, change: impl FnOnce(&mut Settings)) {
-        if let Some(n) = self.nodes.get(node as usize) {
+        if let Some(n) = self.slot(node) {
             change(&mut n.state.lock().faults);
         }
     }
@@ -140,7 +140,7 @@ impl Shared {
 impl MemControl {
     /// Number of nodes.
     pub fn nodes(&self) -> usize {
-        self.shared.nodes.len()
+        self.shared.members.load(Ordering::Acquire)
     }
 
     /// The faults of node `node` (cluster-file order).
@@ -154,7 +154,7 @@ impl MemControl {
     /// What happened at node `node` since the counts were last reset (zeros for a node that
     /// does not exist).
     pub fn counts(&self, node: u16) -> NodeCounts {
-        let Some(n) = self.shared.nodes.get(node as usize) else {
+        let Some(n) = self.shared.slot(node) else {
             return NodeCounts::default();
         };
         NodeCounts {
@@ -184,7 +184,12 @@ impl MemControl {
 
     /// Sets every node's counts to zero.
     pub fn reset_counts(&self) {
-        for n in self.shared.nodes.iter() {
+        for n in self
+            .shared
+            .nodes
+            .iter()
+            .filter_map(std::sync::OnceLock::get)
+        {
             n.state.lock().counts = NodeCounts::default();
             n.delivered.store(0, Ordering::Relaxed);
             n.reordered.store(0, Ordering::Relaxed);

@@ -6,6 +6,7 @@
 //! nothing else may ever come back.
 
 mod faults;
+mod members;
 
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Receiver, Sender};
@@ -50,6 +51,7 @@ fn start_on(
     let options = MemOptions {
         slabs_per_node: 64,
         seed: 11,
+        spare: 0,
     };
     connect(&cluster(nodes, slab), config, options).expect("the client connects")
 }

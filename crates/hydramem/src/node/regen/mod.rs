@@ -176,6 +176,7 @@ fn check<'a>(node: &Node, req: &'a Regen) -> Result<Checked<'a>, RegenError> {
                 .iter()
                 .find(|n| n.id == s.node)
                 .map(|n| n.addr)
+                .or_else(|| node.listed_addr(s.node))
                 .ok_or_else(|| {
                     RegenError::Invalid(format!(
                         "source node {} is not a member of the cluster in {}",

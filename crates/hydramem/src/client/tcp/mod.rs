@@ -21,7 +21,12 @@
 //! A connection that fails (EOF, reset, malformed reply) is marked down; its outstanding splits
 //! are failed through [`Completions::node_down`] and its pending calls return errors.
 //!
-//! Failure detection (CubicRing's recipe): a monitor thread PINGs every node each `heartbeat`.
+//! Membership grows at run time ([`TcpTransport::join`]): the connection table has a fixed
+//! number of slots from the start (the cluster's nodes plus room for members that join later),
+//! a member's slot is filled once and never reused, and the count of members only grows, so
+//! the data path indexes it without a lock.
+//!
+//! Failure detection ([`monitor`], CubicRing's recipe): a monitor thread PINGs every node each `heartbeat`.
 //! A node that does not answer within `heartbeat_timeout` is only *suspected*: before it is
 //! declared failed it is verified over a fresh connection (connect, HELLO, PING within
 //! `verify_timeout`), so that one slow reply does not trigger an expensive recovery. A node
@@ -32,9 +37,9 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{sync_channel, RecvTimeoutError, SyncSender};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -51,6 +56,8 @@ use crate::wire::{
     self, FrameBuilder, Header, HelloReply, Op, OpenRuns, Run, Status, WireError, HEADER_LEN,
     MAX_BODY,
 };
+
+mod monitor;
 
 /// Largest body the client lets one merged vectored frame grow to.
 const MERGE_LIMIT: usize = 256 << 10;
@@ -136,6 +143,40 @@ struct Conn {
     incarnation: AtomicU64,
     /// Set when a reconnect found another incarnation: the node restarted and lost our slabs.
     restarted: AtomicBool,
+    /// Set when the membership says the node left: the monitor verifies it at once.
+    left: AtomicBool,
+}
+
+impl Conn {
+    /// A member's connection state: up with `wire` (and its HELLO reply's incarnation), or
+    /// down (the monitor reconnects it).
+    fn new(id: u32, addr: SocketAddr, wire: Option<(Arc<Wire>, u64)>) -> Conn {
+        let incarnation = wire.as_ref().map_or(0, |w| w.1);
+        Conn {
+            addr,
+            id,
+            up: AtomicBool::new(wire.is_some()),
+            stream: ArcSwapOption::new(wire.map(|w| w.0)),
+            send: Mutex::new(SendState::new()),
+            ping_sent: AtomicU64::new(0),
+            pong: AtomicU64::new(0),
+            notice: AtomicU64::new(wire::Notice::default().encode()),
+            incarnation: AtomicU64::new(incarnation),
+            restarted: AtomicBool::new(false),
+            left: AtomicBool::new(false),
+        }
+    }
+}
+
+/// What wakes the monitor thread before its next heartbeat.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// Nothing: sleep a heartbeat.
+    Sleep,
+    /// A member is suspected (it left the membership): look now.
+    Look,
+    /// The transport is dropped.
+    Stop,
 }
 
 type CallReply = (Status, Vec<u8>);
@@ -143,7 +184,12 @@ type CallReply = (Status, Vec<u8>);
 type Waiting = (u16, Op, SyncSender<CallReply>);
 
 struct Shared {
-    conns: Box<[Conn]>,
+    /// One slot per member, filled once in join order; `members` of them are filled.
+    conns: Box<[OnceLock<Conn>]>,
+    /// Slots filled so far (only grows; [`Transport::nodes`]).
+    members: AtomicUsize,
+    /// Serializes joins (a slot is claimed and filled under it).
+    joining: Mutex<()>,
     completions: Arc<dyn Completions>,
     /// Control calls waiting for their reply: request id → (node, op, where to send it).
     calls: Mutex<HashMap<u64, Waiting>>,
@@ -160,7 +206,7 @@ struct Shared {
     /// What to say to a node when (re)connecting.
     greeting: Greeting,
     /// Wakes the monitor thread early (stop).
-    monitor_wake: (parking_lot::Mutex<bool>, parking_lot::Condvar),
+    monitor_wake: (parking_lot::Mutex<Wake>, parking_lot::Condvar),
 }
 
 /// The TCP transport. Dropping it stops its receiver thread and closes the connections.
@@ -178,15 +224,19 @@ impl TcpTransport {
     /// says why); the caller decides whether enough are up.
     pub fn connect(
         nodes: &[(u32, SocketAddr)],
+        capacity: usize,
         greeting: Greeting,
         completions: Arc<dyn Completions>,
         options: TcpOptions,
     ) -> io::Result<(TcpTransport, Vec<HelloOutcome>)> {
+        let capacity = capacity
+            .max(nodes.len())
+            .min(usize::from(super::slots::NO_NODE));
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), WAKER)?;
-        let mut conns = Vec::with_capacity(nodes.len());
+        let conns: Box<[OnceLock<Conn>]> = (0..capacity).map(|_| OnceLock::new()).collect();
         let mut outcomes = Vec::with_capacity(nodes.len());
-        let mut rx = Vec::with_capacity(nodes.len());
+        let mut rx: Vec<Option<Rx>> = (0..capacity).map(|_| None).collect();
         for (i, &(id, addr)) in nodes.iter().enumerate() {
             match handshake(addr, id, &greeting, options) {
                 Ok((wire, reply)) => {
@@ -194,52 +244,34 @@ impl TcpTransport {
                     let mut m = mio::net::TcpStream::from_std(wire.sock.try_clone()?);
                     poll.registry()
                         .register(&mut m, Token(i), Interest::READABLE)?;
-                    rx.push(Some(Rx::new(m, wire.clone())));
-                    conns.push(Conn {
-                        addr,
-                        id,
-                        up: AtomicBool::new(true),
-                        stream: ArcSwapOption::new(Some(wire)),
-                        send: Mutex::new(SendState::new()),
-                        ping_sent: AtomicU64::new(0),
-                        pong: AtomicU64::new(0),
-                        notice: AtomicU64::new(wire::Notice::default().encode()),
-                        incarnation: AtomicU64::new(reply.incarnation),
-                        restarted: AtomicBool::new(false),
-                    });
+                    rx[i] = Some(Rx::new(m, wire.clone()));
+                    let _ = conns[i].set(Conn::new(id, addr, Some((wire, reply.incarnation))));
                     outcomes.push(Ok(reply));
                 }
                 Err(e) => {
                     tracing::warn!(node = i, %addr, error = %e, "memory node unreachable");
-                    rx.push(None);
-                    conns.push(Conn {
-                        addr,
-                        id,
-                        up: AtomicBool::new(false),
-                        stream: ArcSwapOption::empty(),
-                        send: Mutex::new(SendState::new()),
-                        ping_sent: AtomicU64::new(0),
-                        pong: AtomicU64::new(0),
-                        notice: AtomicU64::new(wire::Notice::default().encode()),
-                        incarnation: AtomicU64::new(0),
-                        restarted: AtomicBool::new(false),
-                    });
+                    let _ = conns[i].set(Conn::new(id, addr, None));
                     outcomes.push(Err(e.to_string()));
                 }
             }
         }
         let shared = Arc::new(Shared {
-            conns: conns.into_boxed_slice(),
+            conns,
+            members: AtomicUsize::new(nodes.len()),
+            joining: Mutex::new(()),
             completions,
             calls: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(1),
             stop: AtomicBool::new(false),
             options,
             waker,
-            want_write: Mutex::new(Vec::with_capacity(4 * nodes.len())),
+            want_write: Mutex::new(Vec::with_capacity(4 * capacity)),
             new_streams: Mutex::new(Vec::new()),
             greeting,
-            monitor_wake: (parking_lot::Mutex::new(false), parking_lot::Condvar::new()),
+            monitor_wake: (
+                parking_lot::Mutex::new(Wake::Sleep),
+                parking_lot::Condvar::new(),
+            ),
         });
         let s2 = shared.clone();
         let receiver = std::thread::Builder::new()
@@ -248,7 +280,7 @@ impl TcpTransport {
         let s3 = shared.clone();
         let monitor = std::thread::Builder::new()
             .name("hm-monitor".into())
-            .spawn(move || monitor_loop(s3))?;
+            .spawn(move || monitor::monitor_loop(s3))?;
         tracing::info!(timeouts = %options, "client failure detector");
         Ok((
             TcpTransport {
@@ -267,7 +299,7 @@ impl Drop for TcpTransport {
         let _ = self.shared.waker.wake();
         {
             let (m, cv) = &self.shared.monitor_wake;
-            *m.lock() = true;
+            *m.lock() = Wake::Stop;
             cv.notify_all();
         }
         if let Some(h) = self.monitor.take() {
@@ -276,7 +308,7 @@ impl Drop for TcpTransport {
         if let Some(h) = self.receiver.take() {
             let _ = h.join();
         }
-        for c in self.shared.conns.iter() {
+        for c in self.shared.conns.iter().filter_map(OnceLock::get) {
             if let Some(s) = c.stream.load().as_ref() {
                 let _ = s.sock.shutdown(std::net::Shutdown::Both);
             }
@@ -404,14 +436,21 @@ fn push(conn: &mut rustls::ClientConnection, mut sock: &TcpStream) -> io::Result
 }
 
 impl Shared {
+    /// Members so far (slots `0..members()` are filled).
+    fn members(&self) -> usize {
+        self.members.load(Ordering::Acquire)
+    }
+
+    /// The member in slot `node`, if it is filled.
+    fn slot(&self, node: u16) -> Option<&Conn> {
+        self.conns.get(node as usize)?.get()
+    }
+
     fn conn(&self, node: u16) -> Result<&Conn, TransportError> {
-        let c = self
-            .conns
-            .get(node as usize)
-            .ok_or_else(|| TransportError::Down {
-                node,
-                addr: "(no such node)".into(),
-            })?;
+        let c = self.slot(node).ok_or_else(|| TransportError::Down {
+            node,
+            addr: "(no such node)".into(),
+        })?;
         if !c.up.load(Ordering::Acquire) {
             return Err(TransportError::Down {
                 node,
@@ -626,7 +665,7 @@ impl Shared {
 
     /// Tries to reconnect a node that is down; on success it is up again.
     fn reconnect(&self, node: u16) {
-        let c = &self.conns[node as usize];
+        let Some(c) = self.slot(node) else { return };
         let (wire, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
             Ok(x) => x,
             Err(e) => {
@@ -669,7 +708,7 @@ impl Shared {
     }
 
     fn mark_down(&self, node: u16) {
-        let c = &self.conns[node as usize];
+        let Some(c) = self.slot(node) else { return };
         if c.up.swap(false, Ordering::AcqRel) {
             tracing::warn!(node, addr = %c.addr, "memory node connection lost");
             metrics::counter!("hydramem_client_node_down_total").increment(1);
@@ -684,27 +723,28 @@ impl Shared {
 
 impl Transport for TcpTransport {
     fn nodes(&self) -> usize {
+        self.shared.members()
+    }
+
+    fn capacity(&self) -> usize {
         self.shared.conns.len()
     }
 
     fn is_up(&self, node: u16) -> bool {
         self.shared
-            .conns
-            .get(node as usize)
+            .slot(node)
             .is_some_and(|c| c.up.load(Ordering::Acquire))
     }
 
     fn take_restarted(&self, node: u16) -> bool {
         self.shared
-            .conns
-            .get(node as usize)
+            .slot(node)
             .is_some_and(|c| c.restarted.swap(false, Ordering::AcqRel))
     }
 
     fn notice(&self, node: u16) -> wire::Notice {
         self.shared
-            .conns
-            .get(node as usize)
+            .slot(node)
             .map(|c| wire::Notice::decode(c.notice.load(Ordering::Relaxed)))
             .unwrap_or_default()
     }
@@ -739,6 +779,61 @@ impl Transport for TcpTransport {
         self.shared.flush_node(node)
     }
 
+    /// Fills the next free slot with the member and connects to it; a member that cannot be
+    /// reached now joins down, and the monitor reconnects it. Fails only when every slot is
+    /// taken.
+    fn join(&self, id: u32, addr: SocketAddr) -> Result<u16, TransportError> {
+        let sh = &self.shared;
+        let _joining = sh.joining.lock();
+        let slot = sh.members();
+        let node = u16::try_from(slot)
+            .ok()
+            .filter(|_| slot < sh.conns.len())
+            .ok_or(TransportError::Full {
+                capacity: sh.conns.len(),
+                addr: addr.to_string(),
+            })?;
+        let wire = match handshake(addr, id, &sh.greeting, sh.options) {
+            Ok((wire, reply)) => Some((Arc::new(wire), reply.incarnation)),
+            Err(e) => {
+                tracing::warn!(node, id, %addr, error = %e, "new member unreachable: joined down");
+                None
+            }
+        };
+        let stream = match &wire {
+            Some((w, _)) => Some((
+                mio::net::TcpStream::from_std(w.sock.try_clone().map_err(|e| {
+                    TransportError::Protocol {
+                        node,
+                        addr: addr.to_string(),
+                        reason: format!("cannot register the connection: {e}"),
+                    }
+                })?),
+                w.clone(),
+            )),
+            None => None,
+        };
+        let _ = sh.conns[slot].set(Conn::new(id, addr, wire));
+        if let Some((m, w)) = stream {
+            sh.new_streams.lock().push((node, m, w));
+            let _ = sh.waker.wake();
+        }
+        sh.members.store(slot + 1, Ordering::Release);
+        Ok(node)
+    }
+
+    fn suspect(&self, node: u16) {
+        if let Some(c) = self.shared.slot(node) {
+            c.left.store(true, Ordering::Release);
+            let (m, cv) = &self.shared.monitor_wake;
+            let mut wake = m.lock();
+            if *wake == Wake::Sleep {
+                *wake = Wake::Look;
+            }
+            cv.notify_all();
+        }
+    }
+
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError> {
         self.shared
             .call(node, op, body, self.shared.options.call_timeout)
@@ -765,77 +860,10 @@ impl Transport for TcpTransport {
 
     fn addr(&self, node: u16) -> String {
         self.shared
-            .conns
-            .get(node as usize)
+            .slot(node)
             .map(|c| c.addr.to_string())
             .unwrap_or_else(|| format!("(node {node})"))
     }
-}
-
-/// The failure detector: heartbeats to nodes that are up, verification of suspects, and
-/// reconnection of nodes that are down (see the module doc).
-fn monitor_loop(sh: Arc<Shared>) {
-    let o = sh.options;
-    let mut last_reconnect = Instant::now();
-    loop {
-        {
-            let (m, cv) = &sh.monitor_wake;
-            let mut stop = m.lock();
-            if !*stop {
-                cv.wait_for(&mut stop, o.heartbeat);
-            }
-            if *stop {
-                return;
-            }
-        }
-        let reconnect_now = last_reconnect.elapsed() >= o.reconnect_interval;
-        if reconnect_now {
-            last_reconnect = Instant::now();
-        }
-        for node in 0..sh.conns.len() as u16 {
-            if sh.stop.load(Ordering::SeqCst) {
-                return;
-            }
-            let c = &sh.conns[node as usize];
-            if c.up.load(Ordering::Acquire) {
-                if sh.ping(node, o.heartbeat_timeout) {
-                    continue;
-                }
-                if sh.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                if !c.up.load(Ordering::Acquire) {
-                    continue; // lost meanwhile, already handled
-                }
-                metrics::counter!("hydramem_client_suspicions_total").increment(1);
-                match verify(c.addr, c.id, &sh.greeting, o.verify_timeout) {
-                    Ok(()) => {
-                        tracing::info!(node, addr = %c.addr, "suspected node answered a fresh connection: slow, not failed");
-                    }
-                    Err(e) => {
-                        tracing::warn!(node, addr = %c.addr, error = %e, "memory node failed verification: declaring it failed");
-                        metrics::counter!("hydramem_client_failures_detected_total").increment(1);
-                        sh.mark_down(node);
-                    }
-                }
-            } else if reconnect_now {
-                sh.reconnect(node);
-            }
-        }
-    }
-}
-
-/// Verifies a suspect over a fresh connection: connect, HELLO as an observer, PING.
-fn verify(addr: SocketAddr, id: u32, greeting: &Greeting, timeout: Duration) -> io::Result<()> {
-    // An observer with the client's key and TLS; the node must be node `id`. The PING's
-    // reply is checked to answer this very PING (op and id), which proves the node alive.
-    let observer = crate::rpc::Greeting::observer(greeting.key.as_ref())
-        .with_tls(greeting.tls.as_ref())
-        .to_node(id);
-    crate::rpc::Connection::open(addr, Some(&observer), timeout, timeout)
-        .and_then(|mut c| c.request(Op::Ping, &[]))
-        .map(drop)
-        .map_err(io::Error::other)
 }
 
 /// Writes as much of `buf` as the connection takes without blocking ([`Wire::send`]).
@@ -964,7 +992,9 @@ fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireE
     }
     match h.op {
         Op::Ping => {
-            let c = &sh.conns[node as usize];
+            let Some(c) = sh.slot(node) else {
+                return Ok(());
+            };
             // Only the answer to the heartbeat in flight counts: a node that answers a PING
             // never sent (any id, u64::MAX included) proves nothing about its liveness.
             if h.id != c.ping_sent.load(Ordering::Acquire) {

@@ -1,0 +1,298 @@
+//! Following the membership (a client's side): a thread lists the members and then watches
+//! for changes, telling its [`Roster`] (the client) of nodes that join and leave.
+//!
+//! Invariants: every member etcd lists reaches the roster, even if it joined while the watch
+//! was broken (after an error the thread lists again and compares); a node is reported left
+//! only when etcd deleted its key (lease expired or revoked), and the roster only suspects it;
+//! the thread holds the roster weakly and ends within [`POLL`] of the roster being dropped;
+//! while etcd is unreachable it retries with a backoff up to [`MAX_BACKOFF`] and changes
+//! nothing.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use super::{members, Change, EtcdConfig, Member, MembershipError, Registry, Watch};
+
+/// Longest wait on the watch before the thread checks that its roster still exists.
+pub const POLL: Duration = Duration::from_millis(500);
+/// Longest wait between attempts while etcd is unreachable.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
+
+/// What the membership changes: a client's node table.
+pub trait Roster: Send + Sync + 'static {
+    /// Ids of the nodes it knows.
+    fn member_ids(&self) -> Vec<u32>;
+    /// A node joined (or its record changed: a known id is left as it is).
+    fn joined(&self, m: &Member);
+    /// A node's key is gone: suspect it (verify before declaring it failed).
+    fn left(&self, id: u32);
+}
+
+/// Starts the thread for `roster`, watching `cfg`'s members from revision `from` (0: list
+/// first).
+pub fn spawn<R: Roster>(
+    roster: Weak<R>,
+    reg: Arc<dyn Registry>,
+    cfg: EtcdConfig,
+    from: i64,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("hm-members".into())
+        .spawn(move || Follower::new(reg, cfg).run(&roster, from))
+}
+
+/// The thread's state (a struct so that tests drive it step by step).
+pub struct Follower {
+    reg: Arc<dyn Registry>,
+    cfg: EtcdConfig,
+    /// Ids etcd listed at the last look (to tell who left during an outage).
+    present: HashSet<u32>,
+    watch: Option<Box<dyn Watch>>,
+    /// The revision to watch from after a listing.
+    from: i64,
+    failures: u32,
+}
+
+impl Follower {
+    /// A follower of `cfg`'s members in `reg`.
+    pub fn new(reg: Arc<dyn Registry>, cfg: EtcdConfig) -> Follower {
+        Follower {
+            reg,
+            cfg,
+            present: HashSet::new(),
+            watch: None,
+            from: 0,
+            failures: 0,
+        }
+    }
+
+    fn run<R: Roster>(mut self, roster: &Weak<R>, from: i64) {
+        self.from = from;
+        if from > 0 {
+            // The caller listed at `from - 1`: what it found is present.
+            if let Some(r) = roster.upgrade() {
+                self.present = r.member_ids().into_iter().collect();
+            }
+        }
+        loop {
+            let Some(r) = roster.upgrade() else { return };
+            let wait = match self.step(&*r) {
+                Ok(()) => Duration::ZERO,
+                Err(e) => {
+                    self.failures += 1;
+                    if self.failures == 1 || self.failures.is_multiple_of(100) {
+                        tracing::warn!(error = %e, failures = self.failures, "membership watch");
+                    }
+                    metrics::counter!("hydramem_client_membership_errors_total").increment(1);
+                    (Duration::from_millis(200) * self.failures.min(25)).min(MAX_BACKOFF)
+                }
+            };
+            drop(r);
+            // Back off in steps of POLL, to notice the roster going away.
+            let mut left = wait;
+            while !left.is_zero() {
+                let d = left.min(POLL);
+                std::thread::sleep(d);
+                left -= d;
+                if roster.strong_count() == 0 {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// One step: list and open a watch if there is none, else wait up to [`POLL`] for
+    /// changes and apply them. An error drops the watch: the next step lists again.
+    pub fn step(&mut self, roster: &dyn Roster) -> Result<(), MembershipError> {
+        let watch = match &mut self.watch {
+            Some(w) => w,
+            None => {
+                if self.from <= 0 {
+                    self.resync(roster)?;
+                }
+                let w = self.reg.watch(&self.cfg.nodes_prefix(), self.from);
+                self.from = 0; // a broken watch lists again
+                let w = self.watch.insert(w?);
+                if self.failures > 0 {
+                    tracing::info!("membership watch restored");
+                    self.failures = 0;
+                }
+                w
+            }
+        };
+        match watch.next(POLL) {
+            Ok(changes) => {
+                for c in changes {
+                    self.apply(roster, c);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.watch = None;
+                Err(e)
+            }
+        }
+    }
+
+    /// Lists the members: new ones join, ones present before and gone now left.
+    fn resync(&mut self, roster: &dyn Roster) -> Result<(), MembershipError> {
+        let (found, rev) = members(&*self.reg, &self.cfg)?;
+        let now: HashSet<u32> = found.iter().map(|m| m.id).collect();
+        let known: HashSet<u32> = roster.member_ids().into_iter().collect();
+        for m in &found {
+            if !known.contains(&m.id) {
+                tracing::info!(id = m.id, addr = %m.addr, "memory node joined the cluster");
+                roster.joined(m);
+            }
+        }
+        for gone in self.present.difference(&now) {
+            tracing::info!(id = gone, "memory node left the cluster (not in etcd)");
+            roster.left(*gone);
+        }
+        self.present = now;
+        self.from = rev + 1;
+        Ok(())
+    }
+
+    fn apply(&mut self, roster: &dyn Roster, c: Change) {
+        match c {
+            Change::Put(e) => match Member::parse(&self.cfg, &e.key, &e.value) {
+                Ok(m) => {
+                    let new = self.present.insert(m.id);
+                    if new && !roster.member_ids().contains(&m.id) {
+                        tracing::info!(id = m.id, addr = %m.addr, "memory node joined the cluster");
+                    }
+                    roster.joined(&m);
+                }
+                Err(reason) => {
+                    tracing::warn!(%reason, "skipping a malformed member record in etcd")
+                }
+            },
+            Change::Delete(key) => {
+                if let Some(id) = super::key_id(&self.cfg, &key) {
+                    if self.present.remove(&id) {
+                        tracing::info!(id, "memory node left the cluster (its lease ended)");
+                        roster.left(id);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::membership::mem::MemRegistry;
+    use parking_lot::Mutex;
+
+    #[derive(Default)]
+    struct Log {
+        ids: Mutex<Vec<u32>>,
+        left: Mutex<Vec<u32>>,
+    }
+
+    impl Roster for Log {
+        fn member_ids(&self) -> Vec<u32> {
+            self.ids.lock().clone()
+        }
+        fn joined(&self, m: &Member) {
+            let mut ids = self.ids.lock();
+            if !ids.contains(&m.id) {
+                ids.push(m.id);
+            }
+        }
+        fn left(&self, id: u32) {
+            self.left.lock().push(id);
+        }
+    }
+
+    fn member(id: u32) -> Member {
+        Member {
+            id,
+            addr: ([192, 0, 2, 1], 7400 + u16::try_from(id).unwrap()).into(),
+            domain: None,
+            slab_size: 1 << 20,
+            draining: false,
+        }
+    }
+
+    fn register(reg: &MemRegistry, cfg: &EtcdConfig, id: u32) -> i64 {
+        let lease = reg.grant(cfg.ttl()).unwrap();
+        reg.put(&cfg.member_key(id), &member(id).to_value(), lease)
+            .unwrap();
+        lease
+    }
+
+    #[test]
+    fn joins_and_leaves_reach_the_roster_in_order() {
+        let reg = MemRegistry::new();
+        let cfg = EtcdConfig::new(vec!["memory".into()]);
+        register(&reg, &cfg, 0);
+        let roster = Log::default();
+        let mut f = Follower::new(Arc::new(reg.clone()), cfg.clone());
+        f.step(&roster).unwrap(); // lists, watches
+        assert_eq!(roster.member_ids(), vec![0]);
+        let lease = register(&reg, &cfg, 1);
+        f.step(&roster).unwrap();
+        assert_eq!(roster.member_ids(), vec![0, 1]);
+        reg.expire(lease);
+        f.step(&roster).unwrap();
+        assert_eq!(*roster.left.lock(), vec![1]);
+        // A malformed record and a foreign key are skipped, not fatal.
+        let l = reg.grant(cfg.ttl()).unwrap();
+        reg.put(&cfg.member_key(7), b"{not json", l).unwrap();
+        reg.put(&cfg.member_key(8), &member(9).to_value(), l)
+            .unwrap();
+        f.step(&roster).unwrap();
+        assert_eq!(roster.member_ids(), vec![0, 1]);
+    }
+
+    #[test]
+    fn what_changed_during_an_outage_is_applied_when_etcd_is_back() {
+        let reg = MemRegistry::new();
+        let cfg = EtcdConfig::new(vec!["memory".into()]);
+        let gone = register(&reg, &cfg, 0);
+        register(&reg, &cfg, 1);
+        let roster = Log::default();
+        let mut f = Follower::new(Arc::new(reg.clone()), cfg.clone());
+        f.step(&roster).unwrap();
+        reg.set_unreachable(true);
+        assert!(
+            f.step(&roster).is_err(),
+            "the watch must end with the outage"
+        );
+        assert!(
+            f.step(&roster).is_err(),
+            "and listing must fail while etcd is down"
+        );
+        // Changes the follower cannot see: node 0 leaves, node 2 joins.
+        reg.set_unreachable(false);
+        reg.expire(gone);
+        register(&reg, &cfg, 2);
+        reg.set_unreachable(true);
+        reg.set_unreachable(false);
+        f.step(&roster).unwrap();
+        assert_eq!(roster.member_ids(), vec![0, 1, 2]);
+        assert_eq!(*roster.left.lock(), vec![0]);
+    }
+
+    #[test]
+    fn the_thread_ends_when_the_roster_is_dropped() {
+        let reg = MemRegistry::new();
+        let cfg = EtcdConfig::new(vec!["memory".into()]);
+        let roster = Arc::new(Log::default());
+        let h = spawn(
+            Arc::downgrade(&roster),
+            Arc::new(reg.clone()),
+            cfg.clone(),
+            0,
+        )
+        .unwrap();
+        register(&reg, &cfg, 3);
+        assert!(reg.wait_for(Duration::from_secs(10), |_| roster.member_ids() == vec![3]));
+        drop(roster);
+        h.join().unwrap();
+    }
+}
