@@ -137,6 +137,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         Some(p) => Cluster::load(p)?,
         None => {
             let c = EmbeddedCluster::start(EmbeddedOptions {
+                etcd: None,
                 binary: hydramem::embedded::self_exe()?,
                 nodes: a.nodes,
                 slab_size: 16 << 20,

@@ -102,6 +102,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
         a.nodes
     );
     let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
+        etcd: None,
         binary: hydramem::embedded::self_exe()?,
         nodes: a.nodes,
         slab_size: 16 << 20,

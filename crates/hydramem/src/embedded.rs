@@ -64,6 +64,9 @@ pub struct EmbeddedOptions {
     /// cluster file names it and the cluster carries it, so its clients connect with TLS;
     /// `None`: plain TCP.
     pub tls_dir: Option<PathBuf>,
+    /// Membership in etcd: the cluster file gets this `[etcd]` table before the nodes start,
+    /// so that every node registers there (see [`crate::membership`]).
+    pub etcd: Option<crate::membership::EtcdConfig>,
 }
 
 impl EmbeddedOptions {
@@ -77,6 +80,7 @@ impl EmbeddedOptions {
         capacity: u64,
     ) -> EmbeddedOptions {
         EmbeddedOptions {
+            etcd: None,
             binary,
             nodes,
             slab_size,
@@ -212,7 +216,7 @@ pub struct EmbeddedCluster {
 }
 
 /// Makes a directory only this user can enter, with a name no other cluster uses.
-fn private_temp_dir() -> Result<PathBuf, EmbeddedError> {
+pub(crate) fn private_temp_dir() -> Result<PathBuf, EmbeddedError> {
     let parent = std::env::temp_dir();
     let mut attempt = 0;
     loop {
@@ -260,6 +264,7 @@ impl EmbeddedCluster {
         // removes the private directory.
         let mut c = EmbeddedCluster {
             cluster: Cluster {
+                etcd: None,
                 slab_size: options.slab_size,
                 placement: None,
                 key_file,
@@ -273,6 +278,12 @@ impl EmbeddedCluster {
             cluster_file,
             temp_dir,
         };
+        if let Some(e) = &c.options.etcd {
+            c.cluster.etcd = Some(e.clone());
+            c.cluster
+                .save(&c.cluster_file)
+                .map_err(EmbeddedError::ClusterFile)?;
+        }
         for i in 0..c.options.nodes {
             let id = u32::try_from(i).map_err(|_| EmbeddedError::Start {
                 node: i,

@@ -170,6 +170,7 @@ const CORRUPT_SHARE: crate::wire::Corruption = crate::wire::Corruption {
 /// Runs one seeded fault run.
 pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
+        etcd: None,
         binary: o.binary.clone(),
         nodes: o.nodes,
         slab_size: o.slab_size,

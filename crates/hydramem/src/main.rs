@@ -229,6 +229,14 @@ struct NodeArgs {
     /// Time a frame has from its first byte to its last (against stalled or trickling peers).
     #[arg(long, env = "HYDRAMEM_FRAME_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     frame_timeout: Duration,
+    /// The address clients reach this node at, as it registers in etcd (when the cluster
+    /// file has [etcd]); by default the address it listens on, which must then not be a
+    /// wildcard (0.0.0.0).
+    #[arg(long, env = "HYDRAMEM_ADVERTISE")]
+    advertise: Option<std::net::SocketAddr>,
+    /// This node's failure domain (rack, power feed), as it registers in etcd.
+    #[arg(long, env = "HYDRAMEM_DOMAIN")]
+    domain: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -569,8 +577,43 @@ fn run_node(a: NodeArgs) -> Result<()> {
         frame: a.frame_timeout,
     };
     raise_open_files(limits.max_connections);
+    let registration = register_in_etcd(&a, &node, local)?;
     server::run(listener, node, shutdown, limits)?;
+    // Revokes the lease: clients see this node leave now, not a lease later.
+    drop(registration);
     Ok(())
+}
+
+/// Registers the node in etcd if its cluster file has `[etcd]` (a file that does not exist
+/// yet means no etcd: `up` writes it after its nodes started).
+fn register_in_etcd(
+    a: &NodeArgs,
+    node: &std::sync::Arc<Node>,
+    local: std::net::SocketAddr,
+) -> Result<Option<hydramem::membership::register::Registration>> {
+    if !a.cluster.exists() {
+        return Ok(None);
+    }
+    let cluster = hydramem::cluster::Cluster::load(&a.cluster)?;
+    let Some(cfg) = cluster.etcd else {
+        return Ok(None);
+    };
+    let addr = a.advertise.unwrap_or(local);
+    if addr.ip().is_unspecified() {
+        bail!(
+            "this node listens on {local} and registers in etcd: clients cannot dial a \
+             wildcard address; give --advertise IP:PORT"
+        );
+    }
+    let endpoints = cfg.endpoints.join(",");
+    let r = hydramem::membership::register::Registration::for_node(
+        node.clone(),
+        cfg,
+        addr,
+        a.domain.clone(),
+    )?;
+    tracing::info!(%endpoints, %addr, "registering in etcd");
+    Ok(Some(r))
 }
 
 /// Raises this process's soft limit on open files to its hard limit, so that a node can hold
@@ -614,12 +657,23 @@ fn run_drain(d: DrainArgs) -> Result<()> {
                 format!("{:?} is neither an address (ip:port) nor a node id", d.node)
             })?;
             let cluster = d.key.load(&d.cluster)?;
+            let registered = || {
+                let cfg = cluster.etcd.as_ref()?;
+                let (found, _) = hydramem::membership::report(cfg);
+                found.into_iter().find(|m| m.id == id).map(|m| m.addr)
+            };
             cluster
                 .nodes
                 .iter()
                 .find(|n| n.id == id)
                 .map(|n| n.addr)
-                .with_context(|| format!("no node with id {id} in {}", d.cluster.display()))?
+                .or_else(registered)
+                .with_context(|| {
+                    format!(
+                        "no node with id {id} in {} (nor registered in its etcd)",
+                        d.cluster.display()
+                    )
+                })?
         }
     };
     let t = Duration::from_secs(5);
@@ -758,7 +812,17 @@ fn run_tls(action: TlsAction) -> Result<()> {
 }
 
 fn run_status(a: StatusArgs) -> Result<()> {
-    let cluster = a.key.load(&a.cluster)?;
+    let mut cluster = a.key.load(&a.cluster)?;
+    // With [etcd], the registered members are listed beside the file's nodes.
+    let membership = cluster.etcd.clone().map(|cfg| {
+        let (found, line) = hydramem::membership::report(&cfg);
+        for m in found {
+            if !cluster.nodes.iter().any(|n| n.id == m.id) {
+                cluster.nodes.push(m.entry());
+            }
+        }
+        line
+    });
     let rows = hydramem::status::collect(&cluster);
     if a.json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
@@ -766,6 +830,9 @@ fn run_status(a: StatusArgs) -> Result<()> {
     }
     let Some(every) = a.watch else {
         print!("{}", hydramem::status::table(&cluster, &rows));
+        if let Some(line) = &membership {
+            println!("{line}");
+        }
         return Ok(());
     };
     let stop = stop_flag()?;

@@ -5,6 +5,11 @@
 //! is reported on stdout and the others keep serving, since surviving lost machines is what the
 //! cluster is for; with `--restart always` the node comes back on its old address, empty.
 //! Only Ctrl-C or SIGTERM ends `up`, which then stops every node and removes the cluster file.
+//!
+//! With `--etcd` it first starts an etcd of its own on loopback (or, with `--etcd-endpoints`,
+//! uses one that runs), writes its `[etcd]` table into the cluster file, and the nodes
+//! register there: clients then see nodes that are started later with the same cluster file
+//! (`hydramem node --cluster FILE --listen ...`) without a restart.
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -45,6 +50,21 @@ pub struct UpArgs {
     /// cluster file names it (tls_dir), so the clients that read the cluster file use TLS.
     #[arg(long = "tls", env = "HYDRAMEM_TLS_DIR")]
     tls_dir: Option<PathBuf>,
+    /// Membership on etcd: start an etcd on loopback (Debian's etcd-server) for the nodes to
+    /// register in; stopped with `up`.
+    #[arg(long)]
+    etcd: bool,
+    /// Membership on an etcd that runs already (its client URLs, comma-separated).
+    #[arg(
+        long,
+        env = "HYDRAMEM_ETCD_ENDPOINTS",
+        value_delimiter = ',',
+        conflicts_with = "etcd"
+    )]
+    etcd_endpoints: Vec<String>,
+    /// Seconds a node's etcd registration outlives its last renewal.
+    #[arg(long, default_value_t = 10)]
+    etcd_lease_ttl: u64,
 }
 
 /// How often `up` looks for nodes that exited and restarts due.
@@ -54,7 +74,24 @@ pub fn run(a: UpArgs, log: &str) -> Result<()> {
     if a.nodes == 0 {
         bail!("--nodes must be at least 1");
     }
+    let etcd_server = if a.etcd {
+        Some(hydramem::membership::server::EtcdServer::start()?)
+    } else {
+        None
+    };
+    let etcd = match (&etcd_server, a.etcd_endpoints.is_empty()) {
+        (Some(s), _) => Some(s.config(a.etcd_lease_ttl)),
+        (None, false) => Some(hydramem::membership::EtcdConfig {
+            lease_ttl: a.etcd_lease_ttl,
+            ..hydramem::membership::EtcdConfig::new(a.etcd_endpoints.clone())
+        }),
+        (None, true) => None,
+    };
+    if let Some(e) = &etcd {
+        e.validate().map_err(anyhow::Error::msg)?;
+    }
     let opts = EmbeddedOptions {
+        etcd: etcd.clone(),
         binary: hydramem::embedded::self_exe().context("finding the hydramem binary")?,
         nodes: a.nodes,
         slab_size: a.slab_size.bytes(),
@@ -87,6 +124,19 @@ pub fn run(a: UpArgs, log: &str) -> Result<()> {
             .map_or_else(|| "-".to_string(), |p| p.to_string());
         println!("  node {:>3}  {:<21}  pid {pid}", n.id, n.addr);
     }
+    if let Some(e) = &etcd {
+        let pid = etcd_server
+            .as_ref()
+            .and_then(|s| s.pid())
+            .map_or_else(|| "running".to_string(), |p| format!("pid {p}"));
+        println!(
+            "  membership on etcd at {} ({pid}), prefix {}, lease {} s: nodes started later \
+             with this cluster file join it",
+            e.endpoints.join(","),
+            e.prefix,
+            e.lease_ttl
+        );
+    }
     println!(
         "{}; Ctrl-C stops them all.",
         match a.restart {
@@ -104,6 +154,7 @@ pub fn run(a: UpArgs, log: &str) -> Result<()> {
     let running = cluster.running();
     cluster.shutdown();
     let _ = std::fs::remove_file(&a.cluster);
+    drop(etcd_server);
     println!("stopped {running} memory nodes (of {})", a.nodes);
     Ok(())
 }

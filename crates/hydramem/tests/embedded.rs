@@ -28,6 +28,7 @@ fn start_with_file(
     file: PathBuf,
 ) -> Result<EmbeddedCluster, hydramem::embedded::EmbeddedError> {
     EmbeddedCluster::start(EmbeddedOptions {
+        etcd: None,
         binary: env!("CARGO_BIN_EXE_hydramem").into(),
         nodes,
         slab_size: common::SLAB,

@@ -36,6 +36,7 @@ fn members(root: &Path, names: &[&str]) -> Vec<PathBuf> {
 
 fn start(nodes: usize, tls_dir: &Path, key_file: Option<PathBuf>) -> EmbeddedCluster {
     EmbeddedCluster::start(EmbeddedOptions {
+        etcd: None,
         binary: env!("CARGO_BIN_EXE_hydramem").into(),
         nodes,
         slab_size: SLAB,

@@ -91,6 +91,7 @@ pub fn regeneration(
     for &slab in slab_sizes {
         let loopback = loopback_bandwidth(4 << 30).map_err(|e| io("loopback", e.to_string()))?;
         let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
+            etcd: None,
             binary: binary.clone(),
             nodes: 11,
             slab_size: slab,

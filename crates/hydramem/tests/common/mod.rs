@@ -47,6 +47,7 @@ pub fn cluster_in(
     let mut extra_args: Vec<String> = vec!["--log".into(), "error".into()];
     extra_args.extend(extra.iter().map(|s| s.to_string()));
     EmbeddedCluster::start(EmbeddedOptions {
+        etcd: None,
         binary: env!("CARGO_BIN_EXE_hydramem").into(),
         nodes,
         slab_size,
