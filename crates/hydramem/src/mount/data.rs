@@ -11,10 +11,10 @@
 //! Invariants: a file's I/O holds its page table's read lock from the moment its pages are
 //! resolved until the store answered, so no page it uses can be unmapped (truncate, punch,
 //! delete take the write lock) and handed to another file meanwhile; every write holds the
-//! [`PageLocks`] stripes of its pages, so two partial writes to one page never lose each
-//! other; a page is marked written only after its write was acknowledged; the bytes of a
-//! file's last page beyond its size are zeros (truncation zeroes them), so growing a file
-//! shows zeros.
+//! [`PageLocks`] stripes of its pages while it reads whether they are written, merges and
+//! marks them written, so two partial writes to one page never lose each other; a page is
+//! marked written only after its write was acknowledged; the bytes of a file's last page
+//! beyond its size are zeros (truncation zeroes them), so growing a file shows zeros.
 
 use std::sync::Arc;
 
@@ -112,12 +112,17 @@ impl Data {
         }
         let (first, end) = span(offset, data.len() as u64);
         let table = self.mapped(inode, first, end)?;
-        let entries: Vec<(u64, Entry)> = (first..end).map(|fp| (fp, table.get(fp))).collect();
-        let addrs: Vec<u64> = entries
-            .iter()
-            .map(|(_, e)| e.page().map_or(0, |at| at * P))
+        // The address of each page is fixed while the table's read lock is held (mapping and
+        // unmapping take the write lock), so it can be read before the stripes are taken.
+        let addrs: Vec<u64> = (first..end)
+            .map(|fp| table.get(fp).page().map_or(0, |at| at * P))
             .collect();
-        let _stripes = self.locks.lock_pages(addrs.iter().map(|a| a / P));
+        let stripes = self.locks.lock_pages(addrs.iter().map(|a| a / P));
+        // Invariant: a page's written bit is read only under its stripe, and set (below) before
+        // the stripe is released. Read before the stripe, two partial writes to an unwritten
+        // page both saw `Unwritten`, both started from zeros, and the later write-back erased
+        // the earlier one's bytes; read here, the later writer sees `Written` and merges.
+        let entries: Vec<(u64, Entry)> = (first..end).map(|fp| (fp, table.get(fp))).collect();
         if offset.is_multiple_of(P) && (data.len() as u64).is_multiple_of(P) {
             let (pages, _) = data.as_chunks::<PAGE_SIZE>();
             let list: Vec<(u64, &Page)> = addrs.iter().copied().zip(pages.iter()).collect();
@@ -145,6 +150,7 @@ impl Data {
         for (fp, _) in entries {
             table.mark_written(fp);
         }
+        drop(stripes);
         Ok(())
     }
 
