@@ -63,6 +63,10 @@ pub struct FaultRunOptions {
     pub key_file: Option<std::path::PathBuf>,
     /// A TLS member directory for the nodes and the client (`None`: plain TCP).
     pub tls_dir: Option<std::path::PathBuf>,
+    /// Membership in etcd: the nodes register there and the client follows it, so killed,
+    /// paused and restarted nodes also leave and rejoin the membership (`None`: the static
+    /// cluster file only).
+    pub etcd: Option<crate::membership::EtcdConfig>,
 }
 
 /// The scheme fault runs use by default.
@@ -170,7 +174,7 @@ const CORRUPT_SHARE: crate::wire::Corruption = crate::wire::Corruption {
 /// Runs one seeded fault run.
 pub fn run(o: &FaultRunOptions) -> Result<FaultRunReport, String> {
     let mut cluster = EmbeddedCluster::start(EmbeddedOptions {
-        etcd: None,
+        etcd: o.etcd.clone(),
         binary: o.binary.clone(),
         nodes: o.nodes,
         slab_size: o.slab_size,

@@ -34,6 +34,10 @@ pub struct SoakArgs {
     /// issue`).
     #[arg(long = "tls", env = "HYDRAMEM_TLS_DIR")]
     tls_dir: Option<std::path::PathBuf>,
+    /// Membership on etcd: start an etcd (Debian's etcd-server) whose members the nodes of
+    /// every run register in (leases of 2 s, a prefix per run) and the client follows.
+    #[arg(long)]
+    etcd: bool,
 }
 
 pub fn run(a: SoakArgs) -> Result<()> {
@@ -48,6 +52,11 @@ pub fn run(a: SoakArgs) -> Result<()> {
             a.scheme
         );
     }
+    let etcd = if a.etcd {
+        Some(hydramem::membership::server::EtcdServer::start()?)
+    } else {
+        None
+    };
     let (mut acked, mut lost, mut wrong, mut failed, mut read_errors, mut faults) =
         (0, 0, 0, 0, 0, 0);
     for i in 0..a.runs {
@@ -64,6 +73,10 @@ pub fn run(a: SoakArgs) -> Result<()> {
             scheme: a.scheme,
             key_file: a.cluster_key.clone(),
             tls_dir: a.tls_dir.clone(),
+            etcd: etcd.as_ref().map(|e| hydramem::membership::EtcdConfig {
+                prefix: format!("/hydramem/soak-{}", a.seed + i),
+                ..e.config(2)
+            }),
         })
         .map_err(anyhow::Error::msg)?;
         println!(
