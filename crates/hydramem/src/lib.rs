@@ -44,6 +44,7 @@ pub mod priority;
 pub mod release;
 pub mod rpc;
 pub mod run_config;
+pub mod sampled;
 pub mod shutdown;
 #[cfg(feature = "tools")]
 pub mod sim;

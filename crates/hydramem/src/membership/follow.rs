@@ -13,6 +13,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use super::{members, Change, EtcdConfig, Member, MembershipError, Registry, Watch};
+use crate::sampled::Sampled;
 
 /// Longest wait on the watch before the thread checks that its roster still exists.
 pub const POLL: Duration = Duration::from_millis(500);
@@ -51,7 +52,8 @@ pub struct Follower {
     watch: Option<Box<dyn Watch>>,
     /// The revision to watch from after a listing.
     from: i64,
-    failures: u32,
+    /// Failed steps in a row (their warnings sampled).
+    failures: Sampled,
 }
 
 impl Follower {
@@ -63,7 +65,7 @@ impl Follower {
             present: HashSet::new(),
             watch: None,
             from: 0,
-            failures: 0,
+            failures: Sampled::new(100),
         }
     }
 
@@ -80,12 +82,12 @@ impl Follower {
             let wait = match self.step(&*r) {
                 Ok(()) => Duration::ZERO,
                 Err(e) => {
-                    self.failures += 1;
-                    if self.failures == 1 || self.failures.is_multiple_of(100) {
-                        tracing::warn!(error = %e, failures = self.failures, "membership watch");
+                    if let Some(failures) = self.failures.hit() {
+                        tracing::warn!(error = %e, failures, "membership watch");
                     }
                     metrics::counter!("hydramem_client_membership_errors_total").increment(1);
-                    (Duration::from_millis(200) * self.failures.min(25)).min(MAX_BACKOFF)
+                    let steps = u32::try_from(self.failures.count().min(25)).unwrap_or(25);
+                    (Duration::from_millis(200) * steps).min(MAX_BACKOFF)
                 }
             };
             drop(r);
@@ -114,9 +116,8 @@ impl Follower {
                 let w = self.reg.watch(&self.cfg.nodes_prefix(), self.from);
                 self.from = 0; // a broken watch lists again
                 let w = self.watch.insert(w?);
-                if self.failures > 0 {
+                if self.failures.reset() > 0 {
                     tracing::info!("membership watch restored");
-                    self.failures = 0;
                 }
                 w
             }

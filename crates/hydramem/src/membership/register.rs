@@ -17,6 +17,7 @@ use parking_lot::{Condvar, Mutex};
 
 use super::{members, EtcdConfig, Member, MembershipError, Registry};
 use crate::node::Node;
+use crate::sampled::Sampled;
 
 /// A running registration; dropping it stops the thread and revokes the lease.
 pub struct Registration {
@@ -98,7 +99,8 @@ pub struct Registrar {
     cfg: EtcdConfig,
     /// The lease and the record put under it.
     current: Option<(i64, Member)>,
-    failures: u32,
+    /// Failed renewals in a row (their warnings sampled).
+    failures: Sampled,
 }
 
 impl Registrar {
@@ -108,7 +110,7 @@ impl Registrar {
             reg,
             cfg,
             current: None,
-            failures: 0,
+            failures: Sampled::new(100),
         }
     }
 
@@ -122,9 +124,8 @@ impl Registrar {
                     self.cfg.ttl() / 3
                 }
                 Err(e) => {
-                    self.failures += 1;
-                    if self.failures == 1 || self.failures.is_multiple_of(100) {
-                        tracing::warn!(error = %e, failures = self.failures, "cannot renew this node's registration in etcd; serving on");
+                    if let Some(failures) = self.failures.hit() {
+                        tracing::warn!(error = %e, failures, "cannot renew this node's registration in etcd; serving on");
                     }
                     metrics::counter!("hydramem_node_etcd_errors_total").increment(1);
                     Duration::from_secs(1).min(self.cfg.ttl() / 3)
@@ -179,9 +180,8 @@ impl Registrar {
             }
             Some(_) => {}
         }
-        if self.failures > 0 {
+        if self.failures.reset() > 0 {
             tracing::info!("etcd reachable again");
-            self.failures = 0;
         }
         let listed = members(&*self.reg, &self.cfg)?.0;
         // The record deleted under a live lease (an operator's `etcdctl del`): write it again.

@@ -326,7 +326,7 @@ pub fn run(
     });
     let connections = metrics::gauge!("hydramem_nbd_connections");
     let mut threads: Vec<std::thread::JoinHandle<()>> = Vec::new();
-    let mut refused = 0u64;
+    let refused = crate::sampled::Sampled::new(1000);
     loop {
         let accepted = listener.accept();
         if shutdown.is_triggered() {
@@ -344,15 +344,14 @@ pub fn run(
         if shutdown.tracked() >= limits.max_connections {
             // Closed at once: a flood of connections costs the server no thread and no buffer.
             metrics::counter!("hydramem_nbd_connections_refused_total").increment(1);
-            if refused.is_multiple_of(1000) {
+            if let Some(refused_so_far) = refused.hit() {
                 tracing::warn!(
                     peer = %stream.peer(),
                     max = limits.max_connections,
-                    refused_so_far = refused,
+                    refused_so_far,
                     "refusing NBD connections: the server serves --max-connections already"
                 );
             }
-            refused += 1;
             stream.shutdown(NetShutdown::Both);
             continue;
         }
@@ -410,9 +409,8 @@ fn connection(stream: Stream, id: u64, serving: &Serving) {
         Err(NbdError::Io(e)) if e.kind() == io::ErrorKind::TimedOut => {
             metrics::counter!("hydramem_nbd_connections_timed_out_total").increment(1);
             // A flood of silent or trickling peers must not become a flood of log lines.
-            let n = TIMED_OUT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            if n.is_multiple_of(1000) {
-                tracing::warn!(conn = id, %peer, error = %e, cut_off_so_far = n + 1, "closing NBD connection");
+            if let Some(cut_off_so_far) = TIMED_OUT.hit() {
+                tracing::warn!(conn = id, %peer, error = %e, cut_off_so_far, "closing NBD connection");
             } else {
                 tracing::debug!(conn = id, %peer, error = %e, "closing NBD connection");
             }
@@ -510,4 +508,4 @@ fn log_transmission(id: u64, n: handshake::Negotiated, tls: bool) {
 }
 
 /// Connections cut off by a deadline since the server started (their log lines are sampled).
-static TIMED_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static TIMED_OUT: crate::sampled::Sampled = crate::sampled::Sampled::new(1000);

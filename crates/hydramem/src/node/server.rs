@@ -44,7 +44,7 @@ pub fn run(
     shutdown: Arc<Shutdown>,
     limits: ConnLimits,
 ) -> io::Result<()> {
-    let mut refused = 0u64;
+    let refused = crate::sampled::Sampled::new(1000);
     let local = listener.local_addr()?;
     shutdown.set_waker(crate::shutdown::Waker::Tcp(local));
     tracing::info!(addr = %local, node = node.config().id, "memory node serving");
@@ -65,15 +65,14 @@ pub fn run(
         if shutdown.tracked() >= limits.max_connections {
             // Closed at once: a flood of connections costs a node no thread and no buffer.
             metrics::counter!("hydramem_node_connections_refused_total").increment(1);
-            if refused.is_multiple_of(1000) {
+            if let Some(refused_so_far) = refused.hit() {
                 tracing::warn!(
                     ?peer,
                     max = limits.max_connections,
-                    refused_so_far = refused,
+                    refused_so_far,
                     "refusing connections: the node serves --max-connections already"
                 );
             }
-            refused += 1;
             continue;
         }
         let _ = stream.set_nodelay(true);
@@ -103,9 +102,8 @@ pub fn run(
                     Ok(Err(ConnError::Tls(why))) => {
                         metrics::counter!("hydramem_node_tls_refused_total").increment(1);
                         // Sampled as timeouts are: a scan of the port must not flood the log.
-                        let n = TLS_REFUSED.fetch_add(1, Ordering::Relaxed);
-                        if n.is_multiple_of(1000) {
-                            tracing::warn!(?peer, reason = %why, refused_so_far = n + 1, "closing connection: no TLS with a certificate of this cluster");
+                        if let Some(refused_so_far) = TLS_REFUSED.hit() {
+                            tracing::warn!(?peer, reason = %why, refused_so_far, "closing connection: no TLS with a certificate of this cluster");
                         } else {
                             tracing::debug!(?peer, reason = %why, "closing connection: TLS failed");
                         }
@@ -113,9 +111,8 @@ pub fn run(
                     Ok(Err(ConnError::Deadline(why))) => {
                         metrics::counter!("hydramem_node_connections_timed_out_total").increment(1);
                         // A flood of silent peers must not become a flood of log lines.
-                        let n = TIMED_OUT.fetch_add(1, Ordering::Relaxed);
-                        if n.is_multiple_of(1000) {
-                            tracing::warn!(?peer, reason = why, cut_off_so_far = n + 1, "closing connection");
+                        if let Some(cut_off_so_far) = TIMED_OUT.hit() {
+                            tracing::warn!(?peer, reason = why, cut_off_so_far, "closing connection");
                         } else {
                             tracing::debug!(?peer, reason = why, "closing connection");
                         }
@@ -140,9 +137,9 @@ pub fn run(
 }
 
 /// Connections cut off by a deadline since the node started (their log lines are sampled).
-static TIMED_OUT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static TIMED_OUT: crate::sampled::Sampled = crate::sampled::Sampled::new(1000);
 /// Connections whose TLS handshake failed since the node started (sampled likewise).
-static TLS_REFUSED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+static TLS_REFUSED: crate::sampled::Sampled = crate::sampled::Sampled::new(1000);
 
 /// Unregisters a connection and shuts its socket when its thread ends, however it ends.
 struct Registered {
