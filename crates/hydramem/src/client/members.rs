@@ -4,8 +4,11 @@
 //! already mapped stay where they are. A member that left is only suspected: the transport
 //! verifies it before declaring it failed.
 //!
-//! Invariant: the node table grows only under the placement lock, so every per-node vector
-//! that placement indexes has exactly [`Transport::nodes`] entries whenever the lock is free.
+//! Invariants: joins are serialized (by the write lock of the node ids), so the transport's
+//! members and placement's tables grow in the same order; the connection to a new member is
+//! made before the placement lock is taken, so I/O and placement go on while it dials; every
+//! per-node vector placement indexes (loads, domains) grows together under the placement
+//! lock, and placement offers a node only once it is in them.
 
 use std::net::SocketAddr;
 
@@ -29,8 +32,8 @@ impl RemoteMemory {
         addr: SocketAddr,
         domain: Option<&str>,
     ) -> Result<u16, ClientError> {
-        let mut pl = self.placement.lock();
-        if let Some(i) = self.node_ids.read().iter().position(|&x| x == id) {
+        let mut ids = self.node_ids.write();
+        if let Some(i) = ids.iter().position(|&x| x == id) {
             let i = u16::try_from(i).unwrap_or(u16::MAX);
             let known = self.transport.addr(i);
             if known != addr.to_string() {
@@ -39,10 +42,13 @@ impl RemoteMemory {
             return Ok(i);
         }
         let node = self.transport.join(id, addr)?;
+        let mut pl = self.placement.lock();
+        debug_assert_eq!(usize::from(node), pl.loads.len(), "joins are serialized");
         pl.loads
             .push(self.transport.notice(node).slabs.map_or(0, u64::from));
         pl.domains.push(domain);
-        self.node_ids.write().push(id);
+        ids.push(id);
+        drop(ids);
         let views = node_views(&*self.transport, &pl.loads, &pl.domains.of, &self.health);
         // More nodes never make a placer impossible that was possible with fewer.
         pl.placer = Placer::new(pl.policy, self.layout.width, &views, pl.seed)

@@ -61,13 +61,15 @@ impl Domains {
 
 /// The placer's view: a node takes new slabs if it is up and has not said it refuses them
 /// (draining, or out of memory budget), and this client does not avoid it for corruption.
+/// It covers the nodes placement knows (`loads`): a member the transport is still joining is
+/// offered once [`RemoteMemory::join_member`] has added it.
 pub(super) fn node_views(
     t: &dyn Transport,
     loads: &[u64],
     domains: &[Option<u32>],
     health: &[NodeHealth],
 ) -> Vec<NodeView> {
-    (0..t.nodes())
+    (0..loads.len())
         .map(|i| NodeView {
             available: t.is_up(i as u16)
                 && !t.notice(i as u16).refusing
@@ -86,7 +88,7 @@ impl RemoteMemory {
     pub(super) fn refresh_loads(&self) {
         let mut pl = self.placement.lock();
         let mut changed = false;
-        for i in 0..self.transport.nodes() {
+        for i in 0..pl.loads.len() {
             if let Some(slabs) = self.transport.notice(i as u16).slabs {
                 if pl.loads[i] != u64::from(slabs) {
                     pl.loads[i] = u64::from(slabs);
