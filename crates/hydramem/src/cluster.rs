@@ -110,14 +110,14 @@ pub struct Cluster {
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     /// The file could not be read or written.
-    #[error("cannot {what} cluster file {path}: {source}")]
+    #[error("cannot {what} cluster file {path}: {cause}")]
     Io {
         /// read or write.
         what: &'static str,
         /// The file.
         path: String,
-        /// The OS error.
-        source: std::io::Error,
+        /// The OS error (in the message, not a separate source, so that it is said once).
+        cause: std::io::Error,
     },
     /// The file is not valid TOML of the expected shape.
     #[error("cluster file {path} is malformed: {reason}")]
@@ -147,10 +147,10 @@ impl Cluster {
     /// Reads and validates a cluster file.
     pub fn load(path: &Path) -> Result<Cluster, ClusterError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| ClusterError::Io {
+        let text = std::fs::read_to_string(path).map_err(|cause| ClusterError::Io {
             what: "read",
             path: p.clone(),
-            source,
+            cause,
         })?;
         let c: Cluster = toml::from_str(&text).map_err(|e| ClusterError::Parse {
             path: p.clone(),
@@ -252,10 +252,10 @@ impl Cluster {
         let tmp = path.with_extension("tmp");
         std::fs::write(&tmp, text)
             .and_then(|()| std::fs::rename(&tmp, path))
-            .map_err(|source| ClusterError::Io {
+            .map_err(|cause| ClusterError::Io {
                 what: "write",
                 path: p,
-                source,
+                cause,
             })
     }
 }
