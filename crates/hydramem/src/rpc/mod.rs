@@ -15,6 +15,9 @@
 //! Every error says which request failed, on which node, and what to look at. This module
 //! reads and writes no protocol bytes itself: frames and bodies are [`wire`]'s.
 
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
+
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
