@@ -10,8 +10,10 @@
 //! Invariants checked:
 //! - handshake: the greeting comes first; every option read whole gets its informational
 //!   replies and then exactly one final reply (ACK or an error), answering that option, in
-//!   order; the handshake ends (agreement, clean end or error) exactly where the protocol
-//!   says; strings sent (error messages, names) are UTF-8 without NUL and at most 4096 bytes;
+//!   order; the handshake ends (agreement, clean end, STARTTLS acknowledged, or error)
+//!   exactly where the protocol says, in each of the server's TLS phases (no TLS, TLS
+//!   required and not started, inside TLS); strings sent (error messages, names) are UTF-8
+//!   without NUL and at most 4096 bytes;
 //! - transmission: every request read whole gets exactly one reply carrying its cookie, with
 //!   EINVAL exactly for what the server refuses (unknown command, a flag not offered, over the
 //!   maximum payload, outside the export) and success otherwise; a READ returns the export's
@@ -24,7 +26,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use hydramem::nbd::handshake::{transmission_flags, Negotiated, MAX_OPTION_DATA, MAX_OPTION_SKIP};
+use hydramem::nbd::handshake::{
+    transmission_flags, Negotiated, Phase, MAX_OPTION_DATA, MAX_OPTION_SKIP,
+};
 use hydramem::nbd::limits::{Deadlined, Limits};
 use hydramem::nbd::transmission::{self, End, Shared};
 use hydramem::nbd::wire::{
@@ -32,11 +36,11 @@ use hydramem::nbd::wire::{
     CMD_READ, CMD_TRIM, CMD_WRITE, CMD_WRITE_ZEROES, EINVAL, FLAG_C_FIXED_NEWSTYLE,
     FLAG_C_NO_ZEROES, GREETING_LEN, IHAVEOPT, INFO_BLOCK_SIZE, INFO_DESCRIPTION, INFO_EXPORT,
     INFO_NAME, MAX_STRING, OPTION_HEADER_LEN, OPTION_REPLY_MAGIC, OPT_ABORT, OPT_EXPORT_NAME,
-    OPT_GO, OPT_INFO, OPT_LIST, OPT_STRUCTURED_REPLY, REPLY_FLAG_DONE, REPLY_TYPE_ERROR,
-    REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REP_ACK, REP_ERR_INVALID, REP_ERR_SHUTDOWN,
-    REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_INFO, REP_SERVER, REQUEST_LEN,
-    REQUEST_MAGIC, SIMPLE_REPLY_LEN, SIMPLE_REPLY_MAGIC, STRUCTURED_REPLY_MAGIC, TFLAG_HAS_FLAGS,
-    TFLAG_READ_ONLY, TFLAG_SEND_DF,
+    OPT_GO, OPT_INFO, OPT_LIST, OPT_STARTTLS, OPT_STRUCTURED_REPLY, REPLY_FLAG_DONE,
+    REPLY_TYPE_ERROR, REPLY_TYPE_NONE, REPLY_TYPE_OFFSET_DATA, REP_ACK, REP_ERR_INVALID,
+    REP_ERR_SHUTDOWN, REP_ERR_TLS_REQD, REP_ERR_TOO_BIG, REP_ERR_UNKNOWN, REP_ERR_UNSUP, REP_INFO,
+    REP_SERVER, REQUEST_LEN, REQUEST_MAGIC, SIMPLE_REPLY_LEN, SIMPLE_REPLY_MAGIC,
+    STRUCTURED_REPLY_MAGIC, TFLAG_HAS_FLAGS, TFLAG_READ_ONLY, TFLAG_SEND_DF,
 };
 use hydramem::nbd::MAX_PAYLOAD;
 use hydramem::nbd::{Export, MemStore};
@@ -137,6 +141,9 @@ pub enum HandshakeEnd {
     /// The client left cleanly (ABORT, end of input between messages, or EXPORT_NAME while
     /// the server shuts down).
     Left,
+    /// STARTTLS was acknowledged (TLS required, not started yet): the TLS handshake comes next
+    /// on the connection, right after the option, and option haggling starts over inside it.
+    StartTls,
     /// A protocol violation or input cut inside a message: the server must return an error.
     Broken,
 }
@@ -166,10 +173,30 @@ pub struct Handshake {
     pub consumed: usize,
 }
 
-/// The handshake the server owes a client that sends `input` (client flags onwards).
-/// `shutdown_after`: the server's "shutting down?" question, asked once for every option
-/// read whole and not skipped, answers yes from the `n + 1`-th time on.
-pub fn handshake(input: &[u8], export: ExportView, shutdown_after: Option<usize>) -> Handshake {
+/// The handshake the server owes a client that sends `input` (client flags onwards), with
+/// option haggling in `phase`. `shutdown_after`: the server's "shutting down?" question,
+/// asked once for every option read whole and not skipped, answers yes from the `n + 1`-th
+/// time on.
+///
+/// The phases, after the protocol document's TLS section:
+/// - [`Phase::Plain`] (its NOTLS mode): STARTTLS is an option like any unsupported one
+///   (NBD_REP_ERR_UNSUP), and TLS_REQD is never sent.
+/// - [`Phase::TlsRequired`] (FORCEDTLS, TLS not initiated): STARTTLS without data is
+///   acknowledged and haggling stops there, the TLS handshake following; STARTTLS with data
+///   is invalid (the option carries none); ABORT is served as always; EXPORT_NAME, which
+///   cannot be refused, ends the session; every other option, whatever its size, known or
+///   not, is refused with NBD_REP_ERR_TLS_REQD.
+/// - [`Phase::InTls`]: as `Plain` (nothing agreed before STARTTLS carries over), except that
+///   a second STARTTLS is invalid.
+///
+/// A server shutting down refuses options (other than ABORT) with NBD_REP_ERR_SHUTDOWN in
+/// every phase, which the protocol allows for any option.
+pub fn handshake(
+    input: &[u8],
+    export: ExportView,
+    shutdown_after: Option<usize>,
+    phase: Phase,
+) -> Handshake {
     let mut replies = Vec::new();
     let mut asked = 0usize;
     let mut structured = false;
@@ -216,7 +243,13 @@ pub fn handshake(input: &[u8], export: ExportView, shutdown_after: Option<usize>
                 return end(replies, HandshakeEnd::Broken, at);
             }
             at += len as usize;
-            replies.push(reply(REP_ERR_TOO_BIG, 0));
+            // Refused anyway; before TLS, for want of TLS (STARTTLS and ABORT excepted).
+            let kind = match option {
+                OPT_STARTTLS | OPT_ABORT => REP_ERR_TOO_BIG,
+                _ if phase == Phase::TlsRequired => REP_ERR_TLS_REQD,
+                _ => REP_ERR_TOO_BIG,
+            };
+            replies.push(reply(kind, 0));
             continue;
         }
         if available < len as usize {
@@ -231,6 +264,25 @@ pub fn handshake(input: &[u8], export: ExportView, shutdown_after: Option<usize>
             }
             replies.push(reply(REP_ERR_SHUTDOWN, 0));
             continue;
+        }
+        match (phase, option) {
+            (Phase::TlsRequired, OPT_STARTTLS) if data.is_empty() => {
+                replies.push(reply(REP_ACK, 0));
+                return end(replies, HandshakeEnd::StartTls, at);
+            }
+            // With data, or TLS already started.
+            (Phase::TlsRequired | Phase::InTls, OPT_STARTTLS) => {
+                replies.push(reply(REP_ERR_INVALID, 0));
+                continue;
+            }
+            (Phase::TlsRequired, OPT_EXPORT_NAME) => {
+                return end(replies, HandshakeEnd::Broken, at);
+            }
+            (Phase::TlsRequired, o) if o != OPT_ABORT => {
+                replies.push(reply(REP_ERR_TLS_REQD, 0));
+                continue;
+            }
+            _ => {}
         }
         match option {
             OPT_EXPORT_NAME => {

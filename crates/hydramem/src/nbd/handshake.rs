@@ -152,8 +152,18 @@ pub fn haggle(
                     ),
                 )));
             }
-            let msg = format!("option data of {} bytes is too large", h.len);
-            wire::put_option_error(&mut out, h.option, wire::REP_ERR_TOO_BIG, &msg);
+            // Before TLS every option but STARTTLS and ABORT is owed TLS_REQD, whatever its
+            // size (the protocol's MUST); only those two can be too big to consider.
+            let tls_first = phase == Phase::TlsRequired
+                && h.option != wire::OPT_STARTTLS
+                && h.option != wire::OPT_ABORT;
+            if tls_first {
+                let msg = "this server requires TLS: send NBD_OPT_STARTTLS first";
+                wire::put_option_error(&mut out, h.option, wire::REP_ERR_TLS_REQD, msg);
+            } else {
+                let msg = format!("option data of {} bytes is too large", h.len);
+                wire::put_option_error(&mut out, h.option, wire::REP_ERR_TOO_BIG, &msg);
+            }
             send(w, &out)?;
             continue;
         }
@@ -393,6 +403,18 @@ mod tests {
                 (OPT_STARTTLS, REP_ERR_INVALID),
                 (OPT_STARTTLS, REP_ACK)
             ]
+        );
+        // Before TLS an option too big to consider is still owed TLS_REQD (found by the
+        // nbd_handshake fuzz target); a too-big STARTTLS is only too big.
+        let big = vec![0u8; MAX_OPTION_DATA as usize + 1];
+        let mut inp = Vec::new();
+        option(&mut inp, OPT_GO, &big);
+        option(&mut inp, OPT_STARTTLS, &big);
+        let (_, rs) = haggle_in(Phase::TlsRequired, &inp);
+        let types: Vec<(u32, u32)> = rs.iter().map(|r| (r.0, r.1)).collect();
+        assert_eq!(
+            types,
+            [(OPT_GO, REP_ERR_TLS_REQD), (OPT_STARTTLS, REP_ERR_TOO_BIG)]
         );
         // EXPORT_NAME has no error reply: the connection ends; ABORT is acknowledged.
         let mut inp = Vec::new();
