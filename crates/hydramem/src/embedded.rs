@@ -11,7 +11,9 @@
 //! sources from. The addresses are known only once every node has announced its own, so the
 //! file is written then, before [`EmbeddedCluster::start`] returns (nodes read it lazily, at
 //! their first REGEN). It is the caller's file when [`EmbeddedOptions::cluster_file`] names
-//! one, else a file in a private temporary directory that is removed with the cluster.
+//! one, else a file in a private temporary directory that is removed with the cluster. With
+//! membership on etcd ([`EmbeddedOptions::etcd`]) the file is first written before the nodes
+//! start, with its `[etcd]` table and no node, so that each node registers itself there.
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
@@ -278,11 +280,16 @@ impl EmbeddedCluster {
             cluster_file,
             temp_dir,
         };
+        // The nodes read the file at start for its [etcd] table: write it now with etcd, and
+        // without, remove what an earlier run left there (it is rewritten once the nodes are
+        // up), so that no node registers in an etcd of a run that is over.
         if let Some(e) = &c.options.etcd {
             c.cluster.etcd = Some(e.clone());
             c.cluster
                 .save(&c.cluster_file)
                 .map_err(EmbeddedError::ClusterFile)?;
+        } else {
+            let _ = std::fs::remove_file(&c.cluster_file);
         }
         for i in 0..c.options.nodes {
             let id = u32::try_from(i).map_err(|_| EmbeddedError::Start {

@@ -584,19 +584,22 @@ fn run_node(a: NodeArgs) -> Result<()> {
     Ok(())
 }
 
-/// Registers the node in etcd if its cluster file has `[etcd]` (a file that does not exist
-/// yet means no etcd: `up` writes it after its nodes started).
+/// Registers the node in etcd if its cluster file has `[etcd]`. Only that table is read
+/// now (the rest is the membership the node looks sources up in at each regeneration, and
+/// may still be being written: `up` writes it after its nodes started).
 fn register_in_etcd(
     a: &NodeArgs,
     node: &std::sync::Arc<Node>,
     local: std::net::SocketAddr,
 ) -> Result<Option<hydramem::membership::register::Registration>> {
-    if !a.cluster.exists() {
-        return Ok(None);
-    }
-    let cluster = hydramem::cluster::Cluster::load(&a.cluster)?;
-    let Some(cfg) = cluster.etcd else {
-        return Ok(None);
+    let cfg = match hydramem::membership::etcd_of_file(&a.cluster) {
+        Ok(Some(cfg)) => cfg,
+        Ok(None) => return Ok(None),
+        Err(e @ hydramem::membership::EtcdFileError::Invalid(_)) => return Err(e.into()),
+        Err(reason) => {
+            tracing::warn!(%reason, "not registering in etcd: the cluster file cannot be read now");
+            return Ok(None);
+        }
     };
     let addr = a.advertise.unwrap_or(local);
     if addr.ip().is_unspecified() {

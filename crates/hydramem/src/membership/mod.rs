@@ -122,6 +122,46 @@ impl EtcdConfig {
     }
 }
 
+/// Why [`etcd_of_file`] found no usable `[etcd]` table.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdFileError {
+    /// The file cannot be read as TOML now (it may be being written).
+    #[error("{0}")]
+    Unreadable(String),
+    /// It has an `[etcd]` table that cannot work.
+    #[error("{0}")]
+    Invalid(String),
+}
+
+/// The `[etcd]` table of the cluster file at `path`, read leniently for a node's start: a
+/// node needs nothing else from the file until its first regeneration, and test harnesses
+/// and older scripts write the file while their nodes start (no node listed yet, or half
+/// written). `Ok(None)`: the file does not exist or has no `[etcd]`.
+pub fn etcd_of_file(path: &std::path::Path) -> Result<Option<EtcdConfig>, EtcdFileError> {
+    #[derive(Deserialize)]
+    struct Only {
+        etcd: Option<EtcdConfig>,
+    }
+    let text = match std::fs::read_to_string(path) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => {
+            return Err(EtcdFileError::Unreadable(format!(
+                "cannot read {}: {e}",
+                path.display()
+            )))
+        }
+    };
+    let only: Only = toml::from_str(&text).map_err(|e| {
+        EtcdFileError::Unreadable(format!("{} is not valid TOML: {e}", path.display()))
+    })?;
+    if let Some(cfg) = &only.etcd {
+        cfg.validate()
+            .map_err(|e| EtcdFileError::Invalid(format!("cluster file {}: {e}", path.display())))?;
+    }
+    Ok(only.etcd)
+}
+
 /// A node's record in etcd.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Member {
@@ -360,5 +400,39 @@ pub fn report(cfg: &EtcdConfig) -> (Vec<Member>, String) {
             );
             (found.into_iter().map(|(m, _)| m).collect(), line)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_reads_only_the_etcd_table_and_tolerates_a_file_being_written() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("c.toml");
+        assert!(etcd_of_file(&p).unwrap().is_none(), "no file: no etcd");
+        std::fs::write(&p, "slab_size = 4194304\n").unwrap();
+        assert!(
+            etcd_of_file(&p).unwrap().is_none(),
+            "no node listed yet: fine"
+        );
+        std::fs::write(&p, "slab_size = 4194304\n[[node]]\nid = 0\naddr = \"127.0").unwrap();
+        assert!(matches!(
+            etcd_of_file(&p),
+            Err(EtcdFileError::Unreadable(_))
+        ));
+        std::fs::write(
+            &p,
+            "slab_size = 1\n[etcd]\nendpoints = [\"http://e:2379\"]\n",
+        )
+        .unwrap();
+        let cfg = etcd_of_file(&p).unwrap().unwrap();
+        assert_eq!(
+            (cfg.lease_ttl, cfg.prefix.as_str()),
+            (10, "/hydramem/default")
+        );
+        std::fs::write(&p, "[etcd]\nendpoints = []\n").unwrap();
+        assert!(matches!(etcd_of_file(&p), Err(EtcdFileError::Invalid(_))));
     }
 }
