@@ -531,12 +531,7 @@ impl Transport for MemTransport {
         let sh = &self.shared;
         let _joining = sh.joining.lock();
         let slot = sh.members.load(Ordering::Acquire);
-        let full = || TransportError::Full {
-            capacity: sh.nodes.len(),
-            addr: addr.to_string(),
-        };
-        let node = u16::try_from(slot).map_err(|_| full())?;
-        let cell = sh.nodes.get(slot).ok_or_else(full)?;
+        let node = super::transport::next_slot(slot, sh.nodes.len(), addr)?;
         let (n, _) = mem_node(slot, id, sh.slab_size, sh.options, &sh.greeting).map_err(|e| {
             TransportError::Protocol {
                 node,
@@ -544,7 +539,7 @@ impl Transport for MemTransport {
                 reason: e.to_string(),
             }
         })?;
-        let _ = cell.set(n);
+        let _ = sh.nodes[slot].set(n);
         sh.members.store(slot + 1, Ordering::Release);
         Ok(node)
     }

@@ -61,6 +61,22 @@ pub(super) fn append_write_run<'a>(
     w.finish()
 }
 
+/// The index a member joining a table of `slots` slots, `members` of them filled, takes
+/// ([`Transport::join`]); [`TransportError::Full`] when none is left.
+pub(super) fn next_slot(
+    members: usize,
+    slots: usize,
+    addr: std::net::SocketAddr,
+) -> Result<u16, TransportError> {
+    u16::try_from(members)
+        .ok()
+        .filter(|_| members < slots)
+        .ok_or(TransportError::Full {
+            capacity: slots,
+            addr: addr.to_string(),
+        })
+}
+
 /// Receives split completions; implemented by the client's slot table. `node` is the node
 /// whose connection the reply arrived on (the receiver checks it against the node the split
 /// was posted to: a node cannot complete another node's splits).

@@ -663,23 +663,12 @@ impl Shared {
         false
     }
 
-    /// Tries to reconnect a node that is down; on success it is up again.
-    fn reconnect(&self, node: u16) {
-        let Some(c) = self.slot(node) else { return };
-        let (wire, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::debug!(node, error = %e, "memory node still down");
-                return;
-            }
-        };
-        let before = c.incarnation.swap(reply.incarnation, Ordering::AcqRel);
-        if before != 0 && before != reply.incarnation {
-            tracing::warn!(node, addr = %c.addr, "memory node restarted: the slabs it held are gone");
-            c.restarted.store(true, Ordering::Release);
-        }
+    /// Puts a connection that completed its handshake in service for slot `node`: the
+    /// senders use it from a clean send buffer, the receiver thread registers it, and the
+    /// node is up. `false` if its socket cannot be shared with the receiver (it stays down).
+    fn attach(&self, node: u16, c: &Conn, wire: Wire) -> bool {
         let Ok(clone) = wire.sock.try_clone() else {
-            return;
+            return false;
         };
         let wire = Arc::new(wire);
         {
@@ -696,6 +685,27 @@ impl Shared {
         c.notice
             .store(wire::Notice::default().encode(), Ordering::Relaxed);
         c.up.store(true, Ordering::Release);
+        true
+    }
+
+    /// Tries to reconnect a node that is down; on success it is up again.
+    fn reconnect(&self, node: u16) {
+        let Some(c) = self.slot(node) else { return };
+        let (wire, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::debug!(node, error = %e, "memory node still down");
+                return;
+            }
+        };
+        let before = c.incarnation.swap(reply.incarnation, Ordering::AcqRel);
+        if before != 0 && before != reply.incarnation {
+            tracing::warn!(node, addr = %c.addr, "memory node restarted: the slabs it held are gone");
+            c.restarted.store(true, Ordering::Release);
+        }
+        if !self.attach(node, c, wire) {
+            return;
+        }
         metrics::counter!("hydramem_client_reconnects_total").increment(1);
         tracing::info!(node, addr = %c.addr, "memory node is back: reconnected");
     }
@@ -786,37 +796,18 @@ impl Transport for TcpTransport {
         let sh = &self.shared;
         let _joining = sh.joining.lock();
         let slot = sh.members();
-        let node = u16::try_from(slot)
-            .ok()
-            .filter(|_| slot < sh.conns.len())
-            .ok_or(TransportError::Full {
-                capacity: sh.conns.len(),
-                addr: addr.to_string(),
-            })?;
-        let wire = match handshake(addr, id, &sh.greeting, sh.options) {
-            Ok((wire, reply)) => Some((Arc::new(wire), reply.incarnation)),
+        let node = super::transport::next_slot(slot, sh.conns.len(), addr)?;
+        let c = sh.conns[slot].get_or_init(|| Conn::new(id, addr, None));
+        match handshake(addr, id, &sh.greeting, sh.options) {
+            Ok((wire, reply)) => {
+                c.incarnation.store(reply.incarnation, Ordering::Release);
+                if !sh.attach(node, c, wire) {
+                    tracing::warn!(node, id, %addr, "cannot share the new member's socket with the receiver: joined down");
+                }
+            }
             Err(e) => {
                 tracing::warn!(node, id, %addr, error = %e, "new member unreachable: joined down");
-                None
             }
-        };
-        let stream = match &wire {
-            Some((w, _)) => Some((
-                mio::net::TcpStream::from_std(w.sock.try_clone().map_err(|e| {
-                    TransportError::Protocol {
-                        node,
-                        addr: addr.to_string(),
-                        reason: format!("cannot register the connection: {e}"),
-                    }
-                })?),
-                w.clone(),
-            )),
-            None => None,
-        };
-        let _ = sh.conns[slot].set(Conn::new(id, addr, wire));
-        if let Some((m, w)) = stream {
-            sh.new_streams.lock().push((node, m, w));
-            let _ = sh.waker.wake();
         }
         sh.members.store(slot + 1, Ordering::Release);
         Ok(node)
