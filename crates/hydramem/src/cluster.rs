@@ -188,6 +188,15 @@ impl Cluster {
         Ok(self)
     }
 
+    /// Adds each of `nodes` whose id the cluster does not list yet (a listed entry wins).
+    pub fn add_nodes(&mut self, nodes: impl IntoIterator<Item = NodeEntry>) {
+        for n in nodes {
+            if !self.nodes.iter().any(|m| m.id == n.id) {
+                self.nodes.push(n);
+            }
+        }
+    }
+
     /// Checks the invariants listed in the module doc.
     pub fn validate(&self) -> Result<(), String> {
         if self.slab_size == 0 || !self.slab_size.is_multiple_of(4096) {

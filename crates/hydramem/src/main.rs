@@ -661,8 +661,7 @@ fn run_drain(d: DrainArgs) -> Result<()> {
             })?;
             let cluster = d.key.load(&d.cluster)?;
             let registered = || {
-                let cfg = cluster.etcd.as_ref()?;
-                let (found, _) = hydramem::membership::report(cfg);
+                let found = hydramem::membership::registered(cluster.etcd.as_ref()?).ok()?;
                 found.into_iter().find(|m| m.id == id).map(|m| m.addr)
             };
             cluster
@@ -819,11 +818,7 @@ fn run_status(a: StatusArgs) -> Result<()> {
     // With [etcd], the registered members are listed beside the file's nodes.
     let membership = cluster.etcd.clone().map(|cfg| {
         let (found, line) = hydramem::membership::report(&cfg);
-        for m in found {
-            if !cluster.nodes.iter().any(|n| n.id == m.id) {
-                cluster.nodes.push(m.entry());
-            }
-        }
+        cluster.add_nodes(found.iter().map(hydramem::membership::Member::entry));
         line
     });
     let rows = hydramem::status::collect(&cluster);

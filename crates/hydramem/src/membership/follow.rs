@@ -30,17 +30,32 @@ pub trait Roster: Send + Sync + 'static {
     fn left(&self, id: u32);
 }
 
-/// Starts the thread for `roster`, watching `cfg`'s members from revision `from` (0: list
-/// first).
+/// A listing the caller made before the thread starts: the revision it was made at and the
+/// ids of the members it found (already in the roster).
+#[derive(Debug, Clone, Default)]
+pub struct Listed {
+    /// The store's revision at the listing.
+    pub revision: i64,
+    /// The members' ids.
+    pub ids: Vec<u32>,
+}
+
+/// Starts the thread for `roster`, watching `cfg`'s members from just after `listed` (`None`:
+/// it lists first).
 pub fn spawn<R: Roster>(
     roster: Weak<R>,
     reg: Arc<dyn Registry>,
     cfg: EtcdConfig,
-    from: i64,
+    listed: Option<Listed>,
 ) -> std::io::Result<std::thread::JoinHandle<()>> {
+    let mut f = Follower::new(reg, cfg);
+    if let Some(l) = listed {
+        f.from = l.revision + 1;
+        f.present = l.ids.into_iter().collect();
+    }
     std::thread::Builder::new()
         .name("hm-members".into())
-        .spawn(move || Follower::new(reg, cfg).run(&roster, from))
+        .spawn(move || f.run(&roster))
 }
 
 /// The thread's state (a struct so that tests drive it step by step).
@@ -69,14 +84,7 @@ impl Follower {
         }
     }
 
-    fn run<R: Roster>(mut self, roster: &Weak<R>, from: i64) {
-        self.from = from;
-        if from > 0 {
-            // The caller listed at `from - 1`: what it found is present.
-            if let Some(r) = roster.upgrade() {
-                self.present = r.member_ids().into_iter().collect();
-            }
-        }
+    fn run<R: Roster>(mut self, roster: &Weak<R>) {
         loop {
             let Some(r) = roster.upgrade() else { return };
             let wait = match self.step(&*r) {
@@ -288,7 +296,7 @@ mod tests {
             Arc::downgrade(&roster),
             Arc::new(reg.clone()),
             cfg.clone(),
-            0,
+            None,
         )
         .unwrap();
         register(&reg, &cfg, 3);

@@ -286,11 +286,20 @@ pub fn members(
     reg: &dyn Registry,
     cfg: &EtcdConfig,
 ) -> Result<(Vec<Member>, i64), MembershipError> {
+    let (listed, rev) = listed(reg, cfg)?;
+    Ok((listed.into_iter().map(|(m, _)| m).collect(), rev))
+}
+
+/// [`members`], each with the lease its record is attached to.
+fn listed(
+    reg: &dyn Registry,
+    cfg: &EtcdConfig,
+) -> Result<(Vec<(Member, i64)>, i64), MembershipError> {
     let (entries, rev) = reg.list(&cfg.nodes_prefix())?;
     let members = entries
         .iter()
         .filter_map(|e| match Member::parse(cfg, &e.key, &e.value) {
-            Ok(m) => Some(m),
+            Ok(m) => Some((m, e.lease)),
             Err(reason) => {
                 tracing::warn!(%reason, "skipping a malformed member record in etcd");
                 None
@@ -300,11 +309,17 @@ pub fn members(
     Ok((members, rev))
 }
 
+/// The members registered in `cfg`'s etcd now (a tool's one look, on a connection of its
+/// own).
+pub fn registered(cfg: &EtcdConfig) -> Result<Vec<Member>, MembershipError> {
+    Ok(members(&etcd::EtcdRegistry::connect(cfg)?, cfg)?.0)
+}
+
 /// What a client joins: the cluster file's nodes and, with `[etcd]`, the members etcd lists,
 /// and the watch that follows them afterwards ([`Joined::follow`]).
 pub struct Joined<'a> {
     cluster: std::borrow::Cow<'a, Cluster>,
-    etcd: Option<(Arc<dyn Registry>, EtcdConfig, i64)>,
+    etcd: Option<(Arc<dyn Registry>, EtcdConfig, Option<follow::Listed>)>,
 }
 
 impl<'a> Joined<'a> {
@@ -321,24 +336,23 @@ impl<'a> Joined<'a> {
         };
         let reg: Arc<dyn Registry> = Arc::new(etcd::EtcdRegistry::connect(&cfg)?);
         let mut merged = cluster.clone();
-        let revision = match members(&*reg, &cfg) {
-            Ok((found, rev)) => {
-                for m in found {
-                    if !merged.nodes.iter().any(|n| n.id == m.id) {
-                        merged.nodes.push(m.entry());
-                    }
-                }
-                rev + 1
+        let listed = match members(&*reg, &cfg) {
+            Ok((found, revision)) => {
+                merged.add_nodes(found.iter().map(Member::entry));
+                Some(follow::Listed {
+                    revision,
+                    ids: found.iter().map(|m| m.id).collect(),
+                })
             }
             Err(e) if !cluster.nodes.is_empty() => {
                 tracing::warn!(error = %e, nodes = cluster.nodes.len(), "starting on the cluster file's nodes only");
-                0
+                None
             }
             Err(e) => return Err(e),
         };
         Ok(Joined {
             cluster: std::borrow::Cow::Owned(merged),
-            etcd: Some((reg, cfg, revision)),
+            etcd: Some((reg, cfg, listed)),
         })
     }
 
@@ -354,8 +368,8 @@ impl<'a> Joined<'a> {
 
     /// Starts following the membership for `roster` (a thread that ends with it).
     pub fn follow<R: follow::Roster>(self, roster: &Arc<R>) -> std::io::Result<()> {
-        if let Some((reg, cfg, revision)) = self.etcd {
-            follow::spawn(Arc::downgrade(roster), reg, cfg, revision)?;
+        if let Some((reg, cfg, listed)) = self.etcd {
+            follow::spawn(Arc::downgrade(roster), reg, cfg, listed)?;
         }
         Ok(())
     }
@@ -367,14 +381,11 @@ impl<'a> Joined<'a> {
 pub fn report(cfg: &EtcdConfig) -> (Vec<Member>, String) {
     let at = format!("etcd at {}, prefix {}", cfg.endpoints.join(","), cfg.prefix);
     let read = etcd::EtcdRegistry::connect(cfg).and_then(|reg| {
-        let (entries, _) = reg.list(&cfg.nodes_prefix())?;
-        let mut found = Vec::new();
-        for e in entries {
-            if let Ok(m) = Member::parse(cfg, &e.key, &e.value) {
-                found.push((m, reg.time_to_live(e.lease).ok().flatten()));
-            }
-        }
-        Ok(found)
+        let (found, _) = listed(&reg, cfg)?;
+        Ok(found
+            .into_iter()
+            .map(|(m, lease)| (m, reg.time_to_live(lease).ok().flatten()))
+            .collect::<Vec<_>>())
     });
     match read {
         Err(e) => (Vec::new(), format!("membership: {at}: UNREACHABLE ({e})")),

@@ -116,10 +116,18 @@ impl Registrar {
 
     fn run(mut self, sh: &Shared, state: &dyn Fn() -> Member, listed: &dyn Fn(Vec<Member>)) {
         loop {
-            let wait = match self.step(&state()) {
+            let stepped = self.step(&state());
+            // The lease is published before the members are handed on, so that whoever sees
+            // the listing sees the registration that made it.
+            let lease = self.current.as_ref().map_or(0, |c| c.0);
+            sh.lease.store(lease, std::sync::atomic::Ordering::Relaxed);
+            metrics::gauge!("hydramem_node_etcd_registered").set(if lease != 0 {
+                1.0
+            } else {
+                0.0
+            });
+            let wait = match stepped {
                 Ok(members) => {
-                    let lease = self.current.as_ref().map_or(0, |c| c.0);
-                    sh.lease.store(lease, std::sync::atomic::Ordering::Relaxed);
                     listed(members);
                     self.cfg.ttl() / 3
                 }
@@ -131,13 +139,6 @@ impl Registrar {
                     Duration::from_secs(1).min(self.cfg.ttl() / 3)
                 }
             };
-            let lease = self.current.as_ref().map_or(0, |c| c.0);
-            sh.lease.store(lease, std::sync::atomic::Ordering::Relaxed);
-            metrics::gauge!("hydramem_node_etcd_registered").set(if lease != 0 {
-                1.0
-            } else {
-                0.0
-            });
             let mut stop = sh.stop.lock();
             if !*stop {
                 sh.wake.wait_for(&mut stop, wait);
