@@ -191,6 +191,7 @@ impl RemoteMemory {
             retry: Mutex::new((Instant::now(), Vec::new())),
             repair_after: Mutex::new(Instant::now()),
         });
+        metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
         start_maintenance(&mem)?;
         Ok(mem)
     }

@@ -109,7 +109,7 @@ pub struct RemoteMemory {
     ranges: Arc<[ArcSwapOption<Group>]>,
     placement: Mutex<Placement>,
     /// Each node's id (cluster-file order, then members in the order they joined); grows
-    /// only under the placement lock, with the transport's members.
+    /// only in [`RemoteMemory::join_member`], whose write lock on it serializes joins.
     node_ids: parking_lot::RwLock<Vec<u32>>,
     stats: ClientStats,
     metrics: ClientMetrics,
