@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# sqlite3 on a database in a hydra-8+2-d1 mount: tables, 100,000 rows inserted in
+# sqlite3 on a database in a hydra-8+2-d1 mount: tables, 50,000 rows inserted in
 # transactions, updates, an index, deletes and VACUUM (in WAL and in rollback-journal mode);
 # then, read back from the cluster with the page cache dropped, PRAGMA integrity_check says ok
 # and a checksum over every row equals the one of the same workload on the local disk.
@@ -16,12 +16,12 @@ PRAGMA cache_size=-131072;
 CREATE TABLE account(id INTEGER PRIMARY KEY, owner TEXT NOT NULL, balance INTEGER NOT NULL, note BLOB);
 CREATE TABLE transfer(id INTEGER PRIMARY KEY, src INTEGER, dst INTEGER, amount INTEGER);
 $(for b in 0 1 2 3; do
-  # 4 transactions of 12,500 rows into each table.
+  # 4 transactions of 6,250 rows into each table.
   echo "BEGIN;
-WITH RECURSIVE n(i) AS (SELECT $((b * 12500 + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $(((b + 1) * 12500)))
+WITH RECURSIVE n(i) AS (SELECT $((b * 6250 + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $(((b + 1) * 6250)))
 INSERT INTO account SELECT i, 'owner-' || (i * 7919 % 1000), i * 31 % 100000, zeroblob(i % 300) FROM n;
-WITH RECURSIVE n(i) AS (SELECT $((b * 12500 + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $(((b + 1) * 12500)))
-INSERT INTO transfer SELECT i, i * 17 % 50000 + 1, i * 29 % 50000 + 1, i % 977 FROM n;
+WITH RECURSIVE n(i) AS (SELECT $((b * 6250 + 1)) UNION ALL SELECT i + 1 FROM n WHERE i < $(((b + 1) * 6250)))
+INSERT INTO transfer SELECT i, i * 17 % 25000 + 1, i * 29 % 25000 + 1, i % 977 FROM n;
 COMMIT;"
 done)
 CREATE INDEX account_owner ON account(owner, balance);

@@ -24,18 +24,18 @@ run_paged hydra-8+2-d1 48MiB /usr/bin/python3 tests/shell/lib/numpy_pages.py 48 
   fail "numpy array differs from the plain run: $(grep -E '^(filled|updated)' "$dir/run.out")"
 check_paged "python3/numpy (hydra-8+2-d1)"
 
-# sqlite3: ~60 MiB database in memory with its cache, 32 MiB local.
+# sqlite3: ~30 MiB database in memory with its cache, 16 MiB local.
 cat >"$dir/db.sql" <<'SQL'
 PRAGMA cache_size=-131072;
 CREATE TABLE t(id INTEGER PRIMARY KEY, v BLOB);
-WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 20000)
+WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i+1 FROM n WHERE i < 10000)
 INSERT INTO t SELECT i, replace(printf('%.47c','x'),'x',hex(sha3(i))) FROM n;
 UPDATE t SET v = zeroblob(100) || v WHERE id % 7 = 0;
 DELETE FROM t WHERE id % 13 = 0;
 SELECT count(*), hex(sha3_query('SELECT * FROM t ORDER BY id')) FROM t;
 SQL
 plain=$(sqlite3 :memory: <"$dir/db.sql")
-run_paged span-8+2 32MiB sqlite3 :memory: <"$dir/db.sql" || fail "sqlite3 under hydramem run exited with $?"
+run_paged span-8+2 16MiB sqlite3 :memory: <"$dir/db.sql" || fail "sqlite3 under hydramem run exited with $?"
 grep -qx "$plain" "$dir/run.out" || fail "sqlite3 checksum differs from the plain run ($plain)"
 check_paged "sqlite3 (span-8+2)"
 

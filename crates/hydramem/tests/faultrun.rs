@@ -29,7 +29,7 @@ fn run_secured(
         threads: 6,
         pages: 3072,
         slab_size: 1 << 20,
-        duration: Duration::from_secs(5),
+        duration: Duration::from_secs(3),
         max_faults: 2,
         corruption,
         scheme,
