@@ -20,7 +20,7 @@ use hydramem::nbd::PageStore;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::regions::Region;
-use crate::stats::Stats;
+use crate::stats::{PageIn, Stats};
 use crate::table::{FaultPlan, Table};
 use crate::uffd::{Report, Uffd};
 use crate::PAGE;
@@ -135,7 +135,9 @@ impl Pager {
         let mut since_kick = 0u32;
         loop {
             self.wait_readable(Duration::from_millis(200));
+            let readable = Instant::now();
             let mut s = self.shared.lock();
+            let lock_wait = readable.elapsed();
             let report = match self.uffd.read() {
                 Ok(Some(r)) => r,
                 Ok(None) => continue,
@@ -147,8 +149,13 @@ impl Pager {
             match report {
                 Report::Missing { addr, write, tid } => {
                     let start = Instant::now();
-                    if self.missing(s, addr, write, tid, &mut pages) {
-                        self.stats.page_in(start.elapsed());
+                    if let Some((fetch, map)) = self.missing(s, addr, write, tid, &mut pages) {
+                        let phases = PageIn {
+                            lock_wait,
+                            fetch,
+                            map,
+                        };
+                        self.stats.page_in(start.elapsed(), phases);
                         since_kick += 1;
                         if since_kick >= 32 {
                             since_kick = 0;
@@ -177,7 +184,8 @@ impl Pager {
         }
     }
 
-    /// Resolves a missing-page fault; true if the page came from the cluster.
+    /// Resolves a missing-page fault; if the page came from the cluster, the time its remote
+    /// read took and the time mapping it took.
     fn missing(
         &self,
         mut s: MutexGuard<'_, Shared>,
@@ -185,7 +193,7 @@ impl Pager {
         write: bool,
         tid: i32,
         pages: &mut [[u8; PAGE]],
-    ) -> bool {
+    ) -> Option<(Duration, Duration)> {
         let v = vpn(addr);
         match s.table.on_missing(v) {
             FaultPlan::Zero => {
@@ -194,12 +202,12 @@ impl Pager {
                 }
                 s.table.zeroed(v);
                 Stats::add(&self.stats.zero_fills, 1);
-                false
+                None
             }
             FaultPlan::Defer => {
                 Stats::add(&self.stats.deferred, 1);
                 s.waiters.push(addr);
-                false
+                None
             }
             FaultPlan::Fetch { slot, gen } => {
                 // Read ahead: the next pages, if they are out too, in the same batched read
@@ -209,6 +217,7 @@ impl Pager {
                     .map_while(|d| s.table.out(v + d).map(|(sl, g)| (v + d, sl, g)))
                     .collect();
                 drop(s);
+                let fetching = Instant::now();
                 let pages = &mut pages[..1 + ahead.len()];
                 let (read, ahead_read) = if ahead.is_empty() {
                     (
@@ -231,12 +240,14 @@ impl Pager {
                         ),
                     }
                 };
+                let mapping = Instant::now();
+                let fetch = mapping - fetching;
                 let mut s = self.shared.lock();
                 if !s.table.still(v, slot, gen) {
                     // The program discarded or moved it meanwhile: the thread faults again
                     // and gets what the page is now.
                     self.uffd.wake(addr);
-                    return false;
+                    return None;
                 }
                 match read {
                     Ok(()) => {
@@ -255,7 +266,7 @@ impl Pager {
                                 }
                             }
                         }
-                        true
+                        Some((fetch, mapping.elapsed()))
                     }
                     Err(e) => {
                         Stats::add(&self.stats.lost, 1);
@@ -276,7 +287,7 @@ impl Pager {
                                 libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGBUS)
                             };
                         }
-                        false
+                        None
                     }
                 }
             }

@@ -2,7 +2,10 @@
 //! mapped), page-outs by kind, and the faults it resolved without the cluster.
 //!
 //! Invariants: counters only grow; a page-in is timed from the moment its fault was read to
-//! the moment the page was mapped and its thread woken.
+//! the moment the page was mapped and its thread woken, and split into its phases: the wait
+//! for the pager's lock before the fault could be read (not in the page-in's time), the
+//! remote read, and the mapping (the lock taken again, the page and those read ahead copied
+//! in, the thread woken).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -39,7 +42,21 @@ pub struct Stats {
     /// Highest resident anonymous memory seen, in bytes.
     pub peak_resident: AtomicU64,
     page_in_us: Mutex<Option<Histogram<u64>>>,
+    lock_wait_us: Mutex<Option<Histogram<u64>>>,
+    fetch_us: Mutex<Option<Histogram<u64>>>,
+    map_us: Mutex<Option<Histogram<u64>>>,
     write_us: Mutex<Option<Histogram<u64>>>,
+}
+
+/// Where one page-in's time went.
+#[derive(Debug, Clone, Copy)]
+pub struct PageIn {
+    /// From the fault report being readable to the pager's lock taken (before the page-in).
+    pub lock_wait: Duration,
+    /// The remote read (the page and those read ahead).
+    pub fetch: Duration,
+    /// The lock taken again, the pages copied in, the thread woken.
+    pub map: Duration,
 }
 
 /// Latency percentiles in microseconds.
@@ -62,6 +79,12 @@ pub struct Summary {
     pub page_ins: u64,
     /// Page-in latency, fault read to page mapped (µs).
     pub page_in_us: Percentiles,
+    /// Before a page-in: the wait for the pager's lock to read the fault (µs).
+    pub page_in_lock_wait_us: Percentiles,
+    /// Of a page-in: the remote read (µs).
+    pub page_in_fetch_us: Percentiles,
+    /// Of a page-in: mapping the page (and those read ahead) and waking the thread (µs).
+    pub page_in_map_us: Percentiles,
     /// Missing faults answered with zeros (first touches).
     pub zero_fills: u64,
     /// Writes to clean pages (which made them dirty).
@@ -112,10 +135,13 @@ impl Stats {
         c.fetch_add(n, Ordering::Relaxed);
     }
 
-    /// A page-in that took `d`.
-    pub fn page_in(&self, d: Duration) {
+    /// A page-in that took `d`, in the phases `p`.
+    pub fn page_in(&self, d: Duration, p: PageIn) {
         Stats::add(&self.page_ins, 1);
         record(&self.page_in_us, d);
+        record(&self.lock_wait_us, p.lock_wait);
+        record(&self.fetch_us, p.fetch);
+        record(&self.map_us, p.map);
     }
 
     /// A batch write that took `d`.
@@ -135,6 +161,9 @@ impl Stats {
         Summary {
             page_ins: g(&self.page_ins),
             page_in_us: percentiles(&self.page_in_us),
+            page_in_lock_wait_us: percentiles(&self.lock_wait_us),
+            page_in_fetch_us: percentiles(&self.fetch_us),
+            page_in_map_us: percentiles(&self.map_us),
             zero_fills: g(&self.zero_fills),
             write_protect_faults: g(&self.write_protect_faults),
             deferred: g(&self.deferred),
