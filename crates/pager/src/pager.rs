@@ -149,10 +149,13 @@ impl Pager {
             match report {
                 Report::Missing { addr, write, tid } => {
                     let start = Instant::now();
-                    if let Some((fetch, map)) = self.missing(s, addr, write, tid, &mut pages) {
+                    if let Some((fetch, evicting, map)) =
+                        self.missing(s, addr, write, tid, &mut pages)
+                    {
                         let phases = PageIn {
                             lock_wait,
                             fetch,
+                            evicting,
                             map,
                         };
                         self.stats.page_in(start.elapsed(), phases);
@@ -185,7 +188,8 @@ impl Pager {
     }
 
     /// Resolves a missing-page fault; if the page came from the cluster, the time its remote
-    /// read took and the time mapping it took.
+    /// read took, whether an eviction batch was in flight as it started, and the time mapping
+    /// it took.
     fn missing(
         &self,
         mut s: MutexGuard<'_, Shared>,
@@ -193,7 +197,7 @@ impl Pager {
         write: bool,
         tid: i32,
         pages: &mut [[u8; PAGE]],
-    ) -> Option<(Duration, Duration)> {
+    ) -> Option<(Duration, bool, Duration)> {
         let v = vpn(addr);
         match s.table.on_missing(v) {
             FaultPlan::Zero => {
@@ -216,6 +220,7 @@ impl Pager {
                 let ahead: Vec<(u64, u64, u64)> = (1..=self.read_ahead)
                     .map_while(|d| s.table.out(v + d).map(|(sl, g)| (v + d, sl, g)))
                     .collect();
+                let evicting = s.in_batch;
                 drop(s);
                 let fetching = Instant::now();
                 let pages = &mut pages[..1 + ahead.len()];
@@ -266,7 +271,7 @@ impl Pager {
                                 }
                             }
                         }
-                        Some((fetch, mapping.elapsed()))
+                        Some((fetch, evicting, mapping.elapsed()))
                     }
                     Err(e) => {
                         Stats::add(&self.stats.lost, 1);

@@ -44,6 +44,7 @@ pub struct Stats {
     page_in_us: Mutex<Option<Histogram<u64>>>,
     lock_wait_us: Mutex<Option<Histogram<u64>>>,
     fetch_us: Mutex<Option<Histogram<u64>>>,
+    fetch_evicting_us: Mutex<Option<Histogram<u64>>>,
     map_us: Mutex<Option<Histogram<u64>>>,
     write_us: Mutex<Option<Histogram<u64>>>,
 }
@@ -55,6 +56,9 @@ pub struct PageIn {
     pub lock_wait: Duration,
     /// The remote read (the page and those read ahead).
     pub fetch: Duration,
+    /// Whether an eviction batch was in flight when the read started (its write shares the
+    /// connections and the cores).
+    pub evicting: bool,
     /// The lock taken again, the pages copied in, the thread woken.
     pub map: Duration,
 }
@@ -83,6 +87,10 @@ pub struct Summary {
     pub page_in_lock_wait_us: Percentiles,
     /// Of a page-in: the remote read (µs).
     pub page_in_fetch_us: Percentiles,
+    /// The remote reads that started while an eviction batch was in flight (µs).
+    pub page_in_fetch_evicting_us: Percentiles,
+    /// Page-ins whose remote read started while an eviction batch was in flight.
+    pub page_ins_evicting: u64,
     /// Of a page-in: mapping the page (and those read ahead) and waking the thread (µs).
     pub page_in_map_us: Percentiles,
     /// Missing faults answered with zeros (first touches).
@@ -141,6 +149,9 @@ impl Stats {
         record(&self.page_in_us, d);
         record(&self.lock_wait_us, p.lock_wait);
         record(&self.fetch_us, p.fetch);
+        if p.evicting {
+            record(&self.fetch_evicting_us, p.fetch);
+        }
         record(&self.map_us, p.map);
     }
 
@@ -163,6 +174,12 @@ impl Stats {
             page_in_us: percentiles(&self.page_in_us),
             page_in_lock_wait_us: percentiles(&self.lock_wait_us),
             page_in_fetch_us: percentiles(&self.fetch_us),
+            page_in_fetch_evicting_us: percentiles(&self.fetch_evicting_us),
+            page_ins_evicting: self
+                .fetch_evicting_us
+                .lock()
+                .as_ref()
+                .map_or(0, |h| h.len()),
             page_in_map_us: percentiles(&self.map_us),
             zero_fills: g(&self.zero_fills),
             write_protect_faults: g(&self.write_protect_faults),
