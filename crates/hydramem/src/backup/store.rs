@@ -60,10 +60,19 @@ pub struct BackedStore {
     drainer: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Whether a failed remote call was the caller's mistake (an address no store takes), which
-/// the file must not paper over.
+/// Whether a failed remote call is the caller's to handle, which the file must not paper
+/// over: its mistake (an address no store takes), or a submission the remote store did not
+/// start or finish because that would have meant waiting for a slot (the caller reads those
+/// pages again with a call that may wait; the remote memory did not fail).
 fn callers(e: &IoError) -> bool {
-    matches!(e, IoError::Unaligned { .. } | IoError::OutOfRange { .. })
+    matches!(
+        e,
+        IoError::Unaligned { .. }
+            | IoError::OutOfRange { .. }
+            | IoError::NoSlot { .. }
+            | IoError::SubmissionTooLarge { .. }
+            | IoError::Again { .. }
+    )
 }
 
 impl BackedStore {

@@ -55,9 +55,24 @@ struct WriteSlot<'a> {
     decided: bool,
 }
 
+/// How a window takes its slots and what it does with pages that need a second attempt.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Taking {
+    /// A blocking call: its first page waits for a slot, the others take what is free (a
+    /// caller that holds slots never waits for more), and pages that need a second attempt
+    /// get it here, waiting for a slot like any call.
+    Call,
+    /// A submission ([`super::submit`]): every page's slot at once or none
+    /// ([`IoError::NoSlot`]), and no second attempt at the end ([`IoError::Again`]). Its
+    /// waiter may hold the slots of other submissions that only it ends, so it must never
+    /// wait for a slot: that wait could be for itself.
+    Submission,
+}
+
 /// A read window in flight ([`RemoteMemory::begin_read`], ended by [`RemoteMemory::end_read`]): its pages (address, where the
 /// bytes go) and their operations.
 pub(super) struct ReadWindow<'c> {
+    taking: Taking,
     items: Vec<(u64, *mut Page)>,
     live: Vec<ReadSlot<'c>>,
     start: Instant,
@@ -71,6 +86,7 @@ pub(super) struct ReadWindow<'c> {
 /// A write window in flight ([`RemoteMemory::begin_write`], ended by
 /// [`RemoteMemory::end_write`]): its pages (address, bytes) and their operations.
 pub(super) struct WriteWindow<'c> {
+    taking: Taking,
     items: Vec<(u64, *const Page)>,
     live: Vec<WriteSlot<'c>>,
     start: Instant,
@@ -275,14 +291,13 @@ impl RemoteMemory {
         start: Instant,
     ) -> Result<usize, IoError> {
         // SAFETY: the caller's contract.
-        let w = unsafe { self.begin_read(items, start, true)? };
+        let w = unsafe { self.begin_read(items, start, Taking::Call)? };
         self.end_read(w)
     }
 
     /// Starts reading the first pages of `items` (as many as one window holds): takes their
-    /// slots and posts their splits as runs, then returns the window in flight. With
-    /// `wait_for_slot`, the first page waits for a slot if none is free; without, the window
-    /// may take no page at all.
+    /// slots as `taking` says and posts their splits as runs, then returns the window in
+    /// flight.
     ///
     /// # Safety
     /// As [`RemoteMemory::read_items`], until the window returned is finished or dropped.
@@ -290,7 +305,7 @@ impl RemoteMemory {
         &self,
         items: &[(u64, *mut Page)],
         start: Instant,
-        wait_for_slot: bool,
+        taking: Taking,
     ) -> Result<ReadWindow<'_>, IoError> {
         let mut live: Vec<ReadSlot<'_>> = Vec::with_capacity(items.len().min(WINDOW));
         let mut taken = 0;
@@ -304,7 +319,7 @@ impl RemoteMemory {
                 taken = i + 1;
                 continue;
             };
-            let op = if live.is_empty() && wait_for_slot {
+            let op = if live.is_empty() && taking == Taking::Call {
                 // SAFETY: the page is valid for 4096 bytes of writes (the caller's contract),
                 // and nothing touches it until its slot is closed (below, before the page is
                 // borrowed again) or dropped.
@@ -313,6 +328,10 @@ impl RemoteMemory {
                 // SAFETY: as above.
                 match unsafe { self.slots.try_acquire_read(page.cast()) } {
                     Some(op) => op,
+                    // Nothing is posted yet: the slots taken come back as `live` is dropped.
+                    None if taking == Taking::Submission => {
+                        return Err(self.no_slot("read", items, live.len()))
+                    }
                     None => break,
                 }
             };
@@ -349,6 +368,7 @@ impl RemoteMemory {
         }
         touched.flush(self);
         Ok(ReadWindow {
+            taking,
             items: items[..taken].to_vec(),
             live,
             start,
@@ -396,6 +416,13 @@ impl RemoteMemory {
         drop(live);
         if let Some(e) = w.first_err.take() {
             return Err(e);
+        }
+        if let (Taking::Submission, Some(&i)) = (w.taking, w.again.first()) {
+            return Err(IoError::Again {
+                what: "read",
+                addr: w.items[i].0,
+                why: "its splits came from different writes, as a write to it was in flight",
+            });
         }
         // Splits of different writes: a write to these pages was in flight. Read each again on
         // its own (with the single-page backoff), now that this window's slots are free.
@@ -459,13 +486,13 @@ impl RemoteMemory {
         let ptrs: Vec<(u64, *const Page)> =
             items.iter().map(|&(a, p)| (a, p as *const Page)).collect();
         // SAFETY: the pages are borrowed for this whole call.
-        let w = unsafe { self.begin_write(&ptrs, start, true)? };
+        let w = unsafe { self.begin_write(&ptrs, start, Taking::Call)? };
         self.end_write(w)
     }
 
     /// Starts writing the first pages of `items` (as many as one window holds): takes their
     /// slots, stamps and encodes them, and posts their splits as runs; returns the window in
-    /// flight. `wait_for_slot` as for [`RemoteMemory::begin_read`].
+    /// flight. `taking` as for [`RemoteMemory::begin_read`].
     ///
     /// # Safety
     /// Every pointer must be valid for reads of one page, unchanged, until the window returned
@@ -474,7 +501,7 @@ impl RemoteMemory {
         &self,
         items: &[(u64, *const Page)],
         start: Instant,
-        wait_for_slot: bool,
+        taking: Taking,
     ) -> Result<WriteWindow<'_>, IoError> {
         let l = &self.layout;
         // SAFETY: the caller's contract, for the window's lifetime (ended within it).
@@ -486,11 +513,15 @@ impl RemoteMemory {
                 Some(g) => g,
                 None => self.map_range(range)?,
             };
-            let mut op = if live.is_empty() && wait_for_slot {
+            let mut op = if live.is_empty() && taking == Taking::Call {
                 self.slots.acquire_write()
             } else {
                 match self.slots.try_acquire_write() {
                     Some(op) => op,
+                    // Nothing is posted yet: the slots taken come back as `live` is dropped.
+                    None if taking == Taking::Submission => {
+                        return Err(self.no_slot("write", items, live.len()))
+                    }
                     None => break,
                 }
             };
@@ -521,6 +552,7 @@ impl RemoteMemory {
         touched.flush(self);
         let taken = live.last().map_or(0, |s| s.i + 1);
         Ok(WriteWindow {
+            taking,
             items: items[..taken].to_vec(),
             live,
             start,
@@ -534,6 +566,7 @@ impl RemoteMemory {
     pub(super) fn end_write(&self, w: WriteWindow<'_>) -> Result<usize, IoError> {
         let l = &self.layout;
         let WriteWindow {
+            taking,
             items,
             mut live,
             start,
@@ -585,10 +618,29 @@ impl RemoteMemory {
         }
         let taken = items.len();
         drop(live);
+        if let (Taking::Submission, Some(&i)) = (taking, again.first()) {
+            return Err(IoError::Again {
+                what: "write",
+                addr: items[i].0,
+                why: "it was refused as stale, fell short of nodes, or its range moved",
+            });
+        }
         for i in again {
             self.write_page(items[i].0, page(i))?;
         }
         Ok(taken)
+    }
+
+    /// Why a submission of `items` could not start: it found `free` slots free for its
+    /// pages, and takes all or none.
+    fn no_slot<P>(&self, what: &'static str, items: &[(u64, P)], free: usize) -> IoError {
+        IoError::NoSlot {
+            what,
+            addr: items[0].0,
+            pages: items.len().min(WINDOW),
+            free,
+            slots: self.config.max_in_flight,
+        }
     }
 
     /// Whether every page of `w` is decided now, without waiting (the decision itself is

@@ -129,18 +129,41 @@ pub enum IoError {
         /// The failing nodes with their addresses and errors.
         nodes: String,
     },
-    /// A submission could not take a slot for its pages within the operation timeout: every
-    /// slot is held by submissions that nobody waits for.
-    #[error("{what} of page {addr:#x} could not start within {waited:?}: all {slots} operation slots are held by submissions not waited for yet; wait for earlier submissions first, or raise max_in_flight")]
+    /// A submission could not take the slots of all its pages at once: it takes all or none,
+    /// and never waits for one (see `client::submit`).
+    #[error("{what} of {pages} pages from {addr:#x} could not start: only {free} of the {slots} operation slots were free, and a submission takes one per page at once or none (it never waits for a slot); end earlier submissions first, use a call that waits, or raise max_in_flight")]
     NoSlot {
         /// "read" or "write".
         what: &'static str,
-        /// The first page not started.
+        /// The first page of the submission.
         addr: u64,
+        /// Pages it needed slots for.
+        pages: usize,
+        /// Slots it found free.
+        free: usize,
         /// The client's slots (max_in_flight).
         slots: usize,
-        /// How long it waited.
-        waited: Duration,
+    },
+    /// A submission larger than one window.
+    #[error("a {what} submission of {pages} pages is larger than the {max} pages one keeps in flight; submit at most {max} pages at a time")]
+    SubmissionTooLarge {
+        /// "read" or "write".
+        what: &'static str,
+        /// Pages submitted.
+        pages: usize,
+        /// Most pages of one submission.
+        max: usize,
+    },
+    /// A page of a submission needs a second attempt, which the submission's waiter does not
+    /// make: it may hold other submissions' slots, so it never waits for one.
+    #[error("{what} of page {addr:#x} needs a second attempt ({why}), which a submission does not make because its waiter never waits for an operation slot; {what} the page again with a call that waits")]
+    Again {
+        /// "read" or "write".
+        what: &'static str,
+        /// The page.
+        addr: u64,
+        /// Why the first attempt did not conclude.
+        why: &'static str,
     },
     /// The operation did not complete in time.
     #[error("{what} of page {addr:#x} (address range {range}) timed out after {waited:?} waiting for nodes {nodes}")]

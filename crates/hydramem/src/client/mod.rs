@@ -77,6 +77,7 @@ use parking_lot::Mutex;
 
 use crate::wire;
 use crate::PAGE_SIZE;
+pub use batch::WINDOW;
 pub use config::{Ablation, ClientConfig};
 pub use error::{ClientError, IoError};
 use health::NodeHealth;

@@ -7,26 +7,32 @@
 //! post their splits as runs (as [`RemoteMemory::read_list`] does), then return at once with a
 //! submission that owns the pages' buffers. [`PendingRead::wait`] / [`PendingWrite::wait`]
 //! end it from any thread: completions then wake that thread. `is_ready` says, without
-//! blocking, whether every page of the first window has what it needs.
+//! blocking, whether every page has what it needs.
+//!
+//! Slots held by submissions come back only when their submissions are ended, and one thread
+//! may end many (the NBD server's completer ends every READ its connection started), so
+//! neither submitting nor waiting ever waits for a slot: such a wait could be for a slot that
+//! only the waiting thread would give back, a deadlock.
 //!
 //! Invariants:
 //! - a submission's operations point only into its own heap buffer, allocated once and freed
 //!   only after every operation of the submission is closed (its window is ended or dropped
 //!   first), so no completer ever writes freed memory, and moving the submission moves nothing
 //!   they point to;
-//! - the pages of one window (at most [`super::batch::WINDOW`], and no more than the slots free
-//!   at submission) are in flight after `submit_*` returns; the rest of a longer submission is
-//!   read or written window after window inside `wait`. Neither ever blocks for a slot
-//!   (slots held by submissions not yet waited for come back only when they are): with none
-//!   free, submitting leaves everything to `wait`, and `wait` retries until the operation
-//!   timeout, then fails with [`IoError::NoSlot`] saying so;
+//! - a submission is one window: at most [`WINDOW`] pages
+//!   ([`IoError::SubmissionTooLarge`] beyond), all in flight when `submit_*` returns; it takes
+//!   every page's slot at once or none ([`IoError::NoSlot`], nothing sent), so `wait` needs no
+//!   slot but those it holds;
+//! - a page that needs a second attempt (a read that met a write in flight, a write refused
+//!   as stale or short of nodes) fails `wait` with [`IoError::Again`]: the caller does it again
+//!   with a call that may wait for a slot;
 //! - dropping a submission without waiting closes its operations: late replies are dropped,
 //!   and a dropped write may or may not have landed, as a failed one.
 
 use std::ptr::NonNull;
 use std::time::Instant;
 
-use super::batch::{ReadWindow, WriteWindow};
+use super::batch::{ReadWindow, Taking, WriteWindow, WINDOW};
 use super::{IoError, Page, RemoteMemory};
 use crate::PAGE_SIZE;
 
@@ -73,9 +79,7 @@ pub struct PendingRead<'c> {
     // Field order matters: the window (and its operations) is dropped before the buffer.
     window: Option<ReadWindow<'c>>,
     client: &'c RemoteMemory,
-    addrs: Vec<u64>,
-    /// Pages the first window took (the rest are read in `wait`).
-    taken: usize,
+    pages: usize,
     buffer: Buffer,
 }
 
@@ -84,9 +88,8 @@ pub struct PendingWrite<'c> {
     // Field order matters: the window (and its operations) is dropped before the buffer.
     window: Option<WriteWindow<'c>>,
     client: &'c RemoteMemory,
-    addrs: Vec<u64>,
-    taken: usize,
-    buffer: Buffer,
+    pages: usize,
+    _buffer: Buffer,
 }
 
 // SAFETY: the raw pointers of a submission (in its window, and its buffer's) reach only its
@@ -99,12 +102,11 @@ unsafe impl Send for PendingRead<'_> {}
 unsafe impl Send for PendingWrite<'_> {}
 
 impl RemoteMemory {
-    /// Submits the reads of the pages at `addrs` (page-aligned, inside the address space) and
-    /// returns at once, with the first window's pages in flight (see the module doc).
+    /// Submits the reads of the pages at `addrs` (page-aligned, inside the address space, at
+    /// most [`WINDOW`]) and returns at once with all of them in flight, or fails without
+    /// sending anything if not every page's slot is free (see the module doc).
     pub fn submit_read(&self, addrs: Vec<u64>) -> Result<PendingRead<'_>, IoError> {
-        for &a in &addrs {
-            self.check_page(a)?;
-        }
+        self.check_submission("read", &addrs)?;
         let buffer = Buffer::new(vec![[0u8; PAGE_SIZE]; addrs.len()].into_boxed_slice());
         let items: Vec<(u64, *mut Page)> = addrs.iter().copied().zip(buffer.pointers()).collect();
         let window = if items.is_empty() {
@@ -113,26 +115,24 @@ impl RemoteMemory {
             // SAFETY: distinct pointers into `buffer`, owned by the submission and freed only
             // after its window (field order); nothing else accesses it until `wait` returns
             // it.
-            Some(unsafe { self.begin_read(&items, Instant::now(), false)? })
+            Some(unsafe { self.begin_read(&items, Instant::now(), Taking::Submission)? })
         };
-        let taken = window.as_ref().map_or(0, ReadWindow::taken);
+        debug_assert!(window.as_ref().is_none_or(|w| w.taken() == addrs.len()));
         Ok(PendingRead {
             window,
             client: self,
-            addrs,
-            taken,
+            pages: addrs.len(),
             buffer,
         })
     }
 
     /// Submits the writes of `pages` (address, bytes; page-aligned, inside the address space,
-    /// written in list order) and returns at once, with the first window's pages in flight
-    /// (see the module doc).
+    /// written in list order, at most [`WINDOW`]) and returns at once with all of them in
+    /// flight, or fails without sending anything if not every page's slot is free (see the
+    /// module doc).
     pub fn submit_write(&self, pages: Vec<(u64, Page)>) -> Result<PendingWrite<'_>, IoError> {
-        for (a, _) in &pages {
-            self.check_page(*a)?;
-        }
         let (addrs, data): (Vec<u64>, Vec<Page>) = pages.into_iter().unzip();
+        self.check_submission("write", &addrs)?;
         let buffer = Buffer::new(data.into_boxed_slice());
         let items: Vec<(u64, *const Page)> = addrs
             .iter()
@@ -144,15 +144,14 @@ impl RemoteMemory {
         } else {
             // SAFETY: pointers into `buffer`, owned by the submission, never written, and
             // freed only after its window (field order).
-            Some(unsafe { self.begin_write(&items, Instant::now(), false)? })
+            Some(unsafe { self.begin_write(&items, Instant::now(), Taking::Submission)? })
         };
-        let taken = window.as_ref().map_or(0, WriteWindow::taken);
+        debug_assert!(window.as_ref().is_none_or(|w| w.taken() == addrs.len()));
         Ok(PendingWrite {
             window,
             client: self,
-            addrs,
-            taken,
-            buffer,
+            pages: addrs.len(),
+            _buffer: buffer,
         })
     }
 }
@@ -160,47 +159,29 @@ impl RemoteMemory {
 impl PendingRead<'_> {
     /// Pages submitted.
     pub fn len(&self) -> usize {
-        self.addrs.len()
+        self.pages
     }
 
     /// Whether nothing was submitted.
     pub fn is_empty(&self) -> bool {
-        self.addrs.is_empty()
+        self.pages == 0
     }
 
-    /// Whether `wait` would return without waiting for a node: every page of the first window
-    /// has what it needs (and concluded), and no later window is left. Never blocks.
+    /// Whether `wait` would return without waiting for a node: every page has what it needs
+    /// (and is concluded). Never blocks.
     pub fn is_ready(&mut self) -> bool {
-        let window_done = match &mut self.window {
+        match &mut self.window {
             Some(w) => self.client.look_read(w),
             None => true,
-        };
-        window_done && self.taken == self.addrs.len()
+        }
     }
 
     /// Waits until every page is read (from the calling thread, whichever submitted) and
     /// returns them, in the order of the addresses submitted. On error, none is returned.
+    /// Never waits for a slot (see the module doc).
     pub fn wait(mut self) -> Result<Box<[Page]>, IoError> {
-        let start = Instant::now();
         if let Some(w) = self.window.take() {
             self.client.end_read(w)?;
-        }
-        let items: Vec<(u64, *mut Page)> = self
-            .addrs
-            .iter()
-            .copied()
-            .zip(self.buffer.pointers())
-            .collect();
-        let mut done = self.taken;
-        while done < items.len() {
-            // SAFETY: distinct pointers into the submission's buffer, which nothing else
-            // accesses (earlier windows are ended).
-            let w = unsafe { self.client.begin_read(&items[done..], start, false)? };
-            if w.taken() == 0 {
-                self.client.no_slot_yet("read", items[done].0, start)?;
-                continue;
-            }
-            done += self.client.end_read(w)?;
         }
         let PendingRead { buffer, .. } = self;
         Ok(buffer.into_box())
@@ -210,67 +191,46 @@ impl PendingRead<'_> {
 impl PendingWrite<'_> {
     /// Pages submitted.
     pub fn len(&self) -> usize {
-        self.addrs.len()
+        self.pages
     }
 
     /// Whether nothing was submitted.
     pub fn is_empty(&self) -> bool {
-        self.addrs.is_empty()
+        self.pages == 0
     }
 
-    /// Whether `wait` would return without waiting for a node: every page of the first window
-    /// is acknowledged as the mode requires (or certainly failed), and no later window is
-    /// left. Never blocks.
+    /// Whether `wait` would return without waiting for a node: every page is acknowledged as
+    /// the mode requires (or certainly failed). Never blocks.
     pub fn is_ready(&self) -> bool {
-        let window_done = self
-            .window
+        self.window
             .as_ref()
-            .is_none_or(|w| self.client.write_ready(w));
-        window_done && self.taken == self.addrs.len()
+            .is_none_or(|w| self.client.write_ready(w))
     }
 
     /// Waits until every page is acknowledged as the mode requires (from the calling thread,
-    /// whichever submitted).
+    /// whichever submitted). Never waits for a slot (see the module doc).
     pub fn wait(mut self) -> Result<(), IoError> {
-        let start = Instant::now();
-        if let Some(w) = self.window.take() {
-            self.client.end_write(w)?;
+        match self.window.take() {
+            Some(w) => self.client.end_write(w).map(drop),
+            None => Ok(()),
         }
-        let items: Vec<(u64, *const Page)> = self
-            .addrs
-            .iter()
-            .copied()
-            .zip(self.buffer.pointers().map(|p| p.cast_const()))
-            .collect();
-        let mut done = self.taken;
-        while done < items.len() {
-            // SAFETY: pointers into the submission's buffer, valid and unchanged until it is
-            // dropped, after this call.
-            let w = unsafe { self.client.begin_write(&items[done..], start, false)? };
-            if w.taken() == 0 {
-                self.client.no_slot_yet("write", items[done].0, start)?;
-                continue;
-            }
-            done += self.client.end_write(w)?;
-        }
-        Ok(())
     }
 }
 
 impl RemoteMemory {
-    /// A submission found no free slot to go on with: waits a little for one (slots come free
-    /// as other threads end their operations), or fails once the operation timeout has passed
-    /// since `start` — all slots may be held by submissions of the calling thread itself.
-    fn no_slot_yet(&self, what: &'static str, addr: u64, start: Instant) -> Result<(), IoError> {
-        if start.elapsed() >= self.config.op_timeout {
-            return Err(IoError::NoSlot {
+    /// Refuses a submission of `addrs` that is not all pages of the address space, or is
+    /// larger than one window.
+    fn check_submission(&self, what: &'static str, addrs: &[u64]) -> Result<(), IoError> {
+        for &a in addrs {
+            self.check_page(a)?;
+        }
+        if addrs.len() > WINDOW {
+            return Err(IoError::SubmissionTooLarge {
                 what,
-                addr,
-                slots: self.config.max_in_flight,
-                waited: start.elapsed(),
+                pages: addrs.len(),
+                max: WINDOW,
             });
         }
-        std::thread::park_timeout(std::time::Duration::from_millis(1));
         Ok(())
     }
 }

@@ -13,7 +13,7 @@
 use std::io::Write;
 
 use super::export::{Export, SubmittedReads};
-use super::transmission::{allowed_flags, execute, reply_error, Job, Payload, Replies};
+use super::transmission::{allowed_flags, reply_error, Job, Payload, Replies};
 use super::wire;
 
 /// Most bytes of page data one batch of pipelined requests carries (the client's window).
@@ -37,6 +37,16 @@ pub(super) enum Work {
 pub(super) struct Batch {
     jobs: Vec<Job>,
     bytes: u64,
+}
+
+impl Work {
+    /// `jobs` (at least one) as work: a lone request as itself.
+    pub(super) fn of(mut jobs: Vec<Job>) -> Work {
+        match jobs.len() {
+            1 => Work::One(jobs.pop().expect("one job")),
+            _ => Work::Batch(jobs),
+        }
+    }
 }
 
 impl Batch {
@@ -78,12 +88,8 @@ impl Batch {
     /// The gathered work, if any: a lone request as itself.
     pub(super) fn take(&mut self) -> Option<Work> {
         self.bytes = 0;
-        let mut jobs = std::mem::take(&mut self.jobs);
-        match jobs.len() {
-            0 => None,
-            1 => jobs.pop().map(Work::One),
-            _ => Some(Work::Batch(jobs)),
-        }
+        let jobs = std::mem::take(&mut self.jobs);
+        (!jobs.is_empty()).then(|| Work::of(jobs))
     }
 }
 
@@ -161,21 +167,23 @@ pub(super) fn submit_reads(
     }
 }
 
-/// Ends READs started by [`submit_reads`] and replies to each, straight from the pages read;
-/// if they failed, reads each request again on its own, so that each gets its own outcome.
+/// Ends READs started by [`submit_reads`] and replies to each, straight from the pages read.
+/// If they failed, gives the jobs back unanswered: each is then read again on its own, so
+/// that each gets its own outcome, by a thread that may wait for the client's slots (the
+/// completer may not: the slots it would wait for may be held by the READs queued behind
+/// it, which only it ends).
 pub(super) fn complete_reads<W: Write>(
     sub: SubmittedReads<'_>,
     jobs: Vec<Job>,
-    export: &Export,
     replies: &Replies<W>,
-) {
+) -> Result<(), Vec<Job>> {
     if jobs.len() > 1 {
         metrics::counter!("hydramem_nbd_batches_total").increment(1);
         metrics::counter!("hydramem_nbd_batched_requests_total").increment(jobs.len() as u64);
     }
     let pages = match sub.wait() {
         Ok(pages) => pages,
-        Err(_) => return jobs.into_iter().for_each(|j| execute(j, export, replies)),
+        Err(_) => return Err(jobs),
     };
     let mut bytes = pages.as_flattened();
     for job in jobs {
@@ -186,4 +194,5 @@ pub(super) fn complete_reads<W: Write>(
         metrics::counter!("hydramem_nbd_bytes_total", "dir" => "read").increment(data.len() as u64);
         replies.data(job.req.cookie, job.req.offset, data);
     }
+    Ok(())
 }

@@ -26,7 +26,11 @@
 //! connection's thread *starts* them ([`Export::submit_reads`]: slots taken, runs posted) and
 //! goes on reading requests, and one completer thread per connection ends them in order and
 //! replies straight from the pages read. No worker is woken for them and no thread waits per
-//! request; the pool serves the rest (writes, partial pages, zeroing).
+//! request; the pool serves the rest (writes, partial pages, zeroing). The completer never
+//! waits for one of the client's operation slots: the READs queued behind it hold slots that
+//! only it gives back. So a READ is started only with every page's slot free (else the
+//! connection's thread reads it itself, waiting as any call), and READs whose submission
+//! failed are read again by a worker.
 //!
 //! Invariants:
 //! - a request is replied to exactly once: with its data, with success once every page it
@@ -248,10 +252,14 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
             if !completer_failed && Batch::submittable(&work, export, structured) {
                 if completer.is_none() {
                     let (tx, rx) = mpsc::sync_channel(per_connection * 2);
+                    let (e, r, f) = (export.clone(), replies.clone(), inflight.clone());
                     let complete = move || {
                         for (sub, jobs) in rx {
-                            complete_reads(sub, jobs, export, rp);
-                            fl.leave();
+                            match complete_reads(sub, jobs, rp) {
+                                Ok(()) => fl.leave(),
+                                // Read again by a worker, which may wait for slots.
+                                Err(jobs) => on_pool(pool, Work::of(jobs), &e, &r, &f),
+                            }
                         }
                     };
                     match std::thread::Builder::new()
@@ -270,7 +278,9 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                     match submit_reads(work, export) {
                         Ok(started) => {
                             if let Err(mpsc::SendError((sub, jobs))) = tx.send(started) {
-                                complete_reads(sub, jobs, export, rp);
+                                if let Err(jobs) = complete_reads(sub, jobs, rp) {
+                                    run(Work::of(jobs), export, rp);
+                                }
                                 fl.leave();
                             }
                         }
@@ -283,16 +293,7 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
                 }
             }
             fl.enter(per_connection);
-            let (e, r, f) = (export.clone(), replies.clone(), inflight.clone());
-            let task: Task = Box::new(move || {
-                run(work, &e, &r);
-                drop(r);
-                f.leave();
-            });
-            // Given back only if every worker is gone (a panic): run it here.
-            if let Err(task) = pool.submit(task) {
-                task();
-            }
+            on_pool(pool, work, export, &replies, &inflight);
         };
         let mut batch = Batch::default();
         let stop = || stopping() || rp.failed.load(Ordering::Relaxed);
@@ -329,6 +330,27 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
     });
     inflight.wait_idle();
     result
+}
+
+/// Runs `work` (one request of `inflight`'s) on a worker of `pool`, which then leaves
+/// `inflight`.
+fn on_pool<W: Write + Send + 'static>(
+    pool: &Pool,
+    work: Work,
+    export: &Arc<Export>,
+    replies: &Arc<Replies<W>>,
+    inflight: &Arc<InFlight>,
+) {
+    let (e, r, f) = (export.clone(), replies.clone(), inflight.clone());
+    let task: Task = Box::new(move || {
+        run(work, &e, &r);
+        drop(r);
+        f.leave();
+    });
+    // Given back only if every worker is gone (a panic): run it here.
+    if let Err(task) = pool.submit(task) {
+        task();
+    }
 }
 
 /// Executes one unit of work and sends its replies.
@@ -511,8 +533,8 @@ fn fail<W: Write>(replies: &Replies<W>, cookie: u64, cmd: &'static str, error: u
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::IoError;
-    use crate::nbd::export::{MemStore, PageStore};
+    use crate::client::{IoError, Page};
+    use crate::nbd::export::{MemStore, PageStore, PendingPages};
     use crate::nbd::handshake::transmission_flags;
     use crate::nbd::wire::*;
     use std::sync::atomic::AtomicUsize;
@@ -677,6 +699,101 @@ mod tests {
             assert!(data == want, "read of request {cookie}");
         }
         assert!(store.lists() >= 2, "{} list calls", store.lists());
+    }
+
+    /// A store whose started READs all fail when ended; it notes the threads that read.
+    struct FailedSubmissions {
+        inner: Arc<MemStore>,
+        readers: Mutex<Vec<String>>,
+    }
+
+    struct Failed;
+
+    impl PendingPages for Failed {
+        fn wait(self: Box<Self>) -> Result<Box<[Page]>, IoError> {
+            Err(IoError::Again {
+                what: "read",
+                addr: 0,
+                why: "the test store fails every submission",
+            })
+        }
+    }
+
+    impl FailedSubmissions {
+        fn note(&self) {
+            let me = std::thread::current().name().unwrap_or("").to_string();
+            self.readers.lock().push(me);
+        }
+    }
+
+    impl PageStore for FailedSubmissions {
+        fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+            self.note();
+            self.inner.read_page(addr, page)
+        }
+        fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+            self.inner.write_page(addr, page)
+        }
+        fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+            self.note();
+            self.inner.read_list(list)
+        }
+        fn submit_read<'s>(
+            &'s self,
+            _addrs: Vec<u64>,
+        ) -> Result<Box<dyn PendingPages + 's>, IoError> {
+            Ok(Box::new(Failed))
+        }
+    }
+
+    #[test]
+    fn reads_whose_submission_failed_are_read_again_by_a_worker_not_the_completer() {
+        // The completer must never read itself: a read waits for the client's slots, and the
+        // READs queued behind it hold slots that only it gives back.
+        let inner = MemStore::new(1 << 20, Default::default());
+        for i in 0..256u64 {
+            inner.write_page(i * 4096, &[i as u8; 4096]).unwrap();
+        }
+        let store = Arc::new(FailedSubmissions {
+            inner,
+            readers: Mutex::new(Vec::new()),
+        });
+        let export = Arc::new(Export::new(store.clone(), 1 << 20));
+        let neg = Negotiated {
+            structured: false,
+            flags: transmission_flags(false),
+        };
+        // Two full batches of pipelined READs go to the completer.
+        let mut inp = Vec::new();
+        for i in 0..130u64 {
+            inp.extend(req(CMD_READ, 0, i, (i % 256) * 4096, 4096));
+        }
+        inp.extend(req(CMD_DISC, 0, 999, 0, 0));
+        let out = Out::default();
+        let end = serve(
+            &mut reader(&inp),
+            out.clone(),
+            &export,
+            neg,
+            &shared(4),
+            || false,
+        );
+        assert_eq!(end.unwrap(), End::Disconnect);
+        let rs = simple(&out.0.lock(), |_| 4096);
+        assert_eq!(rs.len(), 130);
+        for (err, cookie, data) in rs {
+            assert_eq!(err, 0, "request {cookie}");
+            assert!(data == vec![cookie as u8; 4096], "read of request {cookie}");
+        }
+        let readers = store.readers.lock();
+        assert!(
+            readers.iter().all(|t| t != "nbd-completer"),
+            "the completer read: {readers:?}"
+        );
+        assert!(
+            readers.iter().any(|t| t.starts_with("nbd-worker")),
+            "no worker read again: {readers:?}"
+        );
     }
 
     #[test]
