@@ -149,15 +149,8 @@ impl Pager {
             match report {
                 Report::Missing { addr, write, tid } => {
                     let start = Instant::now();
-                    if let Some((fetch, evicting, map)) =
-                        self.missing(s, addr, write, tid, &mut pages)
-                    {
-                        let phases = PageIn {
-                            lock_wait,
-                            fetch,
-                            evicting,
-                            map,
-                        };
+                    let fault = (addr, write, tid);
+                    if let Some(phases) = self.missing(s, fault, lock_wait, &mut pages) {
                         self.stats.page_in(start.elapsed(), phases);
                         since_kick += 1;
                         if since_kick >= 32 {
@@ -187,17 +180,16 @@ impl Pager {
         }
     }
 
-    /// Resolves a missing-page fault; if the page came from the cluster, the time its remote
-    /// read took, whether an eviction batch was in flight as it started, and the time mapping
-    /// it took.
+    /// Resolves a missing-page fault (`addr`, whether a write, the faulting thread), whose
+    /// report waited `lock_wait` for the lock `s`; if the page came from the cluster, where
+    /// its page-in's time went.
     fn missing(
         &self,
         mut s: MutexGuard<'_, Shared>,
-        addr: usize,
-        write: bool,
-        tid: i32,
+        (addr, write, tid): (usize, bool, i32),
+        lock_wait: Duration,
         pages: &mut [[u8; PAGE]],
-    ) -> Option<(Duration, bool, Duration)> {
+    ) -> Option<PageIn> {
         let v = vpn(addr);
         match s.table.on_missing(v) {
             FaultPlan::Zero => {
@@ -271,7 +263,12 @@ impl Pager {
                                 }
                             }
                         }
-                        Some((fetch, evicting, mapping.elapsed()))
+                        Some(PageIn {
+                            lock_wait,
+                            fetch,
+                            evicting,
+                            map: mapping.elapsed(),
+                        })
                     }
                     Err(e) => {
                         Stats::add(&self.stats.lost, 1);
