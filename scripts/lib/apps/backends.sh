@@ -50,7 +50,46 @@ run_prefix() {
   is_run_backend "$1" || return 0
   printf '%s\n' "$BIN" run --cluster "$dir/cluster.toml"
   backend_scheme "$1"
-  printf '%s\n' --local-memory "$2" --
+  printf '%s\n' --local-memory "$2" --report "$wdir/pager.json" --
+}
+
+# swap_counters: the kernel's pages swapped in and out, and major faults, since boot
+# ("IN OUT FAULTS").
+swap_counters() {
+  awk '$1 == "pswpin" { i = $2 } $1 == "pswpout" { o = $2 } $1 == "pgmajfault" { f = $2 }
+    END { print i + 0, o + 0, f + 0 }' /proc/vmstat
+}
+
+# pages_moved BACKEND BEFORE: pages read from and written to BACKEND during the run, and the
+# faults that waited for a read ("IN OUT FAULTS"): the swap counters' growth since BEFORE
+# (swap_counters; the backend's device is the only swap device, and the machine's other major
+# faults, few on a machine running only the benchmark, count too), or for a *-run backend the
+# pager's report ($wdir/pager.json, summed over the server's processes: pages fetched on a
+# fault and read ahead with them; pages written out; faults that fetched).
+pages_moved() {
+  if is_run_backend "$1"; then
+    python3 - "$wdir/pager.json" <<'PY'
+import json, sys
+n_in = n_out = faults = 0
+try:
+    for line in open(sys.argv[1]):
+        s = json.loads(line).get("stats") or {}
+        n_in += s.get("page_ins", 0) + s.get("read_ahead", 0)
+        n_out += s.get("written", 0)
+        faults += s.get("page_ins", 0)
+except OSError:
+    print(" ")
+    sys.exit()
+print(n_in, n_out, faults)
+PY
+  elif [ "$1" = local ]; then
+    echo "0 0 0"
+  else
+    local i0 o0 f0 i1 o1 f1
+    read -r i0 o0 f0 <<<"$2"
+    read -r i1 o1 f1 < <(swap_counters)
+    echo "$((i1 - i0)) $((o1 - o0)) $((f1 - f0))"
+  fi
 }
 
 # backend_needs_cluster NAME: whether NAME keeps its memory on the nodes of `hydramem up`.

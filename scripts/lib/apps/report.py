@@ -38,7 +38,7 @@ for w in dict.fromkeys(r["workload"] for r in rows):
         head.append("x local")
         if any(r["p50_ms"] for r in wr if r["op"] == op):
             head += [f"{op} p50 ms", "p99 ms"]
-    head += ["swapped MiB", "rounds", "data"]
+    head += ["swapped MiB", "pages in", "faults", "pages out", "rounds", "data"]
     table = [head]
     for b, f in keys:
         sel = [r for r in wr if r["backend"] == b and int(r["fraction"]) == f]
@@ -51,6 +51,8 @@ for w in dict.fromkeys(r["workload"] for r in rows):
             if any(r["p50_ms"] for r in wr if r["op"] == op):
                 line += [fmt(med(r["p50_ms"] for r in o), 3), fmt(med(r["p99_ms"] for r in o), 3)]
         line.append(fmt(med(r["swapped_mib"] for r in sel)))
+        for k in ("pages_in", "faults", "pages_out"):
+            line.append(fmt(med(r.get(k) or "" for r in sel)))
         line.append(str(len({r["round"] for r in sel})))
         bad = {(r["round"], r["data"]) for r in sel if r["data"] != "ok"}
         line.append(" ".join(f"{v} in {sum(d == v for _, d in bad)}" for v in sorted({d for _, d in bad})) or "ok")
