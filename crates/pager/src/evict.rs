@@ -27,10 +27,9 @@ use crate::table::{Commit, Dest, Outcome};
 use crate::PAGE;
 
 /// Pages sent out per batch. 64 rather than 256: redis at 50% under `run` (rep2, four
-/// interleaved runs each) faulted 7% less (306k against 326–331k faults: the resident memory
-/// stays nearer the budget) and served a third more GETs (median 8,105/s against 6,063/s),
-/// and a page-in that meets a batch in flight waits behind less of it (docs/benchmarks.md
-/// §12).
+/// interleaved runs each) faulted 7% less (306k against 326–331k faults, within less memory)
+/// and served a third more GETs (median 8,105/s against 6,063/s), and a page-in that meets a
+/// batch in flight waits behind less of it (docs/benchmarks.md §12).
 const BATCH: usize = 64;
 /// Pages the hand reads from pagemap at a time.
 const SCAN: usize = 512;
