@@ -8,7 +8,8 @@
 //! it brought in is young, and a page it never saw is as old as the hand says.
 //!
 //! One batch, in order (see `table.rs` for the invariants it keeps):
-//! 1. select up to `BATCH` resident pages (they become `evicting`: faults on them wait);
+//! 1. select up to `BATCH` resident pages, `CATCH_UP_BATCH` while far over the budget (they
+//!    become `evicting`: faults on them wait);
 //! 2. write-protect them — a failure means the range is no longer registered: left alone;
 //! 3. copy them (process_vm_readv, so a page the program unmapped meanwhile is an error, not
 //!    a crash) and decide: all zeros → nothing to store; clean → its slot already holds it;
@@ -26,11 +27,17 @@ use crate::stats::Stats;
 use crate::table::{Commit, Dest, Outcome};
 use crate::PAGE;
 
-/// Pages sent out per batch. 64 rather than 256: redis at 50% under `run` (rep2, four
-/// interleaved runs each) faulted 7% less (306k against 326–331k faults, within less memory)
-/// and served a third more GETs (median 8,105/s against 6,063/s), and a page-in that meets a
-/// batch in flight waits behind less of it (docs/benchmarks.md §12).
+/// Pages sent out per batch while the resident memory is near the budget. Smaller batches
+/// than [`CATCH_UP_BATCH`] cost redis under rep2 fewer faults (306k against 326–331k with 256
+/// alone; docs/benchmarks.md §12), but a scheme whose batch writes are slow (span) then falls
+/// behind a program: its memory ran to 253–283 MiB against a 152 MiB budget.
 const BATCH: usize = 64;
+/// Pages per batch while the resident memory is more than [`CATCH_UP`] bytes over the budget,
+/// so that the evictor keeps up with a program that allocates fast or a scheme that writes
+/// slowly.
+const CATCH_UP_BATCH: usize = 256;
+/// How far over the budget the evictor switches to [`CATCH_UP_BATCH`].
+const CATCH_UP: u64 = 4 << 20;
 /// Pages the hand reads from pagemap at a time.
 const SCAN: usize = 512;
 
@@ -59,7 +66,7 @@ impl<'p> Evictor<'p> {
             statm: File::open("/proc/self/statm")?,
             hand: Hand { region: 0, addr: 0 },
             last_scan: Instant::now() - Duration::from_secs(10),
-            pages: vec![[0u8; PAGE]; BATCH],
+            pages: vec![[0u8; PAGE]; CATCH_UP_BATCH],
         })
     }
 
@@ -83,7 +90,12 @@ impl<'p> Evictor<'p> {
             }
             // Evict down to the low mark, a batch at a time, reading the memory again
             // between batches.
-            let want = ((rss - low) as usize).div_ceil(PAGE).min(BATCH);
+            let most = if rss > p.budget + CATCH_UP {
+                CATCH_UP_BATCH
+            } else {
+                BATCH
+            };
+            let want = ((rss - low) as usize).div_ceil(PAGE).min(most);
             let freed = self.batch(want);
             if freed == 0 {
                 if !warned {
