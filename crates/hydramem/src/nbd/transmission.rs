@@ -252,13 +252,13 @@ pub fn serve<R: Read, W: Write + Send + 'static>(
             if !completer_failed && Batch::submittable(&work, export, structured) {
                 if completer.is_none() {
                     let (tx, rx) = mpsc::sync_channel(per_connection * 2);
-                    let (e, r, f) = (export.clone(), replies.clone(), inflight.clone());
+                    let (r, f) = (&replies, &inflight);
                     let complete = move || {
                         for (sub, jobs) in rx {
-                            match complete_reads(sub, jobs, rp) {
-                                Ok(()) => fl.leave(),
+                            match complete_reads(sub, jobs, r) {
+                                Ok(()) => f.leave(),
                                 // Read again by a worker, which may wait for slots.
-                                Err(jobs) => on_pool(pool, Work::of(jobs), &e, &r, &f),
+                                Err(jobs) => on_pool(pool, Work::of(jobs), export, r, f),
                             }
                         }
                     };

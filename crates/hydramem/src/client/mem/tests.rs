@@ -569,10 +569,7 @@ fn submissions_stay_in_flight_from_one_thread_and_end_on_any() {
 /// thread holds every slot in submissions, and each ends without waiting for one.
 #[test]
 fn a_thread_holding_every_slot_ends_its_submissions_in_any_order() {
-    let (mem, _ctl) = start("hydra-8+2-d1", 12, 256, |c| {
-        c.max_in_flight = 16;
-        c.op_timeout = Duration::from_secs(30);
-    });
+    let (mem, _ctl) = start("hydra-8+2-d1", 12, 256, |c| c.max_in_flight = 16);
     mem.write_pages(0, &vec![[1u8; PAGE_SIZE]; 32]).unwrap();
     for order in [[0, 1, 2, 3], [3, 2, 1, 0], [2, 0, 3, 1]] {
         let mut held: Vec<Option<_>> = (0..4)
