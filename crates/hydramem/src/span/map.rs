@@ -1,6 +1,10 @@
 //! The page map of span coding: for every page of the address space, the row and position
 //! that hold it and the version its row was written with (16 bytes a page: 0.4% of the
-//! memory it maps), or nothing for a page never written.
+//! memory it maps), or nothing for a page never written. Entries live in chunks of
+//! [`CHUNK`] pages made on the first write into them, so a client costs memory for the part
+//! of its address space it wrote, not for all of it (8 GiB of address space would be 32 MiB
+//! of map up front, in the memory of the process it serves: `hydramem run` counts it against
+//! the program's budget).
 //!
 //! Invariants:
 //! - an entry and its version change together: readers and writers of an entry hold its
@@ -12,11 +16,16 @@
 //!   ([`PageMap::move_if`]), so it can never bring back bytes a write replaced meanwhile.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use parking_lot::Mutex;
 
 /// Lock stripes: enough that threads writing different pages seldom share one.
 const STRIPES: usize = 1024;
+/// Pages per chunk of entries (64 KiB of map for 16 MiB of pages).
+pub const CHUNK: u64 = 4096;
+
+type Entry = [AtomicU64; 2];
 
 /// Where a page lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -31,8 +40,10 @@ pub struct Loc {
 
 /// Page → [`Loc`] for an address space of a fixed number of pages.
 pub struct PageMap {
-    /// Per page: (row + 1) << 5 | position (0: never written), then the version.
-    entries: Box<[[AtomicU64; 2]]>,
+    /// Per page, in chunks of [`CHUNK`] made on first write: (row + 1) << 5 | position
+    /// (0: never written), then the version.
+    chunks: Box<[OnceLock<Box<[Entry]>>]>,
+    pages: u64,
     stripes: Box<[Mutex<()>]>,
 }
 
@@ -42,18 +53,27 @@ const POS_BITS: u32 = 5;
 impl PageMap {
     /// A map of `pages` pages, none written.
     pub fn new(pages: u64) -> PageMap {
-        let n = usize::try_from(pages).expect("a page count that fits memory");
+        let n = usize::try_from(pages.div_ceil(CHUNK)).expect("a page count that fits memory");
         PageMap {
-            entries: (0..n)
-                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
-                .collect(),
+            chunks: (0..n).map(|_| OnceLock::new()).collect(),
+            pages,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
         }
     }
 
     /// Pages in the map.
     pub fn pages(&self) -> u64 {
-        self.entries.len() as u64
+        self.pages
+    }
+
+    /// Chunks of entries made so far (each [`CHUNK`] pages).
+    pub fn chunks_made(&self) -> usize {
+        self.chunks.iter().filter(|c| c.get().is_some()).count()
+    }
+
+    fn entry(&self, page: u64) -> Option<&Entry> {
+        let chunk = self.chunks[(page / CHUNK) as usize].get()?;
+        Some(&chunk[(page % CHUNK) as usize])
     }
 
     fn stripe(&self, page: u64) -> &Mutex<()> {
@@ -61,7 +81,7 @@ impl PageMap {
     }
 
     fn load(&self, page: u64) -> Option<Loc> {
-        let e = &self.entries[page as usize];
+        let e = self.entry(page)?;
         let word = e[0].load(Ordering::Relaxed);
         (word != 0).then(|| Loc {
             row: (word >> POS_BITS) - 1,
@@ -71,7 +91,12 @@ impl PageMap {
     }
 
     fn store(&self, page: u64, loc: Loc) {
-        let e = &self.entries[page as usize];
+        let chunk = self.chunks[(page / CHUNK) as usize].get_or_init(|| {
+            (0..CHUNK)
+                .map(|_| [AtomicU64::new(0), AtomicU64::new(0)])
+                .collect()
+        });
+        let e = &chunk[(page % CHUNK) as usize];
         e[0].store(
             (loc.row + 1) << POS_BITS | loc.pos as u64,
             Ordering::Relaxed,
@@ -107,9 +132,15 @@ impl PageMap {
     /// Calls `f` with every written page and its location (each entry read under its lock;
     /// the map may change between entries).
     pub fn for_each(&self, mut f: impl FnMut(u64, Loc)) {
-        for page in 0..self.pages() {
-            if let Some(loc) = self.get(page) {
-                f(page, loc);
+        for (c, chunk) in self.chunks.iter().enumerate() {
+            if chunk.get().is_none() {
+                continue;
+            }
+            let first = c as u64 * CHUNK;
+            for page in first..(first + CHUNK).min(self.pages) {
+                if let Some(loc) = self.get(page) {
+                    f(page, loc);
+                }
             }
         }
     }
@@ -118,6 +149,27 @@ impl PageMap {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn chunks_are_made_only_where_pages_are_written() {
+        let m = PageMap::new(8 << 18); // 8 GiB of pages
+        assert_eq!(m.chunks_made(), 0);
+        let loc = Loc {
+            row: 1,
+            pos: 2,
+            version: 3,
+        };
+        assert_eq!(m.get(CHUNK * 100 + 5), None);
+        assert_eq!(m.chunks_made(), 0, "a read makes no chunk");
+        m.set(CHUNK * 100 + 5, loc);
+        m.set(m.pages() - 1, loc);
+        assert_eq!(m.chunks_made(), 2);
+        assert_eq!(m.get(CHUNK * 100 + 5), Some(loc));
+        assert_eq!(m.get(CHUNK * 100 + 6), None);
+        let mut seen = Vec::new();
+        m.for_each(|p, l| seen.push((p, l)));
+        assert_eq!(seen, vec![(CHUNK * 100 + 5, loc), (m.pages() - 1, loc)]);
+    }
 
     #[test]
     fn entries_read_back_and_move_only_from_where_expected() {
