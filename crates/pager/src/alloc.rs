@@ -80,10 +80,95 @@ unsafe impl Source for Reserve {
     }
 }
 
-/// The allocator of the preloaded library.
-pub type PagerAlloc = talc::TalcLock<spinning_top::RawSpinlock, Reserve>;
+/// The allocator of the preloaded library: talc, with zeroed blocks of several pages made
+/// without touching their pages.
+pub struct PagerAlloc(talc::TalcLock<spinning_top::RawSpinlock, Reserve>);
 
 /// A new allocator (used as the global allocator of the preloaded library).
 pub const fn new() -> PagerAlloc {
-    talc::TalcLock::new(Reserve::new())
+    PagerAlloc(talc::TalcLock::new(Reserve::new()))
+}
+
+/// Zeroed blocks from this size on have their whole pages discarded instead of written.
+const DISCARD_FROM: usize = 4 * crate::PAGE;
+
+// SAFETY: every method hands the call to talc's, which upholds GlobalAlloc's contract;
+// `alloc_zeroed` then only zeroes the block it got, by writing its partial pages and
+// discarding its whole ones (which then read as zeros).
+unsafe impl std::alloc::GlobalAlloc for PagerAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.alloc(layout) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.dealloc(ptr, layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.realloc(ptr, layout, new_size) }
+    }
+
+    /// A zeroed block. Writing zeros over a large block would make all of its pages
+    /// resident — memory the pager takes from the program's budget whether it is used or not
+    /// (a span client's per-slot buffers are 40 MiB): its whole pages are discarded instead
+    /// (MADV_DONTNEED on the pager's own private mapping, never registered with the
+    /// userfaultfd: they read as zeros and cost nothing until written), and only the partial
+    /// pages at its ends are written.
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract.
+        let p = unsafe { self.0.alloc(layout) };
+        if p.is_null() {
+            return p;
+        }
+        let (start, len) = (p as usize, layout.size());
+        let first = start.next_multiple_of(crate::PAGE);
+        let last = (start + len) / crate::PAGE * crate::PAGE;
+        // SAFETY: `[first, last)` lies inside the block just allocated, which is ours alone.
+        let discarded = len >= DISCARD_FROM
+            && last > first
+            && unsafe {
+                libc::syscall(libc::SYS_madvise, first, last - first, libc::MADV_DONTNEED)
+            } == 0;
+        // SAFETY: the writes stay inside the block: all of it, or the parts outside
+        // `[first, last)` when those pages were discarded.
+        unsafe {
+            if discarded {
+                std::ptr::write_bytes(p, 0, first - start);
+                std::ptr::write_bytes(last as *mut u8, 0, start + len - last);
+            } else {
+                std::ptr::write_bytes(p, 0, len);
+            }
+        }
+        p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::alloc::{GlobalAlloc, Layout};
+
+    #[test]
+    fn zeroed_blocks_read_as_zeros_over_reused_memory() {
+        let heap = super::new();
+        for size in [100, 4096, 5 * 4096 + 123, 1 << 20] {
+            let layout = Layout::from_size_align(size, 16).unwrap();
+            // SAFETY: non-zero layouts; each block is written within its size and freed once.
+            unsafe {
+                let dirty = heap.alloc(layout);
+                std::ptr::write_bytes(dirty, 0xa5, size);
+                heap.dealloc(dirty, layout);
+                let p = heap.alloc_zeroed(layout);
+                assert!(!p.is_null());
+                let bytes = std::slice::from_raw_parts(p, size);
+                assert!(
+                    bytes.iter().all(|&b| b == 0),
+                    "{size}-byte block not zeroed"
+                );
+                heap.dealloc(p, layout);
+            }
+        }
+    }
 }
