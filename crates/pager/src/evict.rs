@@ -16,6 +16,12 @@
 //!    otherwise → written to its slot, the whole batch in one batched write;
 //! 4. under the lock, once no report is pending: commit each page, drop the committed ones
 //!    (MADV_DONTNEED), wake the faults that waited.
+//!
+//! While it drains, the fault thread holds back new page-ins and first touches
+//! (`throttle.rs`). A write the cluster refuses keeps its pages resident and stops that:
+//! the program runs over its budget, and the evictor waits before it writes again (1 s,
+//! doubling to 16 s while writes keep failing), since such a write can take seconds to fail
+//! and the faults on its pages wait for it.
 
 use std::fs::File;
 use std::sync::atomic::Ordering;
@@ -40,6 +46,11 @@ const CATCH_UP_BATCH: usize = 256;
 const CATCH_UP: u64 = 4 << 20;
 /// Pages the hand reads from pagemap at a time.
 const SCAN: usize = 512;
+/// How long the evictor waits after the cluster refused a write, doubling up to
+/// [`MAX_BACKOFF`] while writes keep failing.
+const FIRST_BACKOFF: Duration = Duration::from_secs(1);
+/// The longest wait after a refused write.
+const MAX_BACKOFF: Duration = Duration::from_secs(16);
 
 /// The clock hand: a region and an address in it.
 struct Hand {
@@ -55,6 +66,10 @@ pub struct Evictor<'p> {
     hand: Hand,
     last_scan: Instant,
     pages: Vec<[u8; PAGE]>,
+    /// The last batch's write failed.
+    write_failed: bool,
+    /// The wait after the next refused write.
+    backoff: Duration,
 }
 
 impl<'p> Evictor<'p> {
@@ -67,6 +82,8 @@ impl<'p> Evictor<'p> {
             hand: Hand { region: 0, addr: 0 },
             last_scan: Instant::now() - Duration::from_secs(10),
             pages: vec![[0u8; PAGE]; CATCH_UP_BATCH],
+            write_failed: false,
+            backoff: FIRST_BACKOFF,
         })
     }
 
@@ -83,7 +100,9 @@ impl<'p> Evictor<'p> {
         while !p.stop.load(Ordering::Relaxed) {
             let rss = self.resident();
             p.stats.resident(rss);
+            p.throttle.measured(rss);
             if rss <= p.budget || p.shared.lock().paused {
+                p.throttle.draining(false);
                 let mut g = p.kick_lock.lock();
                 p.kick.wait_for(&mut g, Duration::from_millis(2));
                 continue;
@@ -97,6 +116,29 @@ impl<'p> Evictor<'p> {
             };
             let want = ((rss - low) as usize).div_ceil(PAGE).min(most);
             let freed = self.batch(want);
+            // Faults are held while this drains (`throttle.rs`); each batch dropped lets the
+            // fault thread look again. A write the cluster refused means the budget cannot be
+            // held: faults go on, and the next write waits a while (a write that cannot be
+            // placed, with more nodes lost than placements allow, fails only after seconds,
+            // and faults on its pages wait for it).
+            let refused = std::mem::take(&mut self.write_failed);
+            p.throttle.draining(freed > 0 && !refused);
+            if freed > 0 {
+                p.throttle.ring();
+            }
+            if refused {
+                tracing::warn!(
+                    "the program stays over --local-memory while the cluster refuses writes; trying again in {} s",
+                    self.backoff.as_secs()
+                );
+                let mut g = p.kick_lock.lock();
+                let until = Instant::now() + self.backoff;
+                while Instant::now() < until && !p.stop.load(Ordering::Relaxed) {
+                    p.kick.wait_until(&mut g, until);
+                }
+                self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
             if freed == 0 {
                 if !warned {
                     tracing::warn!(
@@ -112,10 +154,11 @@ impl<'p> Evictor<'p> {
                 p.kick.wait_for(&mut g, Duration::from_millis(20));
             }
         }
+        p.throttle.draining(false);
     }
 
     /// Reads the regions again and registers them (idempotent for those already registered).
-    fn rescan(&mut self) {
+    pub fn rescan(&mut self) {
         let maps = match regions::read_maps() {
             Ok(m) => m,
             Err(e) => {
@@ -205,6 +248,10 @@ impl<'p> Evictor<'p> {
     /// One batch of at most `n` pages; returns how many pages were dropped.
     fn batch(&mut self, n: usize) -> usize {
         let p = self.pager;
+        // The evictor runs once the pager is connected (`start.rs`).
+        let Some(store) = p.store() else {
+            return 0;
+        };
         let chosen = self.choose(n);
         if chosen.is_empty() {
             return 0;
@@ -260,12 +307,14 @@ impl<'p> Evictor<'p> {
                 .iter()
                 .map(|&(k, slot)| (slot * PAGE as u64, &self.pages[k]))
                 .collect();
-            match p.store.write_list(&list) {
+            match store.write_list(&list) {
                 Ok(()) => {
+                    self.backoff = FIRST_BACKOFF;
                     p.stats.batch(start.elapsed());
                     Stats::add(&p.stats.written, writes.len() as u64);
                 }
                 Err(e) => {
+                    self.write_failed = true;
                     tracing::error!(
                         "writing {} pages to the cluster failed ({e}): they stay in local memory",
                         writes.len()

@@ -31,6 +31,7 @@ pub mod regions;
 mod start;
 pub mod stats;
 pub mod table;
+pub mod throttle;
 pub mod uffd;
 
 use std::sync::Arc;

@@ -13,6 +13,7 @@ use hydramem::wire::ClientId;
 use serde::Serialize;
 
 use crate::pager::Pager;
+use crate::throttle::Throttle;
 use crate::{evict, hooks, regions, stats, uffd, PAGE};
 
 /// Set in a forked child: the pager does not run there.
@@ -102,44 +103,62 @@ fn fail(what: &str) -> ! {
     unsafe { libc::_exit(70) }
 }
 
-/// Connects to the cluster and starts the fault thread; returns the pager.
-fn connect(config: &RunConfig, id: ClientId, uffd: uffd::Uffd) -> Arc<Pager> {
-    let front = config.open(id).unwrap_or_else(|e| fail(&e.to_string()));
+/// Makes the pager and starts its fault thread, before it connects: once the evictor has
+/// registered the program's regions, their first touches come to the fault thread, so the
+/// budget holds from here, not from the end of the connection (35-96 ms, in which a program
+/// filled up to 116 MiB: docs/benchmarks.md §12).
+fn start(config: &RunConfig, uffd: uffd::Uffd, rss: u64) -> Arc<Pager> {
     let slots = config.remote_size / PAGE as u64;
+    let throttle = Throttle::new(config.local_memory)
+        .unwrap_or_else(|e| fail(&format!("creating the pager's eventfd: {e}")));
+    throttle.measured(rss);
     let pager = Arc::new(Pager::new(
         uffd,
-        front,
+        throttle,
         slots,
         config.local_memory,
         usize::try_from(config.min_region).unwrap_or(usize::MAX),
         config.read_ahead.min(MAX_READ_AHEAD),
     ));
+    let _ = PAGER.set(pager.clone());
     let p = pager.clone();
     std::thread::Builder::new()
         .name("hm-fault".into())
         .spawn(move || p.fault_loop())
         .unwrap_or_else(|e| fail(&format!("starting the fault thread: {e}")));
-    report("connected", false);
     pager
 }
 
-/// The evictor thread: waits for the program to grow, connects, then keeps it in budget.
+/// The evictor thread: waits for the program to grow, starts the pager, registers the
+/// program's regions, connects, then keeps the program in budget.
 fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd) {
     let statm = std::fs::File::open("/proc/self/statm")
         .unwrap_or_else(|e| fail(&format!("opening /proc/self/statm: {e}")));
-    loop {
+    let rss = loop {
         let rss = regions::resident_anon(&statm).unwrap_or(0);
         if rss > config.local_memory / 2 {
-            break;
+            break rss;
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
-    }
-    let pager = connect(&config, id, uffd);
-    let _ = PAGER.set(pager.clone());
-    match evict::Evictor::new(&pager) {
-        Ok(mut e) => e.run(),
-        Err(e) => fail(&format!("starting the evictor: {e}")),
-    }
+    };
+    let began = Instant::now();
+    let pager = start(&config, uffd, rss);
+    let mut evictor =
+        evict::Evictor::new(&pager).unwrap_or_else(|e| fail(&format!("starting the evictor: {e}")));
+    evictor.rescan();
+    // While connecting, faults are held (each at most `throttle::MAX_HOLD`) if the program
+    // runs far past its budget: nothing can go out yet.
+    pager.throttle.draining(true);
+    let front = config.open(id).unwrap_or_else(|e| fail(&e.to_string()));
+    pager.connected(front);
+    report("connected", false);
+    tracing::info!(
+        "connected to the cluster in {} ms; resident {} MiB then, {} MiB now",
+        began.elapsed().as_millis(),
+        rss >> 20,
+        evictor.resident() >> 20
+    );
+    evictor.run();
 }
 
 extern "C" fn before_fork() {

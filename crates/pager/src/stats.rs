@@ -21,10 +21,17 @@ pub struct Stats {
     pub page_ins: AtomicU64,
     /// Missing faults answered with zeros (first touches).
     pub zero_fills: AtomicU64,
+    /// Missing-fault reports the page was mapped before they were read (a read-ahead or
+    /// another thread's fault mapped it), or whose range was gone: nothing to do.
+    pub stale_reports: AtomicU64,
     /// Writes to clean pages (which made them dirty).
     pub write_protect_faults: AtomicU64,
     /// Faults that waited for an eviction in flight.
     pub deferred: AtomicU64,
+    /// Missing faults held back while the program was far over its budget (`throttle.rs`).
+    pub held: AtomicU64,
+    /// Their time held, in total (µs).
+    pub held_us: AtomicU64,
     /// Pages written to the cluster.
     pub written: AtomicU64,
     /// Clean pages dropped without a write (their slot held them).
@@ -95,10 +102,17 @@ pub struct Summary {
     pub page_in_map_us: Percentiles,
     /// Missing faults answered with zeros (first touches).
     pub zero_fills: u64,
+    /// Missing-fault reports the page was mapped before they were read, or whose range
+    /// was gone: nothing to do.
+    pub stale_reports: u64,
     /// Writes to clean pages (which made them dirty).
     pub write_protect_faults: u64,
     /// Faults that waited for an eviction in flight.
     pub deferred: u64,
+    /// Missing faults held back while the program was far over its budget.
+    pub held: u64,
+    /// Their time held, in total (ms).
+    pub held_ms: u64,
     /// Pages written to the cluster.
     pub written: u64,
     /// Clean pages dropped without a write (their slot held them).
@@ -155,6 +169,12 @@ impl Stats {
         record(&self.map_us, p.map);
     }
 
+    /// A missing fault was held back for `d` (`throttle.rs`).
+    pub fn held(&self, d: Duration) {
+        Self::add(&self.held, 1);
+        Self::add(&self.held_us, d.as_micros().try_into().unwrap_or(u64::MAX));
+    }
+
     /// A batch write that took `d`.
     pub fn batch(&self, d: Duration) {
         Stats::add(&self.batches, 1);
@@ -182,8 +202,11 @@ impl Stats {
                 .map_or(0, |h| h.len()),
             page_in_map_us: percentiles(&self.map_us),
             zero_fills: g(&self.zero_fills),
+            stale_reports: g(&self.stale_reports),
             write_protect_faults: g(&self.write_protect_faults),
             deferred: g(&self.deferred),
+            held: g(&self.held),
+            held_ms: g(&self.held_us) / 1000,
             written: g(&self.written),
             clean_drops: g(&self.clean_drops),
             read_ahead: g(&self.read_ahead),

@@ -187,13 +187,12 @@ impl Table {
         }
         match e.state {
             State::Out { slot } => FaultPlan::Fetch { slot, gen: e.gen },
-            // Known as resident, yet missing: the program dropped it (madvise the pager did
-            // not see, e.g. from inside the C library): it reads as zeros.
-            State::Resident { slot, .. } => {
-                self.pages.remove(&vpn);
-                self.release(slot);
-                FaultPlan::Zero
-            }
+            // Known as resident, yet reported missing: either the program dropped it (madvise
+            // the pager did not see, e.g. from inside the C library) and it reads as zeros, or
+            // the report is stale (the page was mapped after the fault, by a read-ahead or for
+            // another thread) and the zero page will not be placed. The entry stays until
+            // `zeroed` says which.
+            State::Resident { .. } => FaultPlan::Zero,
         }
     }
 
@@ -464,6 +463,31 @@ mod tests {
         t.forget(3, 1);
         assert_eq!(t.commit(3, g, Outcome::Stored { slot: s }), Commit::Leave);
         assert_eq!(t.on_missing(3), FaultPlan::Zero);
+        assert_eq!(t.slots_used(), 0);
+    }
+
+    #[test]
+    fn a_stale_missing_report_keeps_a_mapped_page_and_its_slot() {
+        let mut t = Table::new(10);
+        // Page 4 goes out, then comes back (clean, its slot holds its bytes).
+        let g = t.select(4).unwrap();
+        let Dest::Write(slot) = t.slot_for(4, g).unwrap() else {
+            panic!("no slot")
+        };
+        assert_eq!(t.commit(4, g, Outcome::Stored { slot }), Commit::Drop);
+        let FaultPlan::Fetch { slot, gen } = t.on_missing(4) else {
+            panic!("not fetched")
+        };
+        assert!(t.read_ahead(4, slot, gen));
+        // A second report for it, read after it was mapped: no zero page can be placed, and
+        // the entry is untouched — it is still clean, so dropping it needs no write.
+        assert_eq!(t.on_missing(4), FaultPlan::Zero);
+        assert_eq!(t.slots_used(), 1);
+        let g = t.select(4).unwrap();
+        assert_eq!(t.slot_for(4, g).unwrap(), Dest::Clean(slot));
+        // Had the program dropped it, the zero page is placed and the slot goes back.
+        assert_eq!(t.commit(4, g, Outcome::Kept), Commit::Leave);
+        t.zeroed(4);
         assert_eq!(t.slots_used(), 0);
     }
 
