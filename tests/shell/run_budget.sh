@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# hydramem run holds --local-memory: (1) python3 fills a 256 MiB bytearray at full speed under
+# a 64 MiB budget (rep2) — the pager starts and registers the program's memory before it
+# connects, and holds faults back while the evictor catches up, so the process's peak
+# resident memory stays within 16 MiB of the budget and the hash equals the plain run's;
+# (2) under span-8+2, a program that fits its budget is not paged at all — the client's own
+# tables and buffers (made zeroed, untouched) do not take the program's memory.
+set -euo pipefail
+. "$(dirname "$0")/lib/run.sh"
+need_run
+
+NODES=12 start_nodes
+
+fill='import hashlib; a = bytearray(range(256)) * (1 << 20); a[::4096] = bytes(len(a) // 4096); print(hashlib.sha256(a).hexdigest())'
+plain=$(/usr/bin/python3 -c "$fill")
+run_paged rep2 64MiB /usr/bin/python3 -c "$fill" || fail "python3 under hydramem run exited with $?"
+grep -qx "$plain" "$dir/run.out" || fail "the bytearray's hash differs from the plain run's ($plain)"
+check_paged "python3 bytearray (rep2)"
+peak=$(sed -nE 's/.*peak resident ([0-9]+)\.[0-9] MiB of 64\.0 MiB.*/\1/p' "$dir/run.out")
+[ -n "$peak" ] || fail "no peak resident memory in the run summary"
+[ "$peak" -le 80 ] || fail "the peak resident memory was $peak MiB against a budget of 64 MiB"
+echo "python3 bytearray (rep2): peak resident $peak MiB of 64 MiB"
+
+fits='b = bytearray(40 << 20); b[::4096] = b"x" * len(b[::4096]); print(sum(b[::4096]))'
+run_paged span-8+2 64MiB /usr/bin/python3 -c "$fits" || fail "python3 under hydramem run exited with $?"
+grep -qx "$((120 * 10240))" "$dir/run.out" || fail "the 40 MiB bytearray read back wrong"
+line=$(grep 'hydramem run: pid .* page-ins' "$dir/run.out") || fail "no report from the pager"
+grep -q ': 0 page-ins' <<<"$line" && grep -q ' 0 pages written out' <<<"$line" ||
+  fail "a program within its budget was paged under span-8+2: $line"
+echo "python3 within its budget (span-8+2): not paged"
+echo "PASS run_budget"
