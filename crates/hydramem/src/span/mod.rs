@@ -288,18 +288,23 @@ impl SpanStore {
         };
         let expected = expected.map(|(e, _)| e);
         let rows = self.take_rows(pages.len())?;
-        let refs: Vec<&Page> = pages.iter().map(|(_, p)| *p).collect();
-        let ids: Vec<u64> = pages.iter().map(|(n, _)| *n).collect();
+        let mut refs: Vec<Vec<&Page>> = vec![Vec::with_capacity(self.k); rows.len()];
+        let mut ids: Vec<Vec<u64>> = vec![Vec::with_capacity(self.k); rows.len()];
+        for (i, (n, p)) in pages.iter().enumerate() {
+            let (r, _) = place(i, pages.len(), self.k);
+            refs[r].push(*p);
+            ids[r].push(*n);
+        }
         let writes: Vec<RowWrite<'_>> = rows
             .iter()
-            .zip(refs.chunks(self.k).zip(ids.chunks(self.k)))
+            .zip(refs.iter().zip(&ids))
             .map(|(&row, (pages, ids))| RowWrite { row, pages, ids })
             .collect();
         let versions = match self.mem.write_rows_at(&writes, version) {
             Ok(v) => v,
             Err(e) => {
                 let mut t = self.table.lock();
-                for (row, chunk) in rows.iter().zip(refs.chunks(self.k)) {
+                for (row, chunk) in rows.iter().zip(&refs) {
                     for _ in chunk {
                         t.release(*row);
                     }
@@ -311,15 +316,16 @@ impl SpanStore {
         c.rows_written
             .fetch_add(rows.len() as u64, Ordering::Relaxed);
         metrics::counter!("hydramem_span_rows_written_total").increment(rows.len() as u64);
-        let partial = refs.chunks(self.k).filter(|c| c.len() < self.k).count();
+        let partial = refs.iter().filter(|c| c.len() < self.k).count();
         c.partial_rows.fetch_add(partial as u64, Ordering::Relaxed);
         let mut gone = Vec::with_capacity(pages.len());
         let mut moved = 0;
         for (i, (page, _)) in pages.iter().enumerate() {
+            let (r, pos) = place(i, pages.len(), self.k);
             let loc = Loc {
-                row: rows[i / self.k],
-                pos: i % self.k,
-                version: versions[i / self.k],
+                row: rows[r],
+                pos,
+                version: versions[r],
             };
             match expected {
                 None => {
@@ -384,6 +390,29 @@ impl SpanStore {
         }
         Ok(rows)
     }
+}
+
+/// Rows filled together, column by column, by [`place`].
+const COLUMN: usize = 8;
+
+/// Where the `i`th of `n` pages written together goes: (row of the write, position), for the
+/// rows `take_rows` takes — ⌊n / k⌋ full rows, then one with the n mod k left. The full rows
+/// are filled in blocks of [`COLUMN`] rows, each column by column: pages i and i + 1 sit at
+/// one position of two consecutive rows, which is one node (a position is one node of the
+/// range's group), so pages written together in address order — an eviction batch — are read
+/// together from one node in one message (a fault and the page read ahead with it), as with
+/// replication; filled row by row, they were on two nodes. Blocks keep a row's pages within
+/// COLUMN × k pages of each other, so a rewrite of a stretch of pages still frees whole rows.
+/// The pages left over fill the last row in order.
+fn place(i: usize, n: usize, k: usize) -> (usize, usize) {
+    let full = n / k;
+    if i >= full * k {
+        return (full, i - full * k);
+    }
+    let block = i / (COLUMN * k);
+    let height = COLUMN.min(full - block * COLUMN);
+    let j = i - block * COLUMN * k;
+    (block * COLUMN + j % height, j / height)
 }
 
 /// `pages` with only the last entry of each page number, in list order.

@@ -244,18 +244,18 @@ fn free_rows_go_back_to_the_nodes_once_writes_pause() {
     let st = s.stats();
     assert_eq!(st.rows_held, st.rows_in_use, "{st:?}");
     assert_eq!(held_by_nodes(&s), st.rows_held * st.width * PAGE);
-    // A write reuses a given-back row, and the nodes hold it again; the row its pages left
-    // is free and held.
-    write(&s, 0, 8, 2);
+    // A write reuses given-back rows, and the nodes hold them again; the rows its pages left
+    // are free and held. (64 pages: the block of 8 rows they were written in, see `place`.)
+    write(&s, 0, 64, 2);
     let st = s.stats();
     assert_eq!(
         st.rows_touched, before.rows_touched,
-        "a given-back row was reused"
+        "given-back rows were reused"
     );
-    assert_eq!(st.rows_held, st.rows_in_use + 1, "{st:?}");
+    assert_eq!(st.rows_held, st.rows_in_use + 8, "{st:?}");
     assert_eq!(held_by_nodes(&s), st.rows_held * st.width * PAGE);
     for p in 0..pages {
-        let stamp = if p < 8 {
+        let stamp = if p < 64 {
             2
         } else if p < pages / 2 {
             1
@@ -357,5 +357,46 @@ fn writers_readers_and_compaction_at_once_never_read_wrong_bytes() {
             Some(acked[p as usize].load(Ordering::SeqCst)),
             "page {p}: the last acknowledged write"
         );
+    }
+}
+
+#[test]
+fn pages_written_together_fill_full_rows_column_by_column() {
+    for k in 1..=10usize {
+        for n in 1..=100usize {
+            let full = n / k;
+            let mut seen = std::collections::HashSet::new();
+            let mut count = vec![0usize; n.div_ceil(k)];
+            for i in 0..n {
+                let (r, pos) = super::place(i, n, k);
+                assert!(pos < k, "k {k} n {n} i {i}: position {pos}");
+                assert!(
+                    seen.insert((r, pos)),
+                    "k {k} n {n}: two pages at {r}, {pos}"
+                );
+                count[r] += 1;
+                // Consecutive pages of the full rows share a position (one node) on
+                // consecutive rows, but where a column of a block ends; a row's pages lie
+                // within one block of COLUMN rows.
+                let (col, block) = (super::COLUMN, i / (super::COLUMN * k));
+                let height = col.min(full.saturating_sub(block * col));
+                if i + 1 < full * k && (i + 1 - block * col * k) % height != 0 {
+                    assert_eq!(super::place(i + 1, n, k), (r + 1, pos), "k {k} n {n} i {i}");
+                }
+                if i < full * k {
+                    assert_eq!(
+                        r / col,
+                        block,
+                        "k {k} n {n} i {i}: row {r} outside its block"
+                    );
+                }
+            }
+            // The rows hold what take_rows takes for them: k each, the last the rest.
+            let mut want = vec![k; full];
+            if n % k > 0 {
+                want.push(n % k);
+            }
+            assert_eq!(count, want, "k {k} n {n}");
+        }
     }
 }
