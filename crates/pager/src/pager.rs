@@ -17,6 +17,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use hydramem::backup::FrontStore;
+use hydramem::client::IoError;
 use hydramem::nbd::PageStore;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
@@ -272,100 +273,119 @@ impl Pager {
                 None
             }
             FaultPlan::Fetch { slot, gen } => {
-                let Some(store) = self.store() else {
-                    // Cannot be: a page is out only after the evictor, which starts once the
-                    // store is set, wrote it. Said, and the thread faults again.
-                    tracing::error!("page {addr:#x} is out but the pager has no store yet");
-                    self.uffd.wake(addr);
-                    return None;
-                };
-                // Read ahead: the next pages, if they are out too, in the same batched read
-                // (a program's objects cross page boundaries: redis's 4 KiB values sit in
-                // 5 KiB slots).
-                let ahead: Vec<(u64, u64, u64)> = (1..=self.read_ahead)
-                    .map_while(|d| s.table.out(v + d).map(|(sl, g)| (v + d, sl, g)))
-                    .collect();
-                let evicting = s.in_batch;
-                drop(s);
-                let fetching = Instant::now();
-                let pages = &mut pages[..1 + ahead.len()];
-                let (read, ahead_read) = if ahead.is_empty() {
-                    (store.read_page(slot * PAGE as u64, &mut pages[0]), false)
-                } else {
-                    let mut list: Vec<(u64, &mut [u8; PAGE])> = std::iter::once(slot)
-                        .chain(ahead.iter().map(|a| a.1))
-                        .map(|sl| sl * PAGE as u64)
-                        .zip(pages.iter_mut())
-                        .collect();
-                    match store.read_list(&mut list) {
-                        Ok(()) => (Ok(()), true),
-                        // A page ahead may be the one that failed: the faulting one alone,
-                        // and nothing is read ahead.
-                        Err(_) => (store.read_page(slot * PAGE as u64, &mut pages[0]), false),
-                    }
-                };
-                let mapping = Instant::now();
-                let fetch = mapping - fetching;
-                let mut s = self.shared.lock();
-                if !s.table.still(v, slot, gen) {
-                    // The program discarded or moved it meanwhile: the thread faults again
-                    // and gets what the page is now.
-                    self.uffd.wake(addr);
-                    return None;
-                }
-                match read {
-                    Ok(()) => {
-                        if self.uffd.copy(addr, &pages[0], write) {
-                            s.table.fetched(v, slot, gen, write);
-                            self.throttle.mapped(1);
-                        } else {
-                            self.uffd.wake(addr);
-                        }
-                        // After the faulting page, so its thread runs on at once. Mapping the
-                        // pages ahead first (in case the woken thread touches the next page
-                        // before this thread maps it) was measured: no stale report in 950k
-                        // redis faults, and 3-8% fewer GETs (docs/benchmarks.md §12).
-                        if ahead_read {
-                            for (k, &(n, sl, g)) in ahead.iter().enumerate() {
-                                if s.table.still(n, sl, g)
-                                    && self.uffd.copy(n as usize * PAGE, &pages[k + 1], false)
-                                {
-                                    s.table.read_ahead(n, sl, g);
-                                    self.throttle.mapped(1);
-                                    Stats::add(&self.stats.read_ahead, 1);
-                                }
-                            }
-                        }
-                        Some(PageIn {
-                            lock_wait,
-                            fetch,
-                            evicting,
-                            map: mapping.elapsed(),
-                        })
-                    }
-                    Err(e) => {
-                        Stats::add(&self.stats.lost, 1);
-                        let at = store.location(slot * PAGE as u64).unwrap_or_default();
-                        // Said before the page is poisoned: poisoning wakes the thread, whose
-                        // SIGBUS may end the process (this thread with it) at once.
-                        tracing::error!(
-                            "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}): \
-                             more memory nodes are lost than the scheme survives; the program gets SIGBUS on it"
-                        );
-                        if !self.uffd.poison(addr) {
-                            tracing::error!(
-                                "this kernel cannot poison page {addr:#x} (Linux 6.6 can): ending the \
-                                 program with SIGBUS"
-                            );
-                            // SAFETY: tgkill on this process's own thread.
-                            unsafe {
-                                libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGBUS)
-                            };
-                        }
-                        None
-                    }
-                }
+                self.fetch(s, (addr, write, tid), (slot, gen), lock_wait, pages)
             }
+        }
+    }
+
+    /// Fetches page `addr` (the fault: address, whether a write, the faulting thread) from
+    /// `slot` and maps it with the pages read ahead, if the entry still has generation `gen`;
+    /// where the page-in's time went.
+    fn fetch(
+        &self,
+        s: MutexGuard<'_, Shared>,
+        (addr, write, tid): Fault,
+        (slot, gen): (u64, u64),
+        lock_wait: Duration,
+        pages: &mut [[u8; PAGE]],
+    ) -> Option<PageIn> {
+        let v = vpn(addr);
+        let Some(store) = self.store() else {
+            // Cannot be: a page is out only after the evictor, which starts once the
+            // store is set, wrote it. Said, and the thread faults again.
+            tracing::error!("page {addr:#x} is out but the pager has no store yet");
+            self.uffd.wake(addr);
+            return None;
+        };
+        // Read ahead: the next pages, if they are out too, in the same batched read
+        // (a program's objects cross page boundaries: redis's 4 KiB values sit in
+        // 5 KiB slots).
+        let ahead: Vec<(u64, u64, u64)> = (1..=self.read_ahead)
+            .map_while(|d| s.table.out(v + d).map(|(sl, g)| (v + d, sl, g)))
+            .collect();
+        let evicting = s.in_batch;
+        drop(s);
+        let fetching = Instant::now();
+        let pages = &mut pages[..1 + ahead.len()];
+        let (read, ahead_read) = if ahead.is_empty() {
+            (store.read_page(slot * PAGE as u64, &mut pages[0]), false)
+        } else {
+            let mut list: Vec<(u64, &mut [u8; PAGE])> = std::iter::once(slot)
+                .chain(ahead.iter().map(|a| a.1))
+                .map(|sl| sl * PAGE as u64)
+                .zip(pages.iter_mut())
+                .collect();
+            match store.read_list(&mut list) {
+                Ok(()) => (Ok(()), true),
+                // A page ahead may be the one that failed: the faulting one alone,
+                // and nothing is read ahead.
+                Err(_) => (store.read_page(slot * PAGE as u64, &mut pages[0]), false),
+            }
+        };
+        let mapping = Instant::now();
+        let fetch = mapping - fetching;
+        let mut s = self.shared.lock();
+        if !s.table.still(v, slot, gen) {
+            // The program discarded or moved it meanwhile: the thread faults again
+            // and gets what the page is now.
+            self.uffd.wake(addr);
+            return None;
+        }
+        match read {
+            Ok(()) => {
+                if self.uffd.copy(addr, &pages[0], write) {
+                    s.table.fetched(v, slot, gen, write);
+                    self.throttle.mapped(1);
+                } else {
+                    self.uffd.wake(addr);
+                }
+                // After the faulting page, so its thread runs on at once. Mapping the
+                // pages ahead first (in case the woken thread touches the next page
+                // before this thread maps it) was measured: no stale report in 950k
+                // redis faults, and 3-8% fewer GETs (docs/benchmarks.md §12).
+                if ahead_read {
+                    for (k, &(n, sl, g)) in ahead.iter().enumerate() {
+                        if s.table.still(n, sl, g)
+                            && self.uffd.copy(n as usize * PAGE, &pages[k + 1], false)
+                        {
+                            s.table.read_ahead(n, sl, g);
+                            self.throttle.mapped(1);
+                            Stats::add(&self.stats.read_ahead, 1);
+                        }
+                    }
+                }
+                Some(PageIn {
+                    lock_wait,
+                    fetch,
+                    evicting,
+                    map: mapping.elapsed(),
+                })
+            }
+            Err(e) => {
+                self.lost(store.as_ref(), addr, tid, slot, &e);
+                None
+            }
+        }
+    }
+
+    /// The cluster could not return page `addr` of thread `tid` (at `slot`): said, and the
+    /// page poisoned, so the thread gets SIGBUS on it and never other bytes.
+    fn lost(&self, store: &dyn PageStore, addr: usize, tid: i32, slot: u64, e: &IoError) {
+        Stats::add(&self.stats.lost, 1);
+        let at = store.location(slot * PAGE as u64).unwrap_or_default();
+        // Said before the page is poisoned: poisoning wakes the thread, whose
+        // SIGBUS may end the process (this thread with it) at once.
+        tracing::error!(
+            "page {addr:#x} (thread {tid}) could not be read from the cluster ({e}; {at}): \
+             more memory nodes are lost than the scheme survives; the program gets SIGBUS on it"
+        );
+        if !self.uffd.poison(addr) {
+            tracing::error!(
+                "this kernel cannot poison page {addr:#x} (Linux 6.6 can): ending the \
+                 program with SIGBUS"
+            );
+            // SAFETY: tgkill on this process's own thread.
+            unsafe { libc::syscall(libc::SYS_tgkill, libc::getpid(), tid, libc::SIGBUS) };
         }
     }
 
