@@ -26,7 +26,8 @@ fits='b = bytearray(40 << 20); b[::4096] = b"x" * len(b[::4096]); print(sum(b[::
 run_paged span-8+2 64MiB /usr/bin/python3 -c "$fits" || fail "python3 under hydramem run exited with $?"
 grep -qx "$((120 * 10240))" "$dir/run.out" || fail "the 40 MiB bytearray read back wrong"
 line=$(grep 'hydramem run: pid .* page-ins' "$dir/run.out") || fail "no report from the pager"
-grep -q ': 0 page-ins' <<<"$line" && grep -q ' 0 pages written out' <<<"$line" ||
+if ! grep -q ': 0 page-ins' <<<"$line" || ! grep -q ' 0 pages written out' <<<"$line"; then
   fail "a program within its budget was paged under span-8+2: $line"
+fi
 echo "python3 within its budget (span-8+2): not paged"
 echo "PASS run_budget"
