@@ -48,11 +48,10 @@ pub struct Pager {
     pub uffd: Uffd,
     /// What the fault thread, the evictor and the hook share.
     pub shared: Mutex<Shared>,
-    /// Where pages go out to, once connected (`connected`). Nothing is out before: only the
-    /// evictor sends pages out, and it starts after.
-    store: OnceLock<Arc<dyn PageStore>>,
-    /// The scheme's store (kept open for the life of the process).
-    front: OnceLock<FrontStore>,
+    /// Where pages go out to, and the scheme's store it comes from (kept open for the life
+    /// of the process), once connected (`connected`). Nothing is out before: only the evictor
+    /// sends pages out, and it starts after.
+    store: OnceLock<(Arc<dyn PageStore>, FrontStore)>,
     /// What the pager did.
     pub stats: Stats,
     /// Back-pressure: faults held while the program is far over its budget.
@@ -103,7 +102,6 @@ impl Pager {
                 in_batch: false,
             }),
             store: OnceLock::new(),
-            front: OnceLock::new(),
             stats: Stats::default(),
             throttle,
             budget,
@@ -118,13 +116,12 @@ impl Pager {
 
     /// The pager is connected to the cluster through `front`.
     pub fn connected(&self, front: FrontStore) {
-        let _ = self.store.set(front.store());
-        let _ = self.front.set(front);
+        let _ = self.store.set((front.store(), front));
     }
 
     /// The store pages go out to; None before `connected`.
     pub fn store(&self) -> Option<&Arc<dyn PageStore>> {
-        self.store.get()
+        self.store.get().map(|(store, _)| store)
     }
 
     /// Waits until the userfaultfd has a report, the evictor rings, or `timeout` passes.
@@ -341,8 +338,8 @@ impl Pager {
                 }
                 // After the faulting page, so its thread runs on at once. Mapping the
                 // pages ahead first (in case the woken thread touches the next page
-                // before this thread maps it) was measured: no stale report in 950k
-                // redis faults, and 3-8% fewer GETs (docs/benchmarks.md §12).
+                // before this thread maps it) was measured: no stale report in 952k
+                // redis faults, and 8% fewer GETs at the median (docs/benchmarks.md §12).
                 if ahead_read {
                     for (k, &(n, sl, g)) in ahead.iter().enumerate() {
                         if s.table.still(n, sl, g)
@@ -417,14 +414,17 @@ impl Pager {
             drop(s);
             std::thread::sleep(Duration::from_micros(200));
         }
+        // Not connected yet: nothing is out.
+        let Some(store) = self.store() else {
+            crate::hooks::set_pager_thread(was);
+            return;
+        };
         let out: Vec<(u64, u64, u64)> = {
             let s = self.shared.lock();
             s.table.out_pages().collect()
         };
         let mut page = Box::new([0u8; PAGE]);
-        let store = self.store().filter(|_| !out.is_empty());
         for (v, slot, gen) in out {
-            let Some(store) = store else { break };
             let addr = v as usize * PAGE;
             match store.read_page(slot * PAGE as u64, &mut page) {
                 Ok(()) => {

@@ -67,7 +67,8 @@ impl PageMap {
     }
 
     /// Chunks of entries made so far (each [`CHUNK`] pages).
-    pub fn chunks_made(&self) -> usize {
+    #[cfg(test)]
+    fn chunks_made(&self) -> usize {
         self.chunks.iter().filter(|c| c.get().is_some()).count()
     }
 

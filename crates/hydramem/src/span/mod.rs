@@ -288,10 +288,12 @@ impl SpanStore {
         };
         let expected = expected.map(|(e, _)| e);
         let rows = self.take_rows(pages.len())?;
+        let spots: Vec<(usize, usize)> = (0..pages.len())
+            .map(|i| place(i, pages.len(), self.k))
+            .collect();
         let mut refs: Vec<Vec<&Page>> = vec![Vec::with_capacity(self.k); rows.len()];
         let mut ids: Vec<Vec<u64>> = vec![Vec::with_capacity(self.k); rows.len()];
-        for (i, (n, p)) in pages.iter().enumerate() {
-            let (r, _) = place(i, pages.len(), self.k);
+        for (&(r, _), (n, p)) in spots.iter().zip(pages) {
             refs[r].push(*p);
             ids[r].push(*n);
         }
@@ -320,8 +322,7 @@ impl SpanStore {
         c.partial_rows.fetch_add(partial as u64, Ordering::Relaxed);
         let mut gone = Vec::with_capacity(pages.len());
         let mut moved = 0;
-        for (i, (page, _)) in pages.iter().enumerate() {
-            let (r, pos) = place(i, pages.len(), self.k);
+        for (i, (&(r, pos), (page, _))) in spots.iter().zip(pages).enumerate() {
             let loc = Loc {
                 row: rows[r],
                 pos,
