@@ -13,6 +13,7 @@ mod demo;
 mod mount_cli;
 mod nbd_cli;
 mod run_cli;
+mod run_user;
 mod sim_cli;
 mod soak;
 mod up_cli;

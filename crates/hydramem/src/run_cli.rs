@@ -9,6 +9,7 @@
 //! (also of one that died without a word), and exits with CMD's status.
 
 use std::ffi::OsString;
+use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -21,6 +22,12 @@ use hydramem::units::{human, parse_size, Size};
 use serde::Deserialize;
 
 use crate::client_cli::ClientArgs;
+use crate::run_user::{userfaultfd_device, RunAs};
+
+/// Whether the kernel lets any user make a userfaultfd that handles the kernel's faults.
+fn unprivileged_userfaultfd() -> bool {
+    std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1")
+}
 
 #[derive(clap::Args)]
 pub struct RunArgs {
@@ -48,6 +55,11 @@ pub struct RunArgs {
     /// its numbers when it exits.
     #[arg(long)]
     report: Option<PathBuf>,
+    /// Run the program as this user (a name or a number), with its groups, HOME, USER and
+    /// LOGNAME, as `runuser -u` would; the cluster file and its key must be readable by it.
+    /// (Not `hydramem run -- setpriv …`: setpriv aborts with the pager's thread in it.)
+    #[arg(long)]
+    user: Option<String>,
     /// The program and its arguments (after --).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     command: Vec<OsString>,
@@ -199,7 +211,7 @@ pub fn run(a: RunArgs) -> Result<()> {
     let min_region = bytes(a.min_region, "--min-region")?.max(4096);
     let library = pager_library(a.pager)?;
     // Fails with what to change when this user may not (the descriptor is closed at once).
-    open_userfaultfd(libc::O_CLOEXEC)?;
+    open_userfaultfd(libc::O_CLOEXEC, None)?;
     let cluster_path = absolute(&a.client.cluster)?;
     let cluster = a.client.key.load(&cluster_path)?;
     let cluster_key = a
@@ -229,6 +241,30 @@ pub fn run(a: RunArgs) -> Result<()> {
         None => std::env::temp_dir().join(format!("hydramem-run-{}.jsonl", std::process::id())),
     };
     let _ = std::fs::remove_file(&report);
+    let run_as = a.user.as_deref().map(RunAs::lookup).transpose()?;
+    // The program, as another user, appends to the report that this process reads.
+    std::fs::File::create(&report)
+        .and_then(|f| match &run_as {
+            Some(u) => std::os::unix::fs::fchown(&f, Some(u.uid), Some(u.gid)),
+            None => Ok(()),
+        })
+        .with_context(|| format!("creating the report file {}", report.display()))?;
+    let dev = match &run_as {
+        Some(u) if u.uid != 0 => {
+            let dev = userfaultfd_device();
+            if dev.is_none() && !unprivileged_userfaultfd() {
+                bail!(
+                    "--user {}: that user may not make a userfaultfd and {} cannot be passed \
+                     on to it (it does not open here); allow it with \
+                     `sysctl vm.unprivileged_userfaultfd=1`",
+                    u.name,
+                    hydramem::run_config::DEV
+                );
+            }
+            dev
+        }
+        _ => None,
+    };
     let config = RunConfig {
         cluster: cluster_path,
         cluster_key,
@@ -246,6 +282,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         min_region,
         read_ahead: a.read_ahead.min(MAX_READ_AHEAD),
         report: Some(report.clone()),
+        userfaultfd_dev: dev.as_ref().map(|d| d.as_raw_fd()),
     };
     let preload = match std::env::var_os("LD_PRELOAD") {
         Some(old) if !old.is_empty() => {
@@ -256,12 +293,23 @@ pub fn run(a: RunArgs) -> Result<()> {
         }
         _ => library.into_os_string(),
     };
-    let mut child = Command::new(&a.command[0])
-        .args(&a.command[1..])
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..])
         .env(ENV, config.to_env())
-        .env("LD_PRELOAD", preload)
-        .spawn()
-        .with_context(|| format!("starting {}", a.command[0].to_string_lossy()))?;
+        .env("LD_PRELOAD", preload);
+    if let Some(u) = &run_as {
+        u.apply(&mut cmd, dev.as_ref());
+    }
+    let mut child = cmd.spawn().with_context(|| match &run_as {
+        Some(u) => format!(
+            "starting {} as {} (uid {})",
+            a.command[0].to_string_lossy(),
+            u.name,
+            u.uid
+        ),
+        None => format!("starting {}", a.command[0].to_string_lossy()),
+    })?;
+    drop(dev);
     let pid = child.id() as i32;
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,

@@ -7,7 +7,7 @@
 //! may change directory before its pager connects); sizes are bytes.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -65,7 +65,14 @@ pub struct RunConfig {
     pub read_ahead: u64,
     /// File the pager appends its report lines to (JSON, one per line).
     pub report: Option<PathBuf>,
+    /// A descriptor of /dev/userfaultfd that `hydramem run --user` opened (as root) and
+    /// passes on to the program, which then runs as a user that may not open it itself.
+    #[serde(default)]
+    pub userfaultfd_dev: Option<i32>,
 }
+
+/// The device that hands out userfaultfds where the system call is not allowed.
+pub const DEV: &str = "/dev/userfaultfd";
 
 /// This process may not handle its own page faults.
 #[derive(Debug, thiserror::Error)]
@@ -78,9 +85,11 @@ pub struct UserfaultfdDenied(pub std::io::Error);
 
 /// A userfaultfd for this process with `flags` (O_CLOEXEC, O_NONBLOCK), handling faults
 /// from the kernel too (never user-mode only): by the system call, else through
-/// /dev/userfaultfd, which may be allowed where the call is not. `hydramem run` calls it to
-/// check before starting the program, the pager to get its descriptor.
-pub fn open_userfaultfd(flags: i32) -> Result<OwnedFd, UserfaultfdDenied> {
+/// /dev/userfaultfd, which may be allowed where the call is not — through `dev` when given
+/// (a descriptor of it opened earlier, with rights this process may no longer have; used
+/// only if it is one). `hydramem run` calls it to check before starting the program, the
+/// pager to get its descriptor.
+pub fn open_userfaultfd(flags: i32, dev: Option<i32>) -> Result<OwnedFd, UserfaultfdDenied> {
     // SAFETY: the system call takes flags only.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, flags) };
     if fd >= 0 {
@@ -88,15 +97,26 @@ pub fn open_userfaultfd(flags: i32) -> Result<OwnedFd, UserfaultfdDenied> {
         return Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) });
     }
     let syscall_error = std::io::Error::last_os_error();
-    let dev = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open("/dev/userfaultfd")
-        .map_err(|_| UserfaultfdDenied(syscall_error))?;
+    let given = dev.filter(|&fd| {
+        std::fs::read_link(format!("/proc/self/fd/{fd}")).is_ok_and(|p| p == Path::new(DEV))
+    });
+    let opened;
+    let dev = match given {
+        Some(fd) => fd,
+        None => {
+            opened = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(DEV)
+                .map_err(|_| UserfaultfdDenied(syscall_error))?;
+            opened.as_raw_fd()
+        }
+    };
     /// USERFAULTFD_IOC_NEW = _IO(0xAA, 0x00): makes a userfaultfd with the flags given.
     const USERFAULTFD_IOC_NEW: libc::c_ulong = 0xAA00;
-    // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags as its argument.
-    let fd = unsafe { libc::ioctl(dev.as_raw_fd(), USERFAULTFD_IOC_NEW, flags) };
+    // SAFETY: USERFAULTFD_IOC_NEW takes the new descriptor's flags as its argument; `dev`
+    // is /dev/userfaultfd (checked above, or just opened).
+    let fd = unsafe { libc::ioctl(dev, USERFAULTFD_IOC_NEW, flags) };
     if fd < 0 {
         return Err(UserfaultfdDenied(std::io::Error::last_os_error()));
     }
@@ -163,15 +183,23 @@ impl RunConfig {
         Ok(c)
     }
 
-    /// Connects to the cluster as `id` and opens the scheme's store over the remote space.
-    pub fn open(&self, id: ClientId) -> Result<FrontStore, RunConfigError> {
-        let cluster = Cluster::load(&self.cluster)
+    /// The cluster file with its key and TLS material, read now. The pager reads them as the
+    /// program starts, before it runs any of its own code: a server that drops its
+    /// privileges (memcached's `-u nobody`, a daemon's setuid) may no longer read them when
+    /// it connects.
+    pub fn load_cluster(&self) -> Result<Cluster, RunConfigError> {
+        Cluster::load(&self.cluster)
             .and_then(|c| c.with_key_flag(self.cluster_key.as_deref()))
             .and_then(|c| c.with_tls_flag(self.tls_dir.as_deref()))
-            .map_err(|e| RunConfigError::Cluster(self.cluster.clone(), e.to_string()))?;
+            .map_err(|e| RunConfigError::Cluster(self.cluster.clone(), e.to_string()))
+    }
+
+    /// Connects to `cluster` (from [`RunConfig::load_cluster`]) as `id` and opens the
+    /// scheme's store over the remote space.
+    pub fn open(&self, cluster: &Cluster, id: ClientId) -> Result<FrontStore, RunConfigError> {
         let config = self.client_config(id)?;
         let mem: Arc<RemoteMemory> =
-            RemoteMemory::connect(&cluster, config).map_err(|source| RunConfigError::Connect {
+            RemoteMemory::connect(cluster, config).map_err(|source| RunConfigError::Connect {
                 cluster: self.cluster.clone(),
                 scheme: self.scheme.clone(),
                 source: Box::new(source),
@@ -208,6 +236,7 @@ mod tests {
             min_region: 1 << 20,
             read_ahead: 1,
             report: None,
+            userfaultfd_dev: Some(3),
         };
         assert_eq!(RunConfig::from_env(&c.to_env()).unwrap(), c);
         assert!(c.store_scheme().is_ok());

@@ -73,18 +73,19 @@ pub struct Evictor<'p> {
 }
 
 impl<'p> Evictor<'p> {
-    /// An evictor for `pager`.
-    pub fn new(pager: &'p Pager) -> std::io::Result<Evictor<'p>> {
-        Ok(Evictor {
+    /// An evictor for `pager`, reading the process's `pagemap` and `statm` (opened at start,
+    /// see `start.rs`).
+    pub fn new(pager: &'p Pager, pagemap: Pagemap, statm: File) -> Evictor<'p> {
+        Evictor {
             pager,
-            pagemap: Pagemap::open()?,
-            statm: File::open("/proc/self/statm")?,
+            pagemap,
+            statm,
             hand: Hand { region: 0, addr: 0 },
             last_scan: Instant::now() - Duration::from_secs(10),
             pages: vec![[0u8; PAGE]; CATCH_UP_BATCH],
             write_failed: false,
             backoff: FIRST_BACKOFF,
-        })
+        }
     }
 
     /// The program's resident anonymous memory now.

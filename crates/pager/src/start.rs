@@ -3,11 +3,13 @@
 //! handlers, and the report written at exit (see the crate documentation for the life of a
 //! pager).
 
+use std::fs::File;
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
+use hydramem::cluster::Cluster;
 use hydramem::run_config::{RunConfig, ENV, MAX_READ_AHEAD};
 use hydramem::wire::ClientId;
 use serde::Serialize;
@@ -20,8 +22,9 @@ use crate::{evict, hooks, regions, stats, uffd, PAGE};
 static DISABLED: AtomicBool = AtomicBool::new(false);
 /// The running pager, once connected.
 static PAGER: OnceLock<Arc<Pager>> = OnceLock::new();
-/// What this process was started with, for its report.
-static START: OnceLock<(RunConfig, ClientId, Instant)> = OnceLock::new();
+/// What this process was started with, and its report file (opened at start), for its
+/// report.
+static START: OnceLock<(RunConfig, ClientId, Instant, Option<File>)> = OnceLock::new();
 
 /// Whether the pager is off in this process (a forked child).
 pub fn disabled() -> bool {
@@ -66,10 +69,9 @@ fn command() -> String {
 }
 
 fn report(event: &str, with_stats: bool) {
-    let Some((config, id, start)) = START.get() else {
-        return;
-    };
-    let Some(path) = &config.report else {
+    let Some((config, id, start, Some(mut file))) =
+        START.get().map(|(c, i, s, f)| (c, i, s, f.as_ref()))
+    else {
         return;
     };
     let pager = PAGER.get();
@@ -86,15 +88,11 @@ fn report(event: &str, with_stats: bool) {
             .filter(|_| with_stats)
             .map(|p| p.shared.lock().table.slots_used()),
     };
-    if let Ok(mut f) = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(path)
-    {
-        let mut text = serde_json::to_string(&line).unwrap_or_default();
-        text.push('\n');
-        let _ = f.write_all(text.as_bytes());
-    }
+    let mut text = serde_json::to_string(&line).unwrap_or_default();
+    text.push('\n');
+    // One write of the whole line, appended: lines of processes that share the file do not
+    // interleave.
+    let _ = file.write_all(text.as_bytes());
 }
 
 fn fail(what: &str) -> ! {
@@ -129,11 +127,41 @@ fn start(config: &RunConfig, uffd: uffd::Uffd, rss: u64) -> Arc<Pager> {
     pager
 }
 
+/// What the pager reads or opens as the program starts, while it has the rights it was
+/// started with: a server that then drops them (memcached's `-u nobody`) may no longer open
+/// its own pagemap (root's once the process is not dumpable), the cluster's key or the report
+/// file.
+struct Opened {
+    cluster: Cluster,
+    pagemap: regions::Pagemap,
+    statm: File,
+}
+
+impl Opened {
+    fn open(config: &RunConfig) -> Opened {
+        let cluster = config
+            .load_cluster()
+            .unwrap_or_else(|e| fail(&e.to_string()));
+        let pagemap = regions::Pagemap::open()
+            .unwrap_or_else(|e| fail(&format!("opening /proc/self/pagemap: {e}")));
+        let statm = File::open("/proc/self/statm")
+            .unwrap_or_else(|e| fail(&format!("opening /proc/self/statm: {e}")));
+        Opened {
+            cluster,
+            pagemap,
+            statm,
+        }
+    }
+}
+
 /// The evictor thread: waits for the program to grow, starts the pager, registers the
 /// program's regions, connects, then keeps the program in budget.
-fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd) {
-    let statm = std::fs::File::open("/proc/self/statm")
-        .unwrap_or_else(|e| fail(&format!("opening /proc/self/statm: {e}")));
+fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd, opened: Opened) {
+    let Opened {
+        cluster,
+        pagemap,
+        statm,
+    } = opened;
     let rss = loop {
         let rss = regions::resident_anon(&statm).unwrap_or(0);
         if rss > config.local_memory / 2 {
@@ -143,13 +171,14 @@ fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd) {
     };
     let began = Instant::now();
     let pager = start(&config, uffd, rss);
-    let mut evictor =
-        evict::Evictor::new(&pager).unwrap_or_else(|e| fail(&format!("starting the evictor: {e}")));
+    let mut evictor = evict::Evictor::new(&pager, pagemap, statm);
     evictor.rescan();
     // While connecting, faults are held (each at most `throttle::MAX_HOLD`) if the program
     // runs far past its budget: nothing can go out yet.
     pager.throttle.draining(true);
-    let front = config.open(id).unwrap_or_else(|e| fail(&e.to_string()));
+    let front = config
+        .open(&cluster, id)
+        .unwrap_or_else(|e| fail(&e.to_string()));
     pager.connected(front);
     report("connected", false);
     tracing::info!(
@@ -205,9 +234,17 @@ fn init() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .try_init();
-    let uffd = uffd::Uffd::new().unwrap_or_else(|e| fail(&e.to_string()));
+    let uffd = uffd::Uffd::new(config.userfaultfd_dev).unwrap_or_else(|e| fail(&e.to_string()));
     let id = ClientId::random();
-    let _ = START.set((config.clone(), id, Instant::now()));
+    let opened = Opened::open(&config);
+    let report_file = config.report.as_ref().map(|path| {
+        std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .unwrap_or_else(|e| fail(&format!("opening the report file {}: {e}", path.display())))
+    });
+    let _ = START.set((config.clone(), id, Instant::now(), report_file));
     // SAFETY: handlers that only touch this library's state.
     unsafe {
         libc::pthread_atfork(
@@ -219,7 +256,7 @@ fn init() {
     }
     std::thread::Builder::new()
         .name("hm-evict".into())
-        .spawn(move || evictor(config, id, uffd))
+        .spawn(move || evictor(config, id, uffd, opened))
         .unwrap_or_else(|e| fail(&format!("starting the evictor: {e}")));
 }
 

@@ -176,18 +176,19 @@ fn ioctl<T>(fd: i32, request: libc::c_ulong, arg: &mut T) -> std::io::Result<()>
     }
 }
 
-fn open_fd() -> Result<OwnedFd, UffdError> {
-    open_userfaultfd(libc::O_CLOEXEC | libc::O_NONBLOCK).map_err(UffdError::Create)
+fn open_fd(dev: Option<i32>) -> Result<OwnedFd, UffdError> {
+    open_userfaultfd(libc::O_CLOEXEC | libc::O_NONBLOCK, dev).map_err(UffdError::Create)
 }
 
 impl Uffd {
     /// Creates the userfaultfd with the events the pager needs (mremap, munmap) and, where
-    /// the kernel has it (Linux 6.6), poisoning.
-    pub fn new() -> Result<Uffd, UffdError> {
+    /// the kernel has it (Linux 6.6), poisoning; through `dev`, a descriptor of
+    /// /dev/userfaultfd, where the system call is not allowed (see `open_userfaultfd`).
+    pub fn new(dev: Option<i32>) -> Result<Uffd, UffdError> {
         let base = FEATURE_EVENT_REMAP | FEATURE_EVENT_UNMAP | FEATURE_THREAD_ID;
         // The API handshake can be done once per descriptor: a refused feature set needs a
         // new descriptor.
-        let fd = open_fd()?;
+        let fd = open_fd(dev)?;
         let mut api = Api {
             api: UFFD_API,
             features: base | FEATURE_POISON,
@@ -196,7 +197,7 @@ impl Uffd {
         if ioctl(fd.as_raw_fd(), UFFDIO_API, &mut api).is_ok() {
             return Ok(Uffd { fd, poison: true });
         }
-        let fd = open_fd()?;
+        let fd = open_fd(dev)?;
         let mut api = Api {
             api: UFFD_API,
             features: base,
