@@ -22,7 +22,7 @@ use std::time::Instant;
 use super::read::{Asked, ReadOutcome, ReadPlan};
 use super::slots::{self, Progress};
 use super::transport::{RunSplit, TransportError};
-use super::wait::Pacer;
+use super::wait::{NodeSet, Pacer};
 use super::write::{encode_side, split_of, Stamp};
 use super::{Group, IoError, Page, RemoteMemory};
 use crate::wire::Run;
@@ -759,14 +759,20 @@ impl RemoteMemory {
         // polling pass on microseconds); after a park, every operation is looked at.
         let mut seen: Vec<Progress> = vec![Progress::default(); live.len()];
         let mut pass = 0u32;
+        let mut set = NodeSet::new();
         loop {
             let mut open = 0;
             pass = pass.wrapping_add(1);
+            set.clear();
+            let polling = pacer.polling();
             for (s, last) in live.iter_mut().zip(seen.iter_mut()) {
                 if s.decided() {
                     continue;
                 }
                 let p = s.progress();
+                if polling {
+                    set.add(p.outstanding(), |j| s.node_of(j));
+                }
                 if p == *last && !pass.is_multiple_of(REVISIT) && !pacer.parked() {
                     open += 1;
                     continue;
@@ -776,7 +782,13 @@ impl RemoteMemory {
                     open += 1;
                 }
             }
-            if open == 0 || !pacer.pause() {
+            if open == 0 {
+                return;
+            }
+            if polling && self.receive_from(&set) {
+                continue;
+            }
+            if !pacer.pause() {
                 return;
             }
         }
@@ -800,6 +812,8 @@ trait Decided {
     fn decided(&self) -> bool;
     /// Its operation's progress now.
     fn progress(&self) -> Progress;
+    /// The node of its split `j`.
+    fn node_of(&self, j: usize) -> u16;
 }
 
 impl Decided for ReadSlot<'_> {
@@ -809,6 +823,9 @@ impl Decided for ReadSlot<'_> {
     fn progress(&self) -> Progress {
         self.op.progress()
     }
+    fn node_of(&self, j: usize) -> u16 {
+        self.op.node_of(j)
+    }
 }
 
 impl Decided for WriteSlot<'_> {
@@ -817,5 +834,8 @@ impl Decided for WriteSlot<'_> {
     }
     fn progress(&self) -> Progress {
         self.op.progress()
+    }
+    fn node_of(&self, j: usize) -> u16 {
+        self.op.node_of(j)
     }
 }

@@ -295,6 +295,13 @@ pub trait Transport: Send + Sync {
     }
     /// Sends whatever is queued for `node`.
     fn flush(&self, node: u16) -> Result<(), TransportError>;
+    /// Reads on the calling thread what has arrived from `node`, if no other thread is
+    /// reading it, and delivers it; whether anything was read. An owner polling for its
+    /// reply calls it so that the reply lands without waking another thread. Transports
+    /// that deliver otherwise read nothing here.
+    fn receive_from(&self, _node: u16) -> bool {
+        false
+    }
     /// A blocking control request (HELLO, ALLOC, FREE, LIST, STATS, PING); returns the reply body.
     fn call(&self, node: u16, op: Op, body: &[u8]) -> Result<Vec<u8>, TransportError>;
     /// A printable address of the node, for messages.

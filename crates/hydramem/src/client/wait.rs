@@ -74,6 +74,12 @@ impl<'m> Pacer<'m> {
         self.wake_at = Some(at);
     }
 
+    /// Whether the owner still polls (holds a polling place and has not parked): it may then
+    /// read its replies itself ([`NodeSet`]).
+    pub(super) fn polling(&self) -> bool {
+        self.polling.is_some() && !self.parked
+    }
+
     /// Whether the last pause parked (so time may have passed: time-based decisions are due).
     pub(super) fn parked(&self) -> bool {
         self.parked
@@ -119,7 +125,52 @@ impl Drop for Pacer<'_> {
     }
 }
 
+/// The nodes an owner waits on, read by the owner itself while it polls
+/// ([`crate::client::transport::Transport::receive_from`]): its reply then lands without
+/// waking the transport's receiver thread and then the owner (measured: docs/benchmarks.md
+/// §12). At most [`NodeSet::MAX`] distinct nodes; the receiver thread reads the others.
+pub(super) struct NodeSet {
+    nodes: [u16; NodeSet::MAX],
+    len: usize,
+}
+
+impl NodeSet {
+    /// Most nodes an owner reads itself in one look.
+    pub(super) const MAX: usize = 16;
+
+    pub(super) fn new() -> NodeSet {
+        NodeSet {
+            nodes: [0; NodeSet::MAX],
+            len: 0,
+        }
+    }
+
+    /// Adds the nodes of the splits in `outstanding` (`node_of` says whose split j is).
+    pub(super) fn add(&mut self, mut outstanding: u32, node_of: impl Fn(usize) -> u16) {
+        while outstanding != 0 && self.len < NodeSet::MAX {
+            let j = outstanding.trailing_zeros() as usize;
+            outstanding &= outstanding - 1;
+            let n = node_of(j);
+            if n != slots::NO_NODE && !self.nodes[..self.len].contains(&n) {
+                self.nodes[self.len] = n;
+                self.len += 1;
+            }
+        }
+    }
+
+    pub(super) fn clear(&mut self) {
+        self.len = 0;
+    }
+}
+
 impl RemoteMemory {
+    /// Reads on this thread what has arrived from the nodes of `set`; whether anything did.
+    pub(super) fn receive_from(&self, set: &NodeSet) -> bool {
+        set.nodes[..set.len]
+            .iter()
+            .fold(false, |got, &n| self.transport.receive_from(n) | got)
+    }
+
     /// Polls, then parks, until `check` decides or the operation times out (`None`). The
     /// deadline runs from `start`, the polling from `poll_from`: a caller whose operation
     /// started earlier (before encoding and posting, say) still polls its whole
@@ -132,9 +183,18 @@ impl RemoteMemory {
         mut check: impl FnMut(Progress) -> Option<T>,
     ) -> Option<T> {
         let mut pacer = Pacer::polling_from(&self.config, &self.pollers, start, poll_from);
+        let mut set = NodeSet::new();
         loop {
-            if let Some(v) = check(op.progress()) {
+            let p = op.progress();
+            if let Some(v) = check(p) {
                 return Some(v);
+            }
+            if pacer.polling() {
+                set.clear();
+                set.add(p.outstanding(), |j| op.node_of(j));
+                if self.receive_from(&set) {
+                    continue;
+                }
             }
             if !pacer.pause() {
                 return None;
@@ -230,5 +290,20 @@ mod tests {
             1,
             "a parked pacer holds no place"
         );
+    }
+
+    #[test]
+    fn an_owner_reads_each_node_of_its_outstanding_splits_once() {
+        let mut set = NodeSet::new();
+        // Splits 0, 2 and 3 outstanding, on nodes 7, 7 and 4; split 1's node unknown.
+        let nodes = [7, slots::NO_NODE, 7, 4];
+        set.add(0b1111, |j| nodes[j]);
+        assert_eq!(&set.nodes[..set.len], &[7, 4]);
+        set.clear();
+        assert_eq!(set.len, 0);
+        // More distinct nodes than it holds: the first MAX, the rest left to the receiver.
+        set.add(u32::MAX, |j| j as u16);
+        assert_eq!(set.len, NodeSet::MAX);
+        assert_eq!(set.nodes[NodeSet::MAX - 1], (NodeSet::MAX - 1) as u16);
     }
 }

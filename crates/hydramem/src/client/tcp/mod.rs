@@ -44,7 +44,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwapOption;
-use mio::{Events, Interest, Poll, Token, Waker};
+use mio::{Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 
 use crate::rpc::Greeting;
@@ -52,12 +52,12 @@ use crate::rpc::Greeting;
 use super::transport::{
     append_write_run, Completions, RegenCall, RunSplit, Transport, TransportError,
 };
-use crate::wire::{
-    self, FrameBuilder, Header, HelloReply, Op, OpenRuns, Run, Status, WireError, HEADER_LEN,
-    MAX_BODY,
-};
+use crate::wire::{self, FrameBuilder, Header, HelloReply, Op, OpenRuns, Run, Status, WireError};
 
 mod monitor;
+mod receive;
+
+use receive::Rx;
 
 /// Largest body the client lets one merged vectored frame grow to.
 const MERGE_LIMIT: usize = 256 << 10;
@@ -203,6 +203,11 @@ struct Shared {
     want_write: Mutex<Vec<u16>>,
     /// Reconnected sockets for the receiver thread to register.
     new_streams: Mutex<Vec<(u16, mio::net::TcpStream, Arc<Wire>)>>,
+    /// Each member's receive state (`receive.rs`): read by the receiver thread, or by an
+    /// owner polling for its reply.
+    rx: Box<[Mutex<Option<Rx>>]>,
+    /// Connections an owner found broken, with why, for the receiver thread to close.
+    broken: Mutex<Vec<(u16, String)>>,
     /// What to say to a node when (re)connecting.
     greeting: Greeting,
     /// Wakes the monitor thread early (stop).
@@ -236,7 +241,7 @@ impl TcpTransport {
         let waker = Waker::new(poll.registry(), WAKER)?;
         let conns: Box<[OnceLock<Conn>]> = (0..capacity).map(|_| OnceLock::new()).collect();
         let mut outcomes = Vec::with_capacity(nodes.len());
-        let mut rx: Vec<Option<Rx>> = (0..capacity).map(|_| None).collect();
+        let rx: Box<[Mutex<Option<Rx>>]> = (0..capacity).map(|_| Mutex::new(None)).collect();
         for (i, &(id, addr)) in nodes.iter().enumerate() {
             match handshake(addr, id, &greeting, options) {
                 Ok((wire, reply)) => {
@@ -244,7 +249,7 @@ impl TcpTransport {
                     let mut m = mio::net::TcpStream::from_std(wire.sock.try_clone()?);
                     poll.registry()
                         .register(&mut m, Token(i), Interest::READABLE)?;
-                    rx[i] = Some(Rx::new(m, wire.clone()));
+                    *rx[i].lock() = Some(Rx::new(m, wire.clone()));
                     let _ = conns[i].set(Conn::new(id, addr, Some((wire, reply.incarnation))));
                     outcomes.push(Ok(reply));
                 }
@@ -267,6 +272,8 @@ impl TcpTransport {
             waker,
             want_write: Mutex::new(Vec::with_capacity(4 * capacity)),
             new_streams: Mutex::new(Vec::new()),
+            rx,
+            broken: Mutex::new(Vec::new()),
             greeting,
             monitor_wake: (
                 parking_lot::Mutex::new(Wake::Sleep),
@@ -276,7 +283,7 @@ impl TcpTransport {
         let s2 = shared.clone();
         let receiver = std::thread::Builder::new()
             .name("hm-recv".into())
-            .spawn(move || receive_loop(s2, poll, rx))?;
+            .spawn(move || receive::receive_loop(s2, poll))?;
         let s3 = shared.clone();
         let monitor = std::thread::Builder::new()
             .name("hm-monitor".into())
@@ -785,6 +792,10 @@ impl Transport for TcpTransport {
             })
     }
 
+    fn receive_from(&self, node: u16) -> bool {
+        self.shared.receive_from(node)
+    }
+
     fn flush(&self, node: u16) -> Result<(), TransportError> {
         self.shared.flush_node(node)
     }
@@ -863,158 +874,4 @@ fn write_some(c: &Conn, buf: &[u8]) -> io::Result<(usize, bool)> {
         .load_full()
         .ok_or_else(|| io::Error::other("not connected"))?
         .send(buf)
-}
-
-/// Receive state of one connection: the socket, its wire (for TLS) and a buffer of bytes not
-/// yet parsed.
-struct Rx {
-    stream: mio::net::TcpStream,
-    wire: Arc<Wire>,
-    buf: Vec<u8>,
-    filled: usize,
-}
-
-impl Rx {
-    fn new(stream: mio::net::TcpStream, wire: Arc<Wire>) -> Rx {
-        Rx {
-            stream,
-            wire,
-            buf: vec![0; 256 << 10],
-            filled: 0,
-        }
-    }
-}
-
-fn receive_loop(sh: Arc<Shared>, mut poll: Poll, mut rx: Vec<Option<Rx>>) {
-    let mut events = Events::with_capacity(64);
-    while !sh.stop.load(Ordering::SeqCst) {
-        if let Err(e) = poll.poll(&mut events, None) {
-            if e.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            tracing::error!(error = %e, "client receiver poll failed");
-            break;
-        }
-        for ev in events.iter() {
-            if ev.token() == WAKER {
-                for (n, mut m, wire) in std::mem::take(&mut *sh.new_streams.lock()) {
-                    if let Some(mut old) = rx[n as usize].take() {
-                        let _ = poll.registry().deregister(&mut old.stream);
-                    }
-                    if poll
-                        .registry()
-                        .register(&mut m, Token(n as usize), Interest::READABLE)
-                        .is_ok()
-                    {
-                        rx[n as usize] = Some(Rx::new(m, wire));
-                    }
-                }
-                // Drained in place: the vector keeps its capacity, so a full socket costs no
-                // allocation on the data path.
-                let mut want = sh.want_write.lock();
-                for n in want.drain(..) {
-                    if let Some(r) = rx.get_mut(n as usize).and_then(|r| r.as_mut()) {
-                        let _ = poll.registry().reregister(
-                            &mut r.stream,
-                            Token(n as usize),
-                            Interest::READABLE | Interest::WRITABLE,
-                        );
-                    }
-                }
-                continue;
-            }
-            let node = ev.token().0;
-            let Some(r) = rx.get_mut(node).and_then(|r| r.as_mut()) else {
-                continue;
-            };
-            if ev.is_writable() {
-                let _ = poll
-                    .registry()
-                    .reregister(&mut r.stream, ev.token(), Interest::READABLE);
-                let _ = sh.flush_node(node as u16);
-            }
-            if let Err(reason) = drain(&sh, node as u16, r) {
-                tracing::debug!(node, reason = %reason, "closing connection");
-                let _ = poll.registry().deregister(&mut r.stream);
-                rx[node] = None;
-                sh.mark_down(node as u16);
-            }
-        }
-    }
-}
-
-/// Reads everything available on one connection and dispatches every complete frame.
-fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<(), String> {
-    loop {
-        if r.filled == r.buf.len() {
-            // Only a frame larger than the buffer gets here: grow to the protocol maximum.
-            r.buf
-                .resize((r.buf.len() * 2).min(MAX_BODY + HEADER_LEN), 0);
-        }
-        match r.wire.receive(&mut r.stream, &mut r.buf[r.filled..]) {
-            Ok(0) => return Err("node closed the connection".into()),
-            Ok(n) => r.filled += n,
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-            Err(e) => return Err(e.to_string()),
-        }
-        let mut pos = 0;
-        while r.filled - pos >= HEADER_LEN {
-            let hb: &[u8; HEADER_LEN] = r.buf[pos..pos + HEADER_LEN].try_into().expect("len");
-            let h = Header::parse(hb).map_err(|e| e.to_string())?;
-            let end = pos + HEADER_LEN + h.body_len as usize;
-            if end > r.filled {
-                break;
-            }
-            dispatch(sh, node, &h, &r.buf[pos + HEADER_LEN..end]).map_err(|e| e.to_string())?;
-            pos = end;
-        }
-        r.buf.copy_within(pos..r.filled, 0);
-        r.filled -= pos;
-    }
-}
-
-fn dispatch(sh: &Shared, node: u16, h: &Header, body: &[u8]) -> Result<(), WireError> {
-    if !h.reply {
-        return Err(WireError::Invalid("node sent a request frame"));
-    }
-    if super::transport::deliver(&*sh.completions, node, h, body)? {
-        return Ok(());
-    }
-    match h.op {
-        Op::Ping => {
-            let Some(c) = sh.slot(node) else {
-                return Ok(());
-            };
-            // Only the answer to the heartbeat in flight counts: a node that answers a PING
-            // never sent (any id, u64::MAX included) proves nothing about its liveness.
-            if h.id != c.ping_sent.load(Ordering::Acquire) {
-                sh.unexpected_reply(node, h);
-                return Ok(());
-            }
-            // Store the notice before the pong, so a heartbeat that saw its answer sees it.
-            c.notice
-                .store(wire::Notice::parse(body)?.encode(), Ordering::Relaxed);
-            c.pong.store(h.id, Ordering::Release);
-            Ok(())
-        }
-        _ => {
-            // A call is answered only by its node, with its op: check before taking it, so
-            // that another node's reply cannot steal (and drop) the real one.
-            let mut calls = sh.calls.lock();
-            match calls.get(&h.id) {
-                Some(&(n, op, _)) if n == node && op == h.op => {
-                    if let Some((_, _, tx)) = calls.remove(&h.id) {
-                        let _ = tx.send((h.status, body.to_vec()));
-                    }
-                }
-                Some(_) => {
-                    drop(calls);
-                    sh.unexpected_reply(node, h);
-                }
-                None => tracing::debug!(node, id = h.id, "reply to an abandoned call dropped"),
-            }
-            Ok(())
-        }
-    }
 }
