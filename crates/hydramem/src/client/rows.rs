@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use super::layout::MAX_WIDTH;
 use super::slots::{self, Progress};
 use super::transport::RunSplit;
-use super::wait::Pacer;
+use super::wait::{NodeSet, Pacer};
 use super::write::{Stamp, Written};
 use super::{Group, IoError, Page, RemoteMemory};
 use crate::wire::{self, Entry};
@@ -694,6 +694,7 @@ impl RemoteMemory {
         let hedge_at = posted + self.hedge_delay();
         let mut pacer = Pacer::polling_from(&self.config, &self.pollers, start, posted);
         pacer.wake_at(hedge_at);
+        let mut set = NodeSet::new();
         let decision = loop {
             let p = op.progress();
             if let Some(look) = look_piece(&op, p, (l.k, l.width), j, version, degraded) {
@@ -708,6 +709,13 @@ impl RemoteMemory {
             }
             if degraded && p.outstanding() == 0 {
                 break Some(Err(()));
+            }
+            if pacer.polling() {
+                set.clear();
+                set.add(p.outstanding(), |j| op.node_of(j));
+                if self.receive_from(&set) {
+                    continue;
+                }
             }
             if !pacer.pause() {
                 break None;

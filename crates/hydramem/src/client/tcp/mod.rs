@@ -7,10 +7,12 @@
 //! splits for one node travel in one frame and one system call, with no extra thread hop at low
 //! load. Buffers are swapped, never reallocated, once they have grown to the working size.
 //!
-//! Receiving: one receiver thread waits on all sockets with epoll (mio), parses reply frames in
-//! place in a per-connection buffer, and hands each split to [`Completions`], which copies it
-//! straight to its landing place. Control replies (ALLOC, LIST, ...) go to the thread waiting in
-//! [`Transport::call`] through a channel keyed by request id.
+//! Receiving (`receive.rs`): one receiver thread waits on all sockets with epoll (mio), parses
+//! reply frames in place in a per-connection buffer, and hands each split to [`Completions`],
+//! which copies it straight to its landing place; an owner that polls for its reply on a few
+//! nodes reads their sockets itself ([`Transport::receive_from`]), saving two wake-ups.
+//! Control replies (ALLOC, LIST, ...) go to the thread waiting in [`Transport::call`] through
+//! a channel keyed by request id.
 //!
 //! With TLS ([`crate::tls`]) a connection's session is shared by its senders and the receiver
 //! under a lock ([`Wire`]): a sender encrypts into it and writes what the socket takes, the
