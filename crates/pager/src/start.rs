@@ -117,6 +117,7 @@ fn start(config: &RunConfig, uffd: uffd::Uffd, rss: u64) -> Arc<Pager> {
         config.local_memory,
         usize::try_from(config.min_region).unwrap_or(usize::MAX),
         config.read_ahead.min(MAX_READ_AHEAD),
+        std::time::Duration::from_micros(config.poll_us),
     ));
     let _ = PAGER.set(pager.clone());
     let p = pager.clone();
