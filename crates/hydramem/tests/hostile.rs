@@ -160,15 +160,25 @@ enum Mischief {
     ForgeReads,
     /// Swallows heartbeats and answers each with a PING reply of id u64::MAX.
     FakePongs,
+    /// Replaces the first READV reply with a header that does not parse (the client's
+    /// owner, polling for that read, may be the one that reads it).
+    GarbageRead,
 }
 
-/// Runs a proxy to `node` on a fresh port; returns its address.
-fn hostile_proxy(node: SocketAddr, mischief: Mischief, forged: Arc<AtomicU64>) -> SocketAddr {
+/// Runs a proxy to `node` on a fresh port; returns its address. `forged` counts the frames
+/// it made up, `accepted` the connections it took.
+fn hostile_proxy(
+    node: SocketAddr,
+    mischief: Mischief,
+    forged: Arc<AtomicU64>,
+    accepted: Arc<AtomicU64>,
+) -> SocketAddr {
     let l = TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     std::thread::spawn(move || {
         for conn in l.incoming() {
             let Ok(client) = conn else { return };
+            accepted.fetch_add(1, Ordering::Relaxed);
             let Ok(upstream) = TcpStream::connect(node) else {
                 return;
             };
@@ -202,6 +212,14 @@ fn hostile_proxy(node: SocketAddr, mischief: Mischief, forged: Arc<AtomicU64>) -
                     if mischief == Mischief::ForgeReads && h.op == Op::WriteV && h.reply {
                         out = forged_reads(&h, &body);
                         f2.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if mischief == Mischief::GarbageRead
+                        && h.op == Op::ReadV
+                        && h.reply
+                        && f2.fetch_add(1, Ordering::Relaxed) == 0
+                    {
+                        let _ = to_client.lock().unwrap().write_all(&[0xEE; HEADER_LEN]);
+                        continue;
                     }
                     let mut frame = Vec::new();
                     frame.extend_from_slice(&h.encode());
@@ -270,6 +288,7 @@ fn read_replies_carrying_write_cookies_are_dropped_counted_and_never_land() {
         c.cluster().nodes[0].addr,
         Mischief::ForgeReads,
         forged.clone(),
+        Arc::default(),
     );
     let cluster = behind_proxy(c.cluster(), proxy);
     let mut cfg = config(HYDRA, ClientId::random());
@@ -296,6 +315,49 @@ fn read_replies_carrying_write_cookies_are_dropped_counted_and_never_land() {
 }
 
 #[test]
+fn a_reply_that_does_not_parse_closes_its_connection_and_the_read_is_served_by_the_other_copy() {
+    // Replication ×2 reads wait on one node: the owner reads that node's socket itself
+    // (`client/tcp/receive.rs`), so the garbage is met by the owner or by the receiver
+    // thread, whichever reads first. Either way the connection is closed (and reopened:
+    // the proxy sees a second connection), the read is answered by the other copy, and no
+    // byte is wrong.
+    let c = common::cluster(4, SLAB, 8);
+    let (garbage, accepted) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let proxy = hostile_proxy(
+        c.cluster().nodes[0].addr,
+        Mischief::GarbageRead,
+        garbage.clone(),
+        accepted.clone(),
+    );
+    let cluster = behind_proxy(c.cluster(), proxy);
+    let rep2 = Resilience::Replication { copies: 2 };
+    let mem = RemoteMemory::connect(&cluster, config(rep2, ClientId::random())).unwrap();
+    let pages = 2 * SLAB / 4096;
+    for p in 0..pages {
+        mem.write_page(p * 4096, &page(p)).unwrap();
+    }
+    for p in 0..pages {
+        let mut got = [0u8; 4096];
+        mem.read_page(p * 4096, &mut got).unwrap();
+        assert_eq!(got, page(p), "page {p} read back wrong");
+    }
+    assert!(garbage.load(Ordering::Relaxed) > 0, "node 0 served no read");
+    // The broken connection was closed and the node reconnected through the proxy.
+    eventually("node 0 reconnected", || {
+        accepted.load(Ordering::Relaxed) >= 2 && mem.transport().is_up(0)
+    });
+    for p in 0..pages {
+        let mut got = [0u8; 4096];
+        mem.read_page(p * 4096, &mut got).unwrap();
+        assert_eq!(
+            got,
+            page(p),
+            "page {p} read back wrong after the reconnection"
+        );
+    }
+}
+
+#[test]
 fn a_node_that_answers_heartbeats_it_was_never_sent_is_judged_failed() {
     // The reproduction: a PING reply with id u64::MAX used to satisfy heartbeats forever.
     let c = common::cluster(12, SLAB, 8);
@@ -304,6 +366,7 @@ fn a_node_that_answers_heartbeats_it_was_never_sent_is_judged_failed() {
         c.cluster().nodes[0].addr,
         Mischief::FakePongs,
         forged.clone(),
+        Arc::default(),
     );
     let cluster = behind_proxy(c.cluster(), proxy);
     let mem = RemoteMemory::connect(&cluster, config(HYDRA, ClientId::random())).unwrap();

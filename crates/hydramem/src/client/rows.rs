@@ -710,12 +710,8 @@ impl RemoteMemory {
             if degraded && p.outstanding() == 0 {
                 break Some(Err(()));
             }
-            if pacer.polling() {
-                set.clear();
-                set.add(p.outstanding(), |j| op.node_of(j));
-                if self.receive_from(&set) {
-                    continue;
-                }
+            if self.receive_own(&pacer, &mut set, &op, p) {
+                continue;
             }
             if !pacer.pause() {
                 break None;

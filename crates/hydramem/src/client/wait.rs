@@ -185,6 +185,23 @@ impl NodeSet {
 }
 
 impl RemoteMemory {
+    /// While `pacer` polls: reads on this thread what has arrived from the nodes of `op`'s
+    /// outstanding splits (progress `p`), with `set` as scratch; whether anything did.
+    pub(super) fn receive_own(
+        &self,
+        pacer: &Pacer<'_>,
+        set: &mut NodeSet,
+        op: &slots::Op<'_>,
+        p: Progress,
+    ) -> bool {
+        if !pacer.polling() {
+            return false;
+        }
+        set.clear();
+        set.add(p.outstanding(), |j| op.node_of(j));
+        self.receive_from(set)
+    }
+
     /// Reads on this thread what has arrived from the nodes of `set`; whether anything did.
     pub(super) fn receive_from(&self, set: &NodeSet) -> bool {
         set.nodes()
@@ -210,12 +227,8 @@ impl RemoteMemory {
             if let Some(v) = check(p) {
                 return Some(v);
             }
-            if pacer.polling() {
-                set.clear();
-                set.add(p.outstanding(), |j| op.node_of(j));
-                if self.receive_from(&set) {
-                    continue;
-                }
+            if self.receive_own(&pacer, &mut set, op, p) {
+                continue;
             }
             if !pacer.pause() {
                 return None;

@@ -208,8 +208,8 @@ struct Shared {
     /// Each member's receive state (`receive.rs`): read by the receiver thread, or by an
     /// owner polling for its reply.
     rx: Box<[Mutex<Option<Rx>>]>,
-    /// Connections an owner found broken, with why, for the receiver thread to close.
-    broken: Mutex<Vec<(u16, String)>>,
+    /// Connections an owner found broken (`receive.rs`), for the receiver thread to close.
+    broken: Mutex<Vec<u16>>,
     /// What to say to a node when (re)connecting.
     greeting: Greeting,
     /// Wakes the monitor thread early (stop).

@@ -31,8 +31,9 @@ pub(super) struct Rx {
     wire: Arc<Wire>,
     buf: Vec<u8>,
     filled: usize,
-    /// Bytes read so far (wrapping): whether a read by an owner got anything.
-    received: u64,
+    /// Why an owner found the connection broken: it reads no more, and the receiver thread
+    /// closes exactly this connection (not one that replaced it meanwhile).
+    broken: Option<String>,
 }
 
 impl Rx {
@@ -42,7 +43,7 @@ impl Rx {
             wire,
             buf: vec![0; 256 << 10],
             filled: 0,
-            received: 0,
+            broken: None,
         }
     }
 }
@@ -121,10 +122,10 @@ fn on_wake(sh: &Shared, poll: &Poll, want: &mut Vec<u16>) {
             );
         }
     }
-    for (n, reason) in std::mem::take(&mut *sh.broken.lock()) {
+    for n in std::mem::take(&mut *sh.broken.lock()) {
         if let Some(slot) = sh.rx.get(n as usize) {
             let mut g = slot.lock();
-            if g.is_some() {
+            if let Some(reason) = g.as_mut().and_then(|r| r.broken.take()) {
                 close(sh, poll, n as usize, &mut g, &reason);
             }
         }
@@ -148,22 +149,26 @@ impl Shared {
         let Some(mut g) = self.rx.get(usize::from(node)).and_then(|s| s.try_lock()) else {
             return false;
         };
-        let Some(r) = g.as_mut() else {
+        let Some(r) = g.as_mut().filter(|r| r.broken.is_none()) else {
             return false;
         };
-        let before = r.received;
-        if let Err(reason) = drain(self, node, r) {
-            drop(g);
-            self.broken.lock().push((node, reason));
-            let _ = self.waker.wake();
-            return true;
+        match drain(self, node, r) {
+            Ok(read) => read > 0,
+            Err(reason) => {
+                r.broken = Some(reason);
+                drop(g);
+                self.broken.lock().push(node);
+                let _ = self.waker.wake();
+                true
+            }
         }
-        r.received != before
     }
 }
 
-/// Reads everything available on one connection and dispatches every complete frame.
-fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<(), String> {
+/// Reads everything available on one connection and dispatches every complete frame; the
+/// bytes read.
+fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<usize, String> {
+    let mut read = 0;
     loop {
         if r.filled == r.buf.len() {
             // Only a frame larger than the buffer gets here: grow to the protocol maximum.
@@ -174,9 +179,9 @@ fn drain(sh: &Shared, node: u16, r: &mut Rx) -> Result<(), String> {
             Ok(0) => return Err("node closed the connection".into()),
             Ok(n) => {
                 r.filled += n;
-                r.received = r.received.wrapping_add(n as u64);
+                read += n;
             }
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(read),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(e.to_string()),
         }
