@@ -9,7 +9,7 @@
 //! (also of one that died without a word), and exits with CMD's status.
 
 use std::ffi::OsString;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -22,7 +22,7 @@ use hydramem::units::{human, parse_size, Size};
 use serde::Deserialize;
 
 use crate::client_cli::ClientArgs;
-use crate::run_user::{userfaultfd_device, RunAs};
+use crate::run_user::RunAs;
 
 /// Whether the kernel lets any user make a userfaultfd that handles the kernel's faults.
 fn unprivileged_userfaultfd() -> bool {
@@ -251,7 +251,11 @@ pub fn run(a: RunArgs) -> Result<()> {
         .with_context(|| format!("creating the report file {}", report.display()))?;
     let dev = match &run_as {
         Some(u) if u.uid != 0 => {
-            let dev = userfaultfd_device();
+            // None where this kernel has no such device or this process may not open it:
+            // the program then needs the system call.
+            let dev = hydramem::run_config::userfaultfd_device()
+                .ok()
+                .map(OwnedFd::from);
             if dev.is_none() && !unprivileged_userfaultfd() {
                 bail!(
                     "--user {}: that user may not make a userfaultfd and {} cannot be passed \

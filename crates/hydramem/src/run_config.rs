@@ -74,6 +74,11 @@ pub struct RunConfig {
 /// The device that hands out userfaultfds where the system call is not allowed.
 pub const DEV: &str = "/dev/userfaultfd";
 
+/// Opens [`DEV`] for reading and writing (where this process may).
+pub fn userfaultfd_device() -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new().read(true).write(true).open(DEV)
+}
+
 /// This process may not handle its own page faults.
 #[derive(Debug, thiserror::Error)]
 #[error(
@@ -104,11 +109,7 @@ pub fn open_userfaultfd(flags: i32, dev: Option<i32>) -> Result<OwnedFd, Userfau
     let dev = match given {
         Some(fd) => fd,
         None => {
-            opened = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .open(DEV)
-                .map_err(|_| UserfaultfdDenied(syscall_error))?;
+            opened = userfaultfd_device().map_err(|_| UserfaultfdDenied(syscall_error))?;
             opened.as_raw_fd()
         }
     };

@@ -22,7 +22,6 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use anyhow::{bail, Context, Result};
-use hydramem::run_config::DEV;
 
 /// The user a program runs as.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,18 +111,6 @@ impl RunAs {
             });
         }
     }
-}
-
-/// /dev/userfaultfd, opened for a program that runs as another user (None where this
-/// kernel has no such device or this process may not open it: the program then needs the
-/// system call).
-pub fn userfaultfd_device() -> Option<OwnedFd> {
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(DEV)
-        .ok()
-        .map(OwnedFd::from)
 }
 
 fn unsafe_zeroed_passwd() -> libc::passwd {

@@ -131,25 +131,22 @@ fn start(config: &RunConfig, uffd: uffd::Uffd, rss: u64) -> Arc<Pager> {
 /// What the pager reads or opens as the program starts, while it has the rights it was
 /// started with: a server that then drops them (memcached's `-u nobody`) may no longer open
 /// its own pagemap (root's once the process is not dumpable), the cluster's key or the report
-/// file.
+/// file. A failure to read the cluster file or pagemap ends the process only when the pager
+/// needs them (the program grew), as before: a short helper that never grows runs as without
+/// the pager.
 struct Opened {
-    cluster: Cluster,
-    pagemap: regions::Pagemap,
+    cluster: Result<Cluster, String>,
+    pagemap: std::io::Result<regions::Pagemap>,
     statm: File,
 }
 
 impl Opened {
     fn open(config: &RunConfig) -> Opened {
-        let cluster = config
-            .load_cluster()
-            .unwrap_or_else(|e| fail(&e.to_string()));
-        let pagemap = regions::Pagemap::open()
-            .unwrap_or_else(|e| fail(&format!("opening /proc/self/pagemap: {e}")));
         let statm = File::open("/proc/self/statm")
             .unwrap_or_else(|e| fail(&format!("opening /proc/self/statm: {e}")));
         Opened {
-            cluster,
-            pagemap,
+            cluster: config.load_cluster().map_err(|e| e.to_string()),
+            pagemap: regions::Pagemap::open(),
             statm,
         }
     }
@@ -171,6 +168,8 @@ fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd, opened: Opened) {
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
     let began = Instant::now();
+    let cluster = cluster.unwrap_or_else(|e| fail(&e));
+    let pagemap = pagemap.unwrap_or_else(|e| fail(&format!("opening /proc/self/pagemap: {e}")));
     let pager = start(&config, uffd, rss);
     let mut evictor = evict::Evictor::new(&pager, pagemap, statm);
     evictor.rescan();
@@ -238,12 +237,14 @@ fn init() {
     let uffd = uffd::Uffd::new(config.userfaultfd_dev).unwrap_or_else(|e| fail(&e.to_string()));
     let id = ClientId::random();
     let opened = Opened::open(&config);
-    let report_file = config.report.as_ref().map(|path| {
+    // A report that cannot be written is left out, as it always was.
+    let report_file = config.report.as_ref().and_then(|path| {
         std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(path)
-            .unwrap_or_else(|e| fail(&format!("opening the report file {}: {e}", path.display())))
+            .map_err(|e| tracing::warn!("opening the report file {}: {e}", path.display()))
+            .ok()
     });
     let _ = START.set((config.clone(), id, Instant::now(), report_file));
     // SAFETY: handlers that only touch this library's state.
