@@ -749,7 +749,7 @@ impl RemoteMemory {
                     range: range as u64,
                     needed: l.k,
                     got: op.of_version(p.landed, l.width, version).count_ones() as usize,
-                    nodes: self.describe_group(&group, &op, p),
+                    nodes: self.describe_row(&group, &op, p, version),
                 })
             }
             None => {

@@ -279,6 +279,30 @@ impl RemoteMemory {
         v.join(", ")
     }
 
+    /// [`Self::describe_group`] for a span row read of `version`, with the pieces that
+    /// answered with another version of the row.
+    pub(super) fn describe_row(
+        &self,
+        g: &Group,
+        op: &slots::Op<'_>,
+        p: Progress,
+        version: u64,
+    ) -> String {
+        let mut nodes = self.describe_group(g, op, p);
+        let width = self.layout.width;
+        let other = (p.landed & !op.of_version(p.landed, width, version)).count_ones();
+        if other > 0 {
+            if !nodes.is_empty() {
+                nodes.push_str(", ");
+            }
+            nodes.push_str(&format!(
+                "{other} pieces answered with another version of the row (it was rewritten \
+                 or given back after the page was looked up)"
+            ));
+        }
+        nodes
+    }
+
     pub(super) fn node_label(&self, node: u16) -> String {
         if node == slots::NO_NODE {
             "unknown node (its slab was not found)".into()

@@ -25,14 +25,14 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
 use super::map::Loc;
 use super::table::Occupancy;
-use super::SpanStore;
+use super::Core;
 use crate::client::{IoError, Page, PieceRead, PieceWant};
 use crate::PAGE_SIZE;
 
@@ -124,36 +124,52 @@ impl Compactor {
         m.lock().wake = true;
         c.notify_one();
     }
-}
 
-impl Drop for Compactor {
-    fn drop(&mut self) {
+    /// Tells the compaction thread to end: it finishes the step under way (a pass's reads
+    /// and writes, or one give-back) and starts no other.
+    pub fn stop(&self) {
         let (m, c) = &*self.signal;
         m.lock().stop = true;
         c.notify_one();
     }
+
+    /// Whether a compaction is running now.
+    #[cfg(test)]
+    pub(crate) fn busy(&self) -> bool {
+        self.running.is_locked()
+    }
+
+    /// Whether [`Compactor::stop`] was called.
+    fn stopping(&self) -> bool {
+        self.signal.0.lock().stop
+    }
 }
 
-/// Starts `store`'s compaction thread; it ends with the store.
-pub fn start(store: &Arc<SpanStore>) {
-    let weak: Weak<SpanStore> = Arc::downgrade(store);
-    let signal = store.compactor.signal.clone();
+/// Starts `store`'s compaction thread; it runs until [`Compactor::stop`] (the store's drop,
+/// which joins it). `None`, with a warning, if the thread cannot start: garbage then stays.
+pub(crate) fn start(store: &Arc<Core>) -> Option<std::thread::JoinHandle<()>> {
+    let store = store.clone();
     let spawned = std::thread::Builder::new()
         .name("hydramem-span-compact".into())
         .spawn(move || {
             crate::priority::background("span compaction");
-            compaction_loop(&weak, &signal);
+            compaction_loop(&store);
         });
-    if let Err(e) = spawned {
-        tracing::warn!(error = %e, "cannot start the span compaction thread: garbage stays");
+    match spawned {
+        Ok(thread) => Some(thread),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot start the span compaction thread: garbage stays");
+            None
+        }
     }
 }
 
-/// The compaction thread: waits for a wake (or a second), then compacts; ends with the store.
-fn compaction_loop(weak: &Weak<SpanStore>, signal: &Arc<(Mutex<Signal>, Condvar)>) {
+/// The compaction thread: waits for a wake (or a second), then compacts, until stopped.
+fn compaction_loop(store: &Core) {
+    let signal = store.compactor.signal.clone();
     loop {
         {
-            let (m, c) = &**signal;
+            let (m, c) = &*signal;
             let mut s = m.lock();
             if !s.wake && !s.stop {
                 c.wait_for(&mut s, Duration::from_secs(1));
@@ -163,17 +179,16 @@ fn compaction_loop(weak: &Weak<SpanStore>, signal: &Arc<(Mutex<Signal>, Condvar)
             }
             s.wake = false;
         }
-        let Some(store) = weak.upgrade() else { return };
-        if let Err(e) = run(&store, false) {
+        if let Err(e) = run(store, false) {
             tracing::warn!(error = %e, "span compaction pass failed; retrying later");
         }
-        give_back_if_idle(&store, Instant::now());
+        give_back_if_idle(store, Instant::now());
     }
 }
 
 /// Compacts `store` while it is over the threshold (or, with `force`, while it is above the
 /// target at all) and rows that would pack tighter exist; returns the pages moved.
-pub fn run(store: &SpanStore, force: bool) -> Result<u64, IoError> {
+pub(crate) fn run(store: &Core, force: bool) -> Result<u64, IoError> {
     let c = &store.compactor;
     let _one = c.running.lock();
     let k = store.k;
@@ -184,6 +199,10 @@ pub fn run(store: &SpanStore, force: bool) -> Result<u64, IoError> {
     // so that the top empties and its memory goes back to the nodes ([`shrink`]).
     let mut settling = false;
     loop {
+        if c.stopping() {
+            // The store is being dropped: what is left waits for its successor.
+            return Ok(total);
+        }
         let occ = store.table.lock().occupancy();
         let go = if first && !force {
             c.over(&occ)
@@ -237,7 +256,7 @@ fn spread(o: &Occupancy) -> bool {
 
 /// Gives the nodes back the memory of the rows above the highest one in use (compaction
 /// moves pages to the lowest free rows, so the top empties).
-fn shrink(store: &SpanStore) {
+fn shrink(store: &Core) {
     let Some(s) = store.table.lock().begin_shrink() else {
         return;
     };
@@ -254,8 +273,8 @@ fn shrink(store: &SpanStore) {
 
 /// Gives the free rows below the highest one in use back to the nodes ([`discard_free`]) if
 /// no client write happened in the [`IDLE`] before `now`; returns whether it looked.
-pub fn give_back_if_idle(store: &SpanStore, now: Instant) -> bool {
-    if !store.compactor.idle_at(now) {
+pub(crate) fn give_back_if_idle(store: &Core, now: Instant) -> bool {
+    if !store.compactor.idle_at(now) || store.compactor.stopping() {
         return false;
     }
     let _one = store.compactor.running.lock();
@@ -266,7 +285,7 @@ pub fn give_back_if_idle(store: &SpanStore, now: Instant) -> bool {
 /// Gives the nodes back the memory of the free rows below the highest one in use (the holes
 /// compaction left that moving the top rows down did not fill), once there are at least
 /// [`MIN_DISCARD`] of them: a write that takes one later makes it hold memory again.
-fn discard_free(store: &SpanStore) {
+fn discard_free(store: &Core) {
     let Some(d) = store.table.lock().begin_discard(MIN_DISCARD) else {
         return;
     };
@@ -286,7 +305,7 @@ fn discard_free(store: &SpanStore) {
 /// One pass: moves the live pages of `victims` (sparsest first) into full rows, as many
 /// whole rows' worth as they hold (all of them when that is less than a row: they still
 /// pack into fewer rows than they fill now). Returns the pages moved.
-fn pass(store: &SpanStore, victims: &[u64]) -> Result<u64, IoError> {
+fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
     let order: HashMap<u64, usize> = victims.iter().enumerate().map(|(i, r)| (*r, i)).collect();
     let mut found: Vec<(usize, u64, Loc)> = Vec::new();
     store.map.for_each(|page, loc| {

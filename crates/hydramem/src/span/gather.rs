@@ -65,7 +65,7 @@ pub struct Gather {
 
 impl Gather {
     /// Writes `pages` (page number, bytes) together with whatever other calls queue
-    /// meanwhile, through `write` (which writes one batch whole: [`super::SpanStore`]'s
+    /// meanwhile, through `write` (which writes one batch whole: [`super::Core`]'s
     /// packed write); returns once they are written, or with their batch's error.
     pub fn write(&self, pages: &[(u64, &Page)], write: &WriteBatch<'_>) -> Result<(), IoError> {
         if pages.is_empty() {

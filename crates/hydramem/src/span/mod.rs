@@ -59,8 +59,17 @@ const PAGE: u64 = PAGE_SIZE as u64;
 /// each time a write moved the page between the look-up and the read.
 const MAX_MOVES: u32 = 1000;
 
-/// The store of a span-coded client: its pages, mapped to rows.
+/// The store of a span-coded client: its pages, mapped to rows. It owns its compaction
+/// thread: dropping the store (its last handle) stops the thread and waits for the pass
+/// under way, so once the drop returns this client changes no row on the nodes again, and
+/// a successor with its identity may reattach ([`Core`] is what the thread shares).
 pub struct SpanStore {
+    core: Arc<Core>,
+    compaction: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The state a span store shares with its compaction thread.
+pub(crate) struct Core {
     mem: Arc<RemoteMemory>,
     map: PageMap,
     table: Mutex<RowTable>,
@@ -156,7 +165,7 @@ impl SpanStore {
                 "rebuilt the span page map from the memory nodes"
             );
         }
-        let store = Arc::new(SpanStore {
+        let core = Arc::new(Core {
             map,
             table: Mutex::new(table),
             k: l.k,
@@ -167,17 +176,89 @@ impl SpanStore {
             busy: busy::Busy::default(),
             counters: Counters::default(),
         });
-        compact::start(&store);
-        Ok(store)
+        let compaction = compact::start(&core);
+        Ok(Arc::new(SpanStore { core, compaction }))
     }
 
     /// The client under the store.
     pub fn mem(&self) -> &Arc<RemoteMemory> {
-        &self.mem
+        &self.core.mem
     }
 
     /// What the store holds and has done.
     pub fn stats(&self) -> SpanStats {
+        self.core.stats()
+    }
+
+    /// Compacts now until the memory in use is back within the target (what the background
+    /// thread does when it is over); returns the pages moved.
+    pub fn compact(&self) -> Result<u64, IoError> {
+        compact::run(&self.core, true)
+    }
+
+    /// The state shared with the compaction thread (for this module's tests).
+    #[cfg(test)]
+    fn core(&self) -> &Core {
+        &self.core
+    }
+}
+
+impl Drop for SpanStore {
+    fn drop(&mut self) {
+        self.core.compactor.stop();
+        if let Some(thread) = self.compaction.take() {
+            if thread.join().is_err() {
+                tracing::warn!("the span compaction thread panicked");
+            }
+        }
+    }
+}
+
+/// Every call goes to the shared state; the handle only owns the compaction thread.
+impl PageStore for SpanStore {
+    fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+        self.core.read_page(addr, page)
+    }
+
+    fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+        self.core.write_page(addr, page)
+    }
+
+    fn read_pages(&self, addr: u64, pages: &mut [Page]) -> Result<(), IoError> {
+        self.core.read_pages(addr, pages)
+    }
+
+    fn write_pages(&self, addr: u64, pages: &[Page]) -> Result<(), IoError> {
+        self.core.write_pages(addr, pages)
+    }
+
+    fn read_list(&self, list: &mut [(u64, &mut Page)]) -> Result<(), IoError> {
+        self.core.read_list(list)
+    }
+
+    fn write_list(&self, list: &[(u64, &Page)]) -> Result<(), IoError> {
+        self.core.write_list(list)
+    }
+
+    fn submit_read<'s>(
+        &'s self,
+        addrs: Vec<u64>,
+    ) -> Result<Box<dyn crate::nbd::export::PendingPages + 's>, IoError> {
+        self.core.submit_read(addrs)
+    }
+
+    fn known_zero(&self, addr: u64) -> bool {
+        self.core.known_zero(addr)
+    }
+
+    fn location(&self, addr: u64) -> Option<String> {
+        self.core.location(addr)
+    }
+}
+
+impl Core {
+    /// What the store holds and has done.
+    fn stats(&self) -> SpanStats {
         let Occupancy {
             rows_in_use,
             live_pages,
@@ -198,12 +279,6 @@ impl SpanStore {
             compacted_pages: c.compacted_pages.load(Ordering::Relaxed),
             compactions: c.compactions.load(Ordering::Relaxed),
         }
-    }
-
-    /// Compacts now until the memory in use is back within the target (what the background
-    /// thread does when it is over); returns the pages moved.
-    pub fn compact(&self) -> Result<u64, IoError> {
-        compact::run(self, true)
     }
 
     /// The page number of `addr`, checked.
@@ -433,7 +508,7 @@ fn last_of_each<'a>(pages: &[(u64, &'a Page)]) -> Vec<(u64, &'a Page)> {
         .collect()
 }
 
-impl PageStore for SpanStore {
+impl PageStore for Core {
     fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
         let p = self.page_of(addr)?;
         self.read_one(addr, p, page)
