@@ -5,7 +5,8 @@
 # resident memory stays under 1.5 times the budget (65-75 MiB measured; 128-148 MiB before
 # both) and the hash equals the plain run's;
 # (2) under span-8+2, a program that fits its budget is not paged at all — the client's own
-# tables and buffers (made zeroed, untouched) do not take the program's memory.
+# tables and buffers (made zeroed, untouched) do not take the program's memory, nor does the
+# standby pool; (3) a standby pool of more than half the budget is refused, with the reason.
 set -euo pipefail
 . "$(dirname "$0")/lib/run.sh"
 need_run
@@ -30,4 +31,12 @@ if ! grep -q ': 0 page-ins' <<<"$line" || ! grep -q ' 0 pages written out' <<<"$
   fail "a program within its budget was paged under span-8+2: $line"
 fi
 echo "python3 within its budget (span-8+2): not paged"
+
+if "$BIN" run --cluster "$dir/cluster.toml" --scheme rep2 --local-memory 64MiB --standby 40MiB \
+  -- true 2>"$dir/standby.err"; then
+  fail "a standby pool of 40 MiB in a budget of 64 MiB was accepted"
+fi
+grep -q 'must be at most half of --local-memory' "$dir/standby.err" ||
+  fail "the refusal of --standby 40MiB does not say why: $(cat "$dir/standby.err")"
+echo "--standby above half the budget: refused"
 echo "PASS run_budget"

@@ -63,12 +63,30 @@ pub struct RunConfig {
     /// Pages after a faulting page fetched with it when they are out too.
     #[serde(default)]
     pub read_ahead: u64,
+    /// Bytes of the budget kept for pages taken out of the program and not sent out yet
+    /// (the standby pool); `None`: an eighth of `local_memory`.
+    #[serde(default)]
+    pub standby: Option<u64>,
     /// File the pager appends its report lines to (JSON, one per line).
     pub report: Option<PathBuf>,
     /// A descriptor of /dev/userfaultfd that `hydramem run --user` opened (as root) and
     /// passes on to the program, which then runs as a user that may not open it itself.
     #[serde(default)]
     pub userfaultfd_dev: Option<i32>,
+}
+
+/// The fewest pages in the standby pool: one of the evictor's largest batches.
+pub const MIN_STANDBY_PAGES: u32 = 256;
+
+impl RunConfig {
+    /// Pages in the standby pool: `standby` (or an eighth of the budget), at least
+    /// [`MIN_STANDBY_PAGES`].
+    pub fn standby_pages(&self) -> u32 {
+        let bytes = self.standby.unwrap_or(self.local_memory / 8);
+        u32::try_from(bytes / 4096)
+            .unwrap_or(u32::MAX)
+            .max(MIN_STANDBY_PAGES)
+    }
 }
 
 /// The device that hands out userfaultfds where the system call is not allowed.
@@ -236,6 +254,7 @@ mod tests {
             remote_size: 8 << 30,
             min_region: 1 << 20,
             read_ahead: 1,
+            standby: None,
             report: None,
             userfaultfd_dev: Some(3),
         };

@@ -7,14 +7,19 @@
 //! them needs root and physical addresses); what the pager sees is its own faults, so a page
 //! it brought in is young, and a page it never saw is as old as the hand says.
 //!
+//! A page leaves in two steps: to the standby pool (`standby.rs`), which is how its reads
+//! are seen, and from there, once it is among the oldest in standby, to the cluster.
+//!
 //! One batch, in order (see `table.rs` for the invariants it keeps):
-//! 1. select up to `BATCH` resident pages, `CATCH_UP_BATCH` while far over the budget (they
-//!    become `evicting`: faults on them wait);
-//! 2. write-protect them — a failure means the range is no longer registered: left alone;
-//! 3. copy them (process_vm_readv, so a page the program unmapped meanwhile is an error, not
-//!    a crash) and decide: all zeros → nothing to store; clean → its slot already holds it;
-//!    otherwise → written to its slot, the whole batch in one batched write;
-//! 4. under the lock, once no report is pending: commit each page, drop the committed ones
+//! 1. if the pool lacks free buffers for the batch, send out the oldest pages in standby:
+//!    clean → its slot already holds it; otherwise → written to its slot, the whole flush in
+//!    one batched write; then commit them (faults on them wait meanwhile);
+//! 2. select up to `BATCH` resident pages, `CATCH_UP_BATCH` while far over the budget (they
+//!    become `evicting`: faults on them wait), one free buffer each;
+//! 3. write-protect them — a failure means the range is no longer registered: left alone;
+//! 4. copy them into their buffers (process_vm_readv, so a page the program unmapped
+//!    meanwhile is an error, not a crash): all zeros → nothing to keep, else → standby;
+//! 5. under the lock, once no report is pending: commit each page, drop the committed ones
 //!    (MADV_DONTNEED), wake the faults that waited.
 //!
 //! While it drains, the fault thread holds back new page-ins and first touches
@@ -26,6 +31,8 @@
 use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use hydramem::nbd::PageStore;
 
 use crate::pager::Pager;
 use crate::regions::{self, Pagemap, Region};
@@ -65,7 +72,6 @@ pub struct Evictor<'p> {
     statm: File,
     hand: Hand,
     last_scan: Instant,
-    pages: Vec<[u8; PAGE]>,
     /// The last batch's write failed.
     write_failed: bool,
     /// The wait after the next refused write.
@@ -82,7 +88,6 @@ impl<'p> Evictor<'p> {
             statm,
             hand: Hand { region: 0, addr: 0 },
             last_scan: Instant::now() - Duration::from_secs(10),
-            pages: vec![[0u8; PAGE]; CATCH_UP_BATCH],
             write_failed: false,
             backoff: FIRST_BACKOFF,
         }
@@ -253,11 +258,21 @@ impl<'p> Evictor<'p> {
         let Some(store) = p.store() else {
             return 0;
         };
-        let chosen = self.choose(n);
+        let free = p.shared.lock().table.free_bufs();
+        if free < n {
+            self.flush(store.as_ref(), (n - free).max(BATCH));
+        }
+        let bufs = p.shared.lock().table.take_bufs(n);
+        let chosen = if bufs.is_empty() {
+            Vec::new()
+        } else {
+            self.choose(bufs.len())
+        };
         if chosen.is_empty() {
+            p.shared.lock().table.give_back(bufs);
             return 0;
         }
-        // 2. Write-protect each run of consecutive pages.
+        // Write-protect each run of consecutive pages.
         let mut ok = vec![true; chosen.len()];
         let mut i = 0;
         while i < chosen.len() {
@@ -270,21 +285,48 @@ impl<'p> Evictor<'p> {
             }
             i = j;
         }
-        // 3. Copy, decide, write.
-        let copied = self.copy(&chosen, &mut ok);
+        // Copy each into its buffer, and decide.
+        let copied = self.copy(&chosen, &bufs, &mut ok);
         let mut outcome = vec![Outcome::Kept; chosen.len()];
+        let mut unused = bufs[chosen.len()..].to_vec();
+        for (k, &buf) in bufs.iter().enumerate().take(chosen.len()) {
+            let landed = ok[k] && k < copied;
+            // SAFETY: the buffer is reserved by this thread, and the kernel wrote it above
+            // when it `landed` (read only then).
+            if landed && unsafe { p.standby.page(buf) }.iter().any(|&b| b != 0) {
+                outcome[k] = Outcome::Standby { buf };
+                continue;
+            }
+            if landed {
+                outcome[k] = Outcome::Zero;
+            }
+            unused.push(buf);
+        }
+        p.shared.lock().table.give_back(unused);
+        self.commit(&chosen, &outcome)
+    }
+
+    /// Sends the oldest `n` pages in standby out to the cluster (those whose slot holds them
+    /// already are dropped without a write); their buffers become free.
+    fn flush(&mut self, store: &dyn PageStore, n: usize) {
+        let p = self.pager;
+        let taken = {
+            let mut s = p.shared.lock();
+            let taken = s.table.begin_flush(n);
+            if !taken.is_empty() {
+                s.in_batch = true;
+            }
+            taken
+        };
+        if taken.is_empty() {
+            return;
+        }
+        let mut outcome = vec![Outcome::Kept; taken.len()];
         let mut writes: Vec<(usize, u64)> = Vec::new();
         {
             let mut s = p.shared.lock();
-            for (k, &(a, g)) in chosen.iter().enumerate() {
-                if !ok[k] || k >= copied {
-                    continue;
-                }
-                if self.pages[k].iter().all(|&b| b == 0) {
-                    outcome[k] = Outcome::Zero;
-                    continue;
-                }
-                match s.table.slot_for((a / PAGE) as u64, g) {
+            for (k, &(v, g, _)) in taken.iter().enumerate() {
+                match s.table.slot_for(v, g) {
                     Ok(Dest::Clean(slot)) => {
                         outcome[k] = Outcome::Stored { slot };
                         Stats::add(&p.stats.clean_drops, 1);
@@ -303,40 +345,61 @@ impl<'p> Evictor<'p> {
             }
         }
         if !writes.is_empty() {
-            let start = Instant::now();
-            let list: Vec<(u64, &[u8; PAGE])> = writes
-                .iter()
-                .map(|&(k, slot)| (slot * PAGE as u64, &self.pages[k]))
-                .collect();
-            match store.write_list(&list) {
-                Ok(()) => {
-                    self.backoff = FIRST_BACKOFF;
-                    p.stats.batch(start.elapsed());
-                    Stats::add(&p.stats.written, writes.len() as u64);
-                }
-                Err(e) => {
-                    self.write_failed = true;
-                    tracing::error!(
-                        "writing {} pages to the cluster failed ({e}): they stay in local memory",
-                        writes.len()
-                    );
-                    Stats::add(&p.stats.kept, writes.len() as u64);
-                    for &(k, _) in &writes {
-                        outcome[k] = Outcome::Kept;
-                    }
+            self.write(store, &taken, &writes, &mut outcome);
+        }
+        let pages: Vec<(usize, u64)> = taken
+            .iter()
+            .map(|&(v, g, _)| (v as usize * PAGE, g))
+            .collect();
+        self.commit(&pages, &outcome);
+    }
+
+    /// Writes the pages of a flush (`writes`: index into `taken`, slot) in one batched
+    /// write; those it could not write are `Kept`.
+    fn write(
+        &mut self,
+        store: &dyn PageStore,
+        taken: &[(u64, u64, u32)],
+        writes: &[(usize, u64)],
+        outcome: &mut [Outcome],
+    ) {
+        let p = self.pager;
+        let start = Instant::now();
+        let list: Vec<(u64, &[u8; PAGE])> = writes
+            .iter()
+            .map(|&(k, slot)| {
+                // SAFETY: the entry names the buffer and is `evicting` (faults on it wait),
+                // and only this thread reserves buffers.
+                (slot * PAGE as u64, unsafe { p.standby.page(taken[k].2) })
+            })
+            .collect();
+        match store.write_list(&list) {
+            Ok(()) => {
+                self.backoff = FIRST_BACKOFF;
+                p.stats.batch(start.elapsed());
+                Stats::add(&p.stats.written, writes.len() as u64);
+            }
+            Err(e) => {
+                self.write_failed = true;
+                tracing::error!(
+                    "writing {} pages to the cluster failed ({e}): they stay in local memory",
+                    writes.len()
+                );
+                Stats::add(&p.stats.kept, writes.len() as u64);
+                for &(k, _) in writes {
+                    outcome[k] = Outcome::Kept;
                 }
             }
         }
-        self.commit(&chosen, &outcome)
     }
 
-    /// Copies the chosen pages into `self.pages`; returns how many were copied (a failure
-    /// ends the copy: the pages from there on are left).
-    fn copy(&mut self, chosen: &[(usize, u64)], ok: &mut [bool]) -> usize {
-        let local: Vec<libc::iovec> = self.pages[..chosen.len()]
-            .iter_mut()
-            .map(|p| libc::iovec {
-                iov_base: p.as_mut_ptr().cast(),
+    /// Copies the chosen pages into their standby buffers `bufs`; returns how many were
+    /// copied (a failure ends the copy: the pages from there on are left).
+    fn copy(&mut self, chosen: &[(usize, u64)], bufs: &[u32], ok: &mut [bool]) -> usize {
+        let local: Vec<libc::iovec> = bufs[..chosen.len()]
+            .iter()
+            .map(|&b| libc::iovec {
+                iov_base: self.pager.standby.ptr(b).cast(),
                 iov_len: PAGE,
             })
             .collect();
@@ -347,8 +410,8 @@ impl<'p> Evictor<'p> {
                 iov_len: PAGE,
             })
             .collect();
-        // SAFETY: the local iovecs cover our own page buffers, writable and alive for the
-        // call; the remote ones are only read, by the kernel, which fails instead of faulting
+        // SAFETY: the local iovecs cover standby buffers reserved by this thread (no entry
+        // names them, so nobody else reads or writes them), alive for the call; the remote ones are only read, by the kernel, which fails instead of faulting
         // on an address that is not mapped.
         let got = unsafe {
             libc::process_vm_readv(

@@ -27,6 +27,7 @@ pub mod malloc;
 pub mod pager;
 pub mod regions;
 // The start of the pager is only reached from the constructor, which tests do not build.
+pub mod standby;
 #[cfg_attr(test, allow(dead_code))]
 mod start;
 pub mod stats;

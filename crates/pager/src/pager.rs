@@ -22,6 +22,7 @@ use hydramem::nbd::PageStore;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
 use crate::regions::Region;
+use crate::standby::Pool;
 use crate::stats::{PageIn, Stats};
 use crate::table::{FaultPlan, Table};
 use crate::throttle::{Throttle, MAX_HOLD};
@@ -74,6 +75,8 @@ pub struct Pager {
     pub kick_lock: Mutex<()>,
     /// The regions registered with the userfaultfd (the evictor's view).
     pub regions: Mutex<Vec<Region>>,
+    /// The pages taken out of the program and not sent out yet (`standby.rs`).
+    pub standby: Pool,
 }
 
 /// A missing fault: its address, whether a write, the faulting thread.
@@ -84,8 +87,10 @@ fn vpn(addr: usize) -> u64 {
 }
 
 impl Pager {
-    /// A pager with a store of `slots` pages, not connected yet: it resolves first touches and
-    /// follows the program's mappings from now on, and pages out once `connected`.
+    /// A pager with a store of `slots` pages and a standby pool of `standby` pages, not
+    /// connected yet: it resolves first touches and follows the program's mappings from now
+    /// on, and pages out once `connected`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         uffd: Uffd,
         throttle: Throttle,
@@ -94,11 +99,13 @@ impl Pager {
         min_region: usize,
         read_ahead: u64,
         poll: Duration,
+        standby: u32,
     ) -> Pager {
+        let standby = Pool::new(standby);
         Pager {
             uffd,
             shared: Mutex::new(Shared {
-                table: Table::new(slots),
+                table: Table::new(slots, standby.len()),
                 waiters: Vec::new(),
                 rescan: true,
                 paused: false,
@@ -115,6 +122,7 @@ impl Pager {
             kick: Condvar::new(),
             kick_lock: Mutex::new(()),
             regions: Mutex::new(Vec::new()),
+            standby,
         }
     }
 
@@ -297,6 +305,23 @@ impl Pager {
             FaultPlan::Fetch { slot, gen } => {
                 self.fetch(s, (addr, write, tid), (slot, gen), lock_wait, pages)
             }
+            FaultPlan::Local { buf, clean } => {
+                // A dirty page is mapped writable: a write to it changes nothing the pager
+                // must see.
+                let writable = write || !clean;
+                // SAFETY: the entry names `buf`, and the lock held keeps the evictor from
+                // reserving it again until `standby_in` gives it back.
+                let page = unsafe { self.standby.page(buf) };
+                if self.uffd.copy(addr, page, writable) {
+                    s.table.standby_in(v, writable);
+                    self.throttle.mapped(1);
+                    Stats::add(&self.stats.standby_ins, 1);
+                } else {
+                    self.uffd.wake(addr);
+                    Stats::add(&self.stats.stale_reports, 1);
+                }
+                None
+            }
         }
     }
 
@@ -445,7 +470,15 @@ impl Pager {
             return;
         };
         let out: Vec<(u64, u64, u64)> = {
-            let s = self.shared.lock();
+            let mut s = self.shared.lock();
+            // The pages in standby first: their bytes are here.
+            for (v, buf) in s.table.standby_pages() {
+                // SAFETY: the entry names `buf`; the lock is held until it is given back.
+                let page = unsafe { self.standby.page(buf) };
+                if self.uffd.copy(v as usize * PAGE, page, true) {
+                    s.table.standby_in(v, true);
+                }
+            }
             s.table.out_pages().collect()
         };
         let mut page = Box::new([0u8; PAGE]);

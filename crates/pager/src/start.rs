@@ -118,6 +118,7 @@ fn start(config: &RunConfig, uffd: uffd::Uffd, rss: u64) -> Arc<Pager> {
         usize::try_from(config.min_region).unwrap_or(usize::MAX),
         config.read_ahead.min(MAX_READ_AHEAD),
         std::time::Duration::from_micros(config.poll_us),
+        config.standby_pages(),
     ));
     let _ = PAGER.set(pager.clone());
     let p = pager.clone();

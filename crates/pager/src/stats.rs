@@ -38,6 +38,8 @@ pub struct Stats {
     pub clean_drops: AtomicU64,
     /// Pages read ahead of a fault and mapped.
     pub read_ahead: AtomicU64,
+    /// Missing faults answered from the standby pool (pages not sent out yet).
+    pub standby_ins: AtomicU64,
     /// All-zero pages dropped without a write.
     pub zero_drops: AtomicU64,
     /// Pages that could not be written out and stayed resident.
@@ -119,6 +121,8 @@ pub struct Summary {
     pub clean_drops: u64,
     /// Pages read ahead of a fault and mapped.
     pub read_ahead: u64,
+    /// Missing faults answered from the standby pool (pages not sent out yet).
+    pub standby_ins: u64,
     /// All-zero pages dropped without a write.
     pub zero_drops: u64,
     /// Pages that could not be written out and stayed resident.
@@ -210,6 +214,7 @@ impl Stats {
             written: g(&self.written),
             clean_drops: g(&self.clean_drops),
             read_ahead: g(&self.read_ahead),
+            standby_ins: g(&self.standby_ins),
             zero_drops: g(&self.zero_drops),
             kept: g(&self.kept),
             lost: g(&self.lost),

@@ -13,12 +13,16 @@
 //! - a page being evicted (`evicting`) is never resolved by a fault: the fault waits for the
 //!   eviction to end (the evictor wakes it), so a write can never land between the copy the
 //!   evictor sends and the moment it drops the page;
+//! - a page in the standby pool (`Standby`) is out of the program's memory, and its bytes are
+//!   in the pool buffer its state names, which belongs to that entry alone: taken when the
+//!   evictor reserves it, given back exactly once (the page faults back in, is sent out, is
+//!   discarded, or its eviction is not committed);
 //! - every change made by someone other than the evictor (a fault, the program's madvise,
 //!   munmap or mremap) gives the entry a new generation, and the evictor commits an eviction
 //!   only to an entry whose generation it selected: a page the program discarded or moved
 //!   meanwhile is never dropped or recorded as out.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 /// A page number (virtual address / 4096).
 pub type Vpn = u64;
@@ -33,6 +37,16 @@ pub enum State {
         clean: bool,
         /// Its slot in the store, if it has one.
         slot: Option<u64>,
+    },
+    /// Not in the program's memory, nor sent out yet: the bytes are in standby buffer
+    /// `buf` (`standby.rs`); `clean` and `slot` as for `Resident`.
+    Standby {
+        /// Its slot holds the same bytes.
+        clean: bool,
+        /// Its slot in the store, if it has one.
+        slot: Option<u64>,
+        /// The pool buffer holding its bytes.
+        buf: u32,
     },
     /// Not in the program's memory; the bytes are at `slot` in the store.
     Out {
@@ -57,8 +71,15 @@ pub struct Entry {
 impl Entry {
     fn slot(&self) -> Option<u64> {
         match self.state {
-            State::Resident { slot, .. } => slot,
+            State::Resident { slot, .. } | State::Standby { slot, .. } => slot,
             State::Out { slot } => Some(slot),
+        }
+    }
+
+    fn buf(&self) -> Option<u32> {
+        match self.state {
+            State::Standby { buf, .. } => Some(buf),
+            _ => None,
         }
     }
 }
@@ -77,6 +98,13 @@ pub enum FaultPlan {
     },
     /// The page is being evicted: wait for the evictor to wake the thread.
     Defer,
+    /// The page is in standby buffer `buf`: map it from there (`Table::standby_in`).
+    Local {
+        /// Its buffer.
+        buf: u32,
+        /// Whether its slot holds the same bytes.
+        clean: bool,
+    },
 }
 
 /// What the evictor does with a page it selected.
@@ -89,6 +117,12 @@ pub enum Outcome {
     },
     /// It is all zeros: nothing is stored; a later fault maps zeros.
     Zero,
+    /// Its bytes were copied to standby buffer `buf`: the page leaves the program's memory
+    /// and waits there to be sent out.
+    Standby {
+        /// Its buffer.
+        buf: u32,
+    },
     /// It could not be written: it stays resident.
     Kept,
 }
@@ -111,12 +145,21 @@ pub enum Commit {
     Drop,
     /// Leave it: the program discarded, moved or faulted it meanwhile, or the write failed.
     Leave,
+    /// It was in standby and is now out: its buffer is free, and there is nothing to drop.
+    Sent,
 }
 
 /// Pages the pager knows, and the store's slots.
 #[derive(Debug, Default)]
 pub struct Table {
     pages: BTreeMap<Vpn, Entry>,
+    /// Standby buffers no entry holds (nor the evictor has reserved).
+    free_bufs: Vec<u32>,
+    /// Pages put in standby, oldest first, with the generation they got then (an entry
+    /// whose generation changed since is no longer this one: skipped).
+    standby: VecDeque<(Vpn, u64)>,
+    /// Entries in standby now.
+    in_standby: usize,
     free: Vec<u64>,
     next_slot: u64,
     slots: u64,
@@ -129,11 +172,43 @@ pub struct Table {
 pub struct Full(pub u64);
 
 impl Table {
-    /// A table over a store of `slots` pages.
-    pub fn new(slots: u64) -> Table {
+    /// A table over a store of `slots` pages, with `bufs` standby buffers.
+    pub fn new(slots: u64, bufs: u32) -> Table {
         Table {
             slots,
+            free_bufs: (0..bufs).rev().collect(),
             ..Table::default()
+        }
+    }
+
+    /// Takes up to `n` free standby buffers for the evictor (given back by `commit`, or with
+    /// `give_back`).
+    pub fn take_bufs(&mut self, n: usize) -> Vec<u32> {
+        let at = self.free_bufs.len().saturating_sub(n);
+        self.free_bufs.split_off(at)
+    }
+
+    /// Buffers the evictor took and did not use.
+    pub fn give_back(&mut self, bufs: impl IntoIterator<Item = u32>) {
+        self.free_bufs.extend(bufs);
+    }
+
+    /// Free standby buffers.
+    pub fn free_bufs(&self) -> usize {
+        self.free_bufs.len()
+    }
+
+    /// Pages in standby.
+    pub fn in_standby(&self) -> usize {
+        self.in_standby
+    }
+
+    /// Removes `e` (no longer `vpn`'s entry): its slot and buffer go back.
+    fn drop_entry(&mut self, e: Entry) {
+        self.release(e.slot());
+        if let Some(b) = e.buf() {
+            self.free_bufs.push(b);
+            self.in_standby -= 1;
         }
     }
 
@@ -168,8 +243,17 @@ impl Table {
     pub fn out_pages(&self) -> impl Iterator<Item = (Vpn, u64, u64)> + '_ {
         self.pages.iter().filter_map(|(v, e)| match e.state {
             State::Out { slot } => Some((*v, slot, e.gen)),
-            State::Resident { .. } => None,
+            _ => None,
         })
+    }
+
+    /// Pages in standby and not being sent out: (page, buffer).
+    pub fn standby_pages(&self) -> Vec<(Vpn, u32)> {
+        self.pages
+            .iter()
+            .filter(|(_, e)| !e.evicting)
+            .filter_map(|(v, e)| e.buf().map(|b| (*v, b)))
+            .collect()
     }
 
     /// Slots in use (pages whose bytes the store holds or will hold).
@@ -187,6 +271,7 @@ impl Table {
         }
         match e.state {
             State::Out { slot } => FaultPlan::Fetch { slot, gen: e.gen },
+            State::Standby { buf, clean, .. } => FaultPlan::Local { buf, clean },
             // Known as resident, yet reported missing: either the program dropped it (madvise
             // the pager did not see, e.g. from inside the C library) and it reads as zeros, or
             // the report is stale (the page was mapped after the fault, by a read-ahead or for
@@ -201,6 +286,31 @@ impl Table {
     /// false if the entry changed since `plan` (the caller must not map the bytes).
     pub fn fetched(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool) -> bool {
         self.mapped(vpn, slot, gen, write, true)
+    }
+
+    /// Page `vpn`, in standby, was mapped from its buffer (`write`: writable, so dirty):
+    /// it is resident and referenced again, and its buffer is free. False if it was not in
+    /// standby (nothing changed).
+    pub fn standby_in(&mut self, vpn: Vpn, write: bool) -> bool {
+        let g = self.gen();
+        let Some(e) = self.pages.get_mut(&vpn) else {
+            return false;
+        };
+        let State::Standby { clean, slot, buf } = e.state else {
+            return false;
+        };
+        *e = Entry {
+            state: State::Resident {
+                clean: clean && !write,
+                slot,
+            },
+            referenced: true,
+            evicting: false,
+            gen: g,
+        };
+        self.free_bufs.push(buf);
+        self.in_standby -= 1;
+        true
     }
 
     /// A page read ahead of a fault was mapped (clean, write-protected). It has no second
@@ -235,7 +345,7 @@ impl Table {
         match self.pages.get(&vpn) {
             Some(e) if !e.evicting => match e.state {
                 State::Out { slot } => Some((slot, e.gen)),
-                State::Resident { .. } => None,
+                _ => None,
             },
             _ => None,
         }
@@ -261,7 +371,9 @@ impl Table {
                 gen: g,
             },
         );
-        self.release(old.and_then(|e| e.slot()));
+        if let Some(e) = old {
+            self.drop_entry(e);
+        }
     }
 
     /// A write-protect fault on `vpn`: true if the write may go on (the page is now dirty),
@@ -295,7 +407,7 @@ impl Table {
             evicting: false,
             gen: g,
         });
-        if e.evicting || matches!(e.state, State::Out { .. }) {
+        if e.evicting || !matches!(e.state, State::Resident { .. }) {
             return None;
         }
         if e.referenced {
@@ -311,7 +423,9 @@ impl Table {
     pub fn slot_for(&mut self, vpn: Vpn, gen: u64) -> Result<Dest, Full> {
         let (clean, slot) = match self.pages.get(&vpn) {
             Some(e) if e.gen == gen && e.evicting => match e.state {
-                State::Resident { clean, slot } => (clean, slot),
+                State::Resident { clean, slot } | State::Standby { clean, slot, .. } => {
+                    (clean, slot)
+                }
                 State::Out { .. } => return Ok(Dest::Changed),
             },
             _ => return Ok(Dest::Changed),
@@ -322,38 +436,113 @@ impl Table {
             (_, None) => {
                 let s = self.alloc()?;
                 if let Some(e) = self.pages.get_mut(&vpn) {
-                    e.state = State::Resident {
-                        clean: false,
-                        slot: Some(s),
-                    };
+                    match &mut e.state {
+                        State::Resident { clean, slot } | State::Standby { clean, slot, .. } => {
+                            *clean = false;
+                            *slot = Some(s);
+                        }
+                        State::Out { .. } => {}
+                    }
                 }
                 Ok(Dest::Write(s))
             }
         }
     }
 
-    /// The eviction of `vpn` (selected with generation `gen`) ended with `outcome`.
-    pub fn commit(&mut self, vpn: Vpn, gen: u64, outcome: Outcome) -> Commit {
-        let Some(e) = self.pages.get_mut(&vpn) else {
-            return Commit::Leave;
-        };
-        if e.gen != gen || !e.evicting {
-            return Commit::Leave;
+    /// Takes the oldest pages in standby, at most `n`, to be sent out: they are `evicting`
+    /// (faults on them wait) until `commit`. Returns (page, generation, buffer) of each.
+    pub fn begin_flush(&mut self, n: usize) -> Vec<(Vpn, u64, u32)> {
+        let mut out = Vec::with_capacity(n);
+        while out.len() < n {
+            let Some((vpn, gen)) = self.standby.pop_front() else {
+                break;
+            };
+            if let Some(e) = self.pages.get_mut(&vpn) {
+                if let (true, false, State::Standby { buf, .. }) =
+                    (e.gen == gen, e.evicting, e.state)
+                {
+                    e.evicting = true;
+                    out.push((vpn, gen, buf));
+                }
+            }
         }
-        e.evicting = false;
-        let slot = e.slot();
-        match outcome {
-            Outcome::Kept => Commit::Leave,
-            Outcome::Stored { slot: s } => {
+        out
+    }
+
+    /// Drops the line's stale places (pages that left standby since) once they outnumber
+    /// the pages in it: pages that fault back in leave theirs behind, and a program whose
+    /// touches keep the pool from filling would otherwise grow the line without end.
+    fn trim_standby(&mut self) {
+        if self.standby.len() > 2 * self.in_standby + 1024 {
+            let pages = &self.pages;
+            self.standby.retain(|(v, g)| {
+                pages
+                    .get(v)
+                    .is_some_and(|e| e.gen == *g && matches!(e.state, State::Standby { .. }))
+            });
+        }
+    }
+
+    /// The eviction of `vpn` (selected with generation `gen`, by the clock or by
+    /// `begin_flush`) ended with `outcome`. An outcome not committed (the entry changed
+    /// meanwhile) gives its standby buffer back.
+    pub fn commit(&mut self, vpn: Vpn, gen: u64, outcome: Outcome) -> Commit {
+        let state = match self.pages.get_mut(&vpn) {
+            Some(e) if e.gen == gen && e.evicting => {
+                e.evicting = false;
+                e.state
+            }
+            _ => {
+                if let Outcome::Standby { buf } = outcome {
+                    self.free_bufs.push(buf);
+                }
+                return Commit::Leave;
+            }
+        };
+        let set = |t: &mut Table, state: State| {
+            if let Some(e) = t.pages.get_mut(&vpn) {
+                e.state = state;
+            }
+        };
+        match (state, outcome) {
+            (State::Standby { .. }, Outcome::Kept) => {
+                // Not sent: first in line for the next flush.
+                self.standby.push_front((vpn, gen));
+                Commit::Leave
+            }
+            (_, Outcome::Kept) => Commit::Leave,
+            (State::Resident { clean, slot }, Outcome::Standby { buf }) => {
+                set(self, State::Standby { clean, slot, buf });
+                self.in_standby += 1;
+                self.standby.push_back((vpn, gen));
+                self.trim_standby();
+                Commit::Drop
+            }
+            (State::Resident { slot, .. }, Outcome::Stored { slot: s }) => {
                 debug_assert_eq!(slot, Some(s));
-                e.state = State::Out { slot: s };
+                set(self, State::Out { slot: s });
                 Commit::Drop
             }
-            Outcome::Zero => {
-                self.pages.remove(&vpn);
-                self.release(slot);
+            (State::Standby { slot, buf, .. }, Outcome::Stored { slot: s }) => {
+                debug_assert_eq!(slot, Some(s));
+                set(self, State::Out { slot: s });
+                self.free_bufs.push(buf);
+                self.in_standby -= 1;
+                Commit::Sent
+            }
+            (_, Outcome::Zero) => {
+                if let Some(e) = self.pages.remove(&vpn) {
+                    self.drop_entry(e);
+                }
                 Commit::Drop
             }
+            // Neither happens (a page in standby is not demoted again, nor is one that is
+            // out selected); the buffer goes back.
+            (_, Outcome::Standby { buf }) => {
+                self.free_bufs.push(buf);
+                Commit::Leave
+            }
+            (State::Out { .. }, Outcome::Stored { .. }) => Commit::Leave,
         }
     }
 
@@ -367,7 +556,7 @@ impl Table {
             .collect();
         for (v, e) in gone {
             self.pages.remove(&v);
-            self.release(e.slot());
+            self.drop_entry(e);
         }
     }
 
@@ -392,6 +581,19 @@ impl Table {
                     evicting: false,
                     gen: g,
                 },
+                State::Standby { buf, slot, .. } => {
+                    self.standby.push_back((to + (v - from), g));
+                    Entry {
+                        state: State::Standby {
+                            clean: false,
+                            slot,
+                            buf,
+                        },
+                        referenced: e.referenced,
+                        evicting: false,
+                        gen: g,
+                    }
+                }
                 State::Out { .. } => Entry { gen: g, ..e },
             };
             self.pages.insert(to + (v - from), entry);
@@ -415,7 +617,7 @@ mod tests {
 
     #[test]
     fn first_touch_is_zero_then_evicted_page_is_fetched_clean() {
-        let mut t = Table::new(10);
+        let mut t = Table::new(10, 4);
         assert_eq!(t.on_missing(7), FaultPlan::Zero);
         // An untracked resident page is selected at once, written to a new slot.
         assert_eq!(evict(&mut t, 7), Commit::Drop);
@@ -434,7 +636,7 @@ mod tests {
 
     #[test]
     fn a_write_makes_a_fetched_page_dirty() {
-        let mut t = Table::new(10);
+        let mut t = Table::new(10, 4);
         evict(&mut t, 1);
         let FaultPlan::Fetch { slot, gen } = t.on_missing(1) else {
             panic!()
@@ -452,7 +654,7 @@ mod tests {
 
     #[test]
     fn faults_on_an_evicting_page_wait_and_discards_win() {
-        let mut t = Table::new(10);
+        let mut t = Table::new(10, 4);
         let g = t.select(3).unwrap();
         assert_eq!(t.on_missing(3), FaultPlan::Defer);
         assert!(!t.on_write_protect(3));
@@ -468,7 +670,7 @@ mod tests {
 
     #[test]
     fn a_stale_missing_report_keeps_a_mapped_page_and_its_slot() {
-        let mut t = Table::new(10);
+        let mut t = Table::new(10, 4);
         // Page 4 goes out, then comes back (clean, its slot holds its bytes).
         let g = t.select(4).unwrap();
         let Dest::Write(slot) = t.slot_for(4, g).unwrap() else {
@@ -493,7 +695,7 @@ mod tests {
 
     #[test]
     fn a_fetch_is_not_mapped_when_the_page_changed() {
-        let mut t = Table::new(10);
+        let mut t = Table::new(10, 4);
         evict(&mut t, 5);
         let FaultPlan::Fetch { slot, gen } = t.on_missing(5) else {
             panic!()
@@ -505,7 +707,7 @@ mod tests {
 
     #[test]
     fn remap_moves_out_pages_and_cancels_evictions() {
-        let mut t = Table::new(10);
+        let mut t = Table::new(10, 4);
         evict(&mut t, 100);
         let g = t.select(101).unwrap();
         let Dest::Write(s) = t.slot_for(101, g).unwrap() else {
@@ -525,8 +727,55 @@ mod tests {
     }
 
     #[test]
+    fn a_page_in_standby_comes_back_locally_and_the_oldest_is_sent_out() {
+        let mut t = Table::new(10, 2);
+        let demote = |t: &mut Table, v: Vpn| {
+            let g = t.select(v).or_else(|| t.select(v)).expect("selected");
+            let buf = t.take_bufs(1).pop().expect("a free buffer");
+            assert_eq!(t.commit(v, g, Outcome::Standby { buf }), Commit::Drop);
+            buf
+        };
+        let b1 = demote(&mut t, 1);
+        demote(&mut t, 2);
+        assert_eq!((t.in_standby(), t.free_bufs()), (2, 0));
+        // A touch of page 1 (a read the clock would not have seen) is answered from its
+        // buffer, which is free again, and the page has its second chance.
+        assert_eq!(
+            t.on_missing(1),
+            FaultPlan::Local {
+                buf: b1,
+                clean: false
+            }
+        );
+        assert!(t.standby_in(1, false));
+        assert_eq!((t.in_standby(), t.free_bufs()), (1, 1));
+        assert_eq!(t.select(1), None, "referenced: it keeps its place once");
+        // The flush takes the oldest page still in standby (2, not 1) and sends it out.
+        let taken = t.begin_flush(4);
+        assert_eq!(taken.len(), 1);
+        let (v, g, _) = taken[0];
+        assert_eq!(v, 2);
+        assert_eq!(
+            t.on_missing(2),
+            FaultPlan::Defer,
+            "faults wait while it is sent"
+        );
+        let Dest::Write(slot) = t.slot_for(2, g).unwrap() else {
+            panic!("a dirty page is written")
+        };
+        assert_eq!(t.commit(2, g, Outcome::Stored { slot }), Commit::Sent);
+        assert_eq!((t.in_standby(), t.free_bufs()), (0, 2));
+        assert!(matches!(t.on_missing(2), FaultPlan::Fetch { .. }));
+        // A failed send keeps the page in standby, first in line.
+        let b3 = demote(&mut t, 3);
+        let (v, g, _) = t.begin_flush(1)[0];
+        assert_eq!(t.commit(v, g, Outcome::Kept), Commit::Leave);
+        assert_eq!(t.begin_flush(1), vec![(3, g, b3)]);
+    }
+
+    #[test]
     fn full_store_is_an_error() {
-        let mut t = Table::new(1);
+        let mut t = Table::new(1, 4);
         evict(&mut t, 1);
         let g = t.select(2).unwrap();
         assert_eq!(t.slot_for(2, g), Err(Full(1)));
@@ -538,6 +787,8 @@ mod tests {
     enum Op {
         Touch(u8, bool),
         Evict(u8),
+        Demote(u8),
+        Flush(u8),
         Forget(u8, u8),
         Remap(u8, u8, u8),
     }
@@ -546,6 +797,8 @@ mod tests {
         prop_oneof![
             (0u8..32, any::<bool>()).prop_map(|(v, w)| Op::Touch(v, w)),
             (0u8..32).prop_map(Op::Evict),
+            (0u8..32).prop_map(Op::Demote),
+            (1u8..4).prop_map(Op::Flush),
             (0u8..32, 1u8..4).prop_map(|(v, n)| Op::Forget(v, n)),
             (0u8..32, 0u8..32, 1u8..4).prop_map(|(a, b, n)| Op::Remap(a, b, n)),
         ]
@@ -557,15 +810,21 @@ mod tests {
         /// slot is held twice.
         #[test]
         fn table_keeps_every_page(ops in proptest::collection::vec(op(), 1..200)) {
-            let mut t = Table::new(64);
+            let mut t = Table::new(64, 4);
             let mut model = [0u64; 64];
             // Simulated memory: resident pages and their values; the store's slots.
             let mut mem: BTreeMap<u64, u64> = BTreeMap::new();
             let mut store = [0u64; 64];
+            // The standby buffers' bytes.
+            let mut bufs = [0u64; 4];
             let mut value = 0u64;
-            let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &[u64; 64], v: u64, w: bool| {
+            let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &[u64; 64], bufs: &[u64; 4], v: u64, w: bool| {
                 if mem.contains_key(&v) { return; }
                 match t.on_missing(v) {
+                    FaultPlan::Local { buf, .. } => {
+                        mem.insert(v, bufs[buf as usize]);
+                        assert!(t.standby_in(v, w));
+                    }
                     FaultPlan::Zero => { mem.insert(v, 0); t.zeroed(v); }
                     FaultPlan::Fetch { slot, gen } => {
                         assert!(t.fetched(v, slot, gen, w));
@@ -578,7 +837,7 @@ mod tests {
                 match op {
                     Op::Touch(v, w) => {
                         let v = u64::from(v);
-                        fault_in(&mut t, &mut mem, &store, v, w);
+                        fault_in(&mut t, &mut mem, &store, &bufs, v, w);
                         if w {
                             value += 1;
                             t.on_write_protect(v);
@@ -605,6 +864,38 @@ mod tests {
                         };
                         if t.commit(v, g, outcome) == Commit::Drop { mem.remove(&v); }
                     }
+                    Op::Demote(v) => {
+                        let v = u64::from(v);
+                        if !mem.contains_key(&v) { continue; }
+                        let Some(g) = t.select(v).or_else(|| t.select(v)) else { continue };
+                        let Some(buf) = t.take_bufs(1).pop() else {
+                            prop_assert_eq!(t.commit(v, g, Outcome::Kept), Commit::Leave);
+                            continue;
+                        };
+                        let outcome = if mem[&v] == 0 {
+                            t.give_back([buf]);
+                            Outcome::Zero
+                        } else {
+                            bufs[buf as usize] = mem[&v];
+                            Outcome::Standby { buf }
+                        };
+                        prop_assert_eq!(t.commit(v, g, outcome), Commit::Drop);
+                        mem.remove(&v);
+                    }
+                    Op::Flush(n) => {
+                        for (v, g, buf) in t.begin_flush(usize::from(n)) {
+                            prop_assert_eq!(t.on_missing(v), FaultPlan::Defer);
+                            let s = match t.slot_for(v, g).unwrap() {
+                                Dest::Write(s) => { store[s as usize] = bufs[buf as usize]; s }
+                                Dest::Clean(s) => {
+                                    prop_assert_eq!(store[s as usize], bufs[buf as usize], "clean page differs from its slot");
+                                    s
+                                }
+                                Dest::Changed => panic!("changed without a change"),
+                            };
+                            prop_assert_eq!(t.commit(v, g, Outcome::Stored { slot: s }), Commit::Sent);
+                        }
+                    }
                     Op::Forget(v, n) => {
                         let (v, n) = (u64::from(v), u64::from(n));
                         t.forget(v, n);
@@ -624,12 +915,18 @@ mod tests {
                         }
                     }
                 }
+                prop_assert_eq!(t.in_standby() + t.free_bufs(), 4, "a standby buffer lost or doubled");
             }
             // Read everything back.
             for v in 0..64u64 {
-                fault_in(&mut t, &mut mem, &store, v, false);
+                fault_in(&mut t, &mut mem, &store, &bufs, v, false);
                 prop_assert_eq!(mem[&v], model[v as usize], "page {}", v);
             }
+            // Every buffer is free or held by one entry; none is both or twice.
+            prop_assert_eq!(t.in_standby(), 0);
+            let mut free = t.free_bufs.clone();
+            free.sort_unstable();
+            prop_assert_eq!(free, vec![0, 1, 2, 3]);
             let mut held: Vec<u64> = t.pages.values().filter_map(|e| e.slot()).collect();
             let n = held.len();
             held.sort_unstable();
