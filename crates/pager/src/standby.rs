@@ -11,15 +11,18 @@
 //! (`Table::take_bufs`, when no entry names it) and committing the page into it; it is read
 //! only while an entry names it (by the fault thread, under the table's lock, or by the
 //! evictor sending it out, while faults on the page wait). So no buffer is read and written
-//! at once, and none is read before it was written.
+//! at once.
 
 use std::alloc::Layout;
 use std::ptr::NonNull;
 
 use crate::PAGE;
 
-/// The pool's buffers: `len` pages, allocated once from the pager's heap and touched only as
-/// they are used (a program that stays under its budget never costs the pool's memory).
+/// The pool's buffers: `len` pages, allocated from the pager's heap when the pager starts
+/// (once the program passes half its budget: a program that stays small never costs the
+/// pool's memory) and touched at once. Touched as they were first used instead, moving a page
+/// into a buffer would cost as much memory as it frees, and the program ran a pool's worth
+/// over its budget while the pool filled (75 MiB against 64 in the README's example).
 pub struct Pool {
     base: Option<NonNull<u8>>,
     len: u32,
@@ -40,8 +43,12 @@ impl Pool {
                 return None;
             }
             // SAFETY: a layout of non-zero size; the memory is only ever accessed through
-            // raw pointers, written before it is read (module invariants).
-            NonNull::new(unsafe { std::alloc::alloc(l) })
+            // raw pointers.
+            let p = NonNull::new(unsafe { std::alloc::alloc(l) })?;
+            // SAFETY: the block just allocated, ours alone. Written, not `alloc_zeroed`: the
+            // pager's heap gives zeroed blocks by discarding their pages, untouched.
+            unsafe { std::ptr::write_bytes(p.as_ptr(), 0, l.size()) };
+            Some(p)
         });
         if base.is_none() && len > 0 {
             tracing::error!("cannot allocate the standby pool of {len} pages");
