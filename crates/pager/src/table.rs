@@ -82,6 +82,12 @@ impl Entry {
             _ => None,
         }
     }
+
+    /// Its buffer, if its place `gen` in the standby line is still its own (it has not left
+    /// standby, nor changed, since it got that place).
+    fn in_line(&self, gen: u64) -> Option<u32> {
+        self.buf().filter(|_| self.gen == gen)
+    }
 }
 
 /// What to do with a missing-page fault.
@@ -207,9 +213,14 @@ impl Table {
     fn drop_entry(&mut self, e: Entry) {
         self.release(e.slot());
         if let Some(b) = e.buf() {
-            self.free_bufs.push(b);
-            self.in_standby -= 1;
+            self.left_standby(b);
         }
+    }
+
+    /// A page left standby: its buffer `buf` is free.
+    fn left_standby(&mut self, buf: u32) {
+        self.free_bufs.push(buf);
+        self.in_standby -= 1;
     }
 
     fn gen(&mut self) -> u64 {
@@ -308,8 +319,7 @@ impl Table {
             evicting: false,
             gen: g,
         };
-        self.free_bufs.push(buf);
-        self.in_standby -= 1;
+        self.left_standby(buf);
         true
     }
 
@@ -458,9 +468,7 @@ impl Table {
                 break;
             };
             if let Some(e) = self.pages.get_mut(&vpn) {
-                if let (true, false, State::Standby { buf, .. }) =
-                    (e.gen == gen, e.evicting, e.state)
-                {
+                if let (Some(buf), false) = (e.in_line(gen), e.evicting) {
                     e.evicting = true;
                     out.push((vpn, gen, buf));
                 }
@@ -475,11 +483,8 @@ impl Table {
     fn trim_standby(&mut self) {
         if self.standby.len() > 2 * self.in_standby + 1024 {
             let pages = &self.pages;
-            self.standby.retain(|(v, g)| {
-                pages
-                    .get(v)
-                    .is_some_and(|e| e.gen == *g && matches!(e.state, State::Standby { .. }))
-            });
+            self.standby
+                .retain(|(v, g)| pages.get(v).is_some_and(|e| e.in_line(*g).is_some()));
         }
     }
 
@@ -526,8 +531,7 @@ impl Table {
             (State::Standby { slot, buf, .. }, Outcome::Stored { slot: s }) => {
                 debug_assert_eq!(slot, Some(s));
                 set(self, State::Out { slot: s });
-                self.free_bufs.push(buf);
-                self.in_standby -= 1;
+                self.left_standby(buf);
                 Commit::Sent
             }
             (_, Outcome::Zero) => {
