@@ -87,7 +87,7 @@ pub use ranges::Group;
 use ranges::Placement;
 pub use repair::RegenStats;
 use repair::{RegenCounters, RegenJob};
-pub use rows::{HeldRow, PieceRead, PieceWant, RowWrite};
+pub use rows::{HeldRow, Newer, PieceRead, PieceWant, RowWrite};
 use slots::Slots;
 use stats::ClientMetrics;
 pub use stats::ClientStats;

@@ -17,8 +17,10 @@
 //!   times the recent latency of healthy piece reads over all nodes: a slow node must not
 //!   raise its own threshold), the read also asks every other piece of the row and decodes
 //!   the page from k that carry the version: whichever completes first wins. A piece with a newer version means the row was reused after the caller looked the
-//!   page up — the page moved — and the caller looks again ([`PieceRead::Moved`]). A read never
-//!   combines pieces of two versions.
+//!   page up — the page moved — and the caller looks again ([`PieceRead::Moved`]); if the page is
+//!   still there at that version, the row cannot have been reused, the newer pieces are the
+//!   remains of a write never acknowledged, and the caller reads again decoding around them
+//!   ([`Newer::Stale`]). A read never combines pieces of two versions.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -97,6 +99,23 @@ pub struct PieceWant {
     pub pos: usize,
     /// The version its row was written with.
     pub version: u64,
+    /// What a piece of a newer version means.
+    pub newer: Newer,
+}
+
+/// What a piece read makes of a piece of its row that carries a newer version than the one
+/// it wants ([`PieceWant::newer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Newer {
+    /// The row was reused after the caller looked the page up: the read ends as
+    /// [`PieceRead::Moved`] and the caller looks again.
+    #[default]
+    Moved,
+    /// The caller looked again and the page is still in this row at this version, so the row
+    /// cannot have been reused: the newer pieces are the remains of a write never acknowledged
+    /// (a client that stopped mid-write under the same identity). They are not the page; it
+    /// is decoded from k pieces of the wanted version.
+    Stale,
 }
 
 /// A piece read in flight.
@@ -476,26 +495,14 @@ impl RemoteMemory {
         self.conclude_write(op, result, ("write of row", addr, range), times.0)
     }
 
-    /// Reads page `addr` (for messages), stored as piece `j` of row `row` at `version`, into
+    /// Reads the page `want` names (stored as piece `pos` of row `row` at `version`) into
     /// `page`: one request to the piece's node, or a degraded read of the row when that node
     /// is down, fails, regenerates or is slow (see the module doc).
     ///
     /// # Errors
     /// Fewer than k pieces of the version can be read (more than r of the row's nodes lost),
     /// or the read timed out.
-    pub fn read_piece(
-        &self,
-        addr: u64,
-        (row, j): (u64, usize),
-        version: u64,
-        page: &mut Page,
-    ) -> Result<PieceRead, IoError> {
-        let want = PieceWant {
-            addr,
-            row,
-            pos: j,
-            version,
-        };
+    pub fn read_piece(&self, want: PieceWant, page: &mut Page) -> Result<PieceRead, IoError> {
         // SAFETY: `page` is exclusively borrowed for this whole call, and the operation is
         // ended (its slot closed and dropped) before it returns.
         let read = unsafe { self.begin_piece(want, page.as_mut_ptr(), true, None)? };
@@ -697,7 +704,7 @@ impl RemoteMemory {
         let mut set = NodeSet::new();
         let decision = loop {
             let p = op.progress();
-            if let Some(look) = look_piece(&op, p, (l.k, l.width), j, version, degraded) {
+            if let Some(look) = look_piece(&op, p, (l.k, l.width), &want, degraded) {
                 break Some(Ok(look));
             }
             let own_useless = p.failed & (1 << j) != 0
@@ -851,19 +858,22 @@ fn row_piece<'a>(k: usize, row: &RowWrite<'a>, side: &'a [u8], j: usize) -> &'a 
 }
 
 /// One look at a piece read's progress `p`: the page's own piece with the version, k pieces
-/// of the version once the read is degraded, or a newer version anywhere (the row moved on).
+/// of the version once the read is degraded, or a newer version anywhere (the row moved on,
+/// unless `want` says newer pieces are stale).
 fn look_piece(
     op: &slots::Op<'_>,
     p: Progress,
     (k, width): (usize, usize),
-    j: usize,
-    version: u64,
+    want: &PieceWant,
     degraded: bool,
 ) -> Option<Look> {
+    let (j, version) = (want.pos, want.version);
     if p.landed & (1 << j) != 0 && op.version_of(j) == version {
         return Some(Look::Piece);
     }
-    if (0..width).any(|i| p.landed & (1 << i) != 0 && op.version_of(i) > version) {
+    if want.newer == Newer::Moved
+        && (0..width).any(|i| p.landed & (1 << i) != 0 && op.version_of(i) > version)
+    {
         return Some(Look::Moved);
     }
     if degraded {

@@ -33,7 +33,7 @@ use parking_lot::{Condvar, Mutex};
 use super::map::Loc;
 use super::table::Occupancy;
 use super::Core;
-use crate::client::{IoError, Page, PieceRead, PieceWant};
+use crate::client::{IoError, Newer, Page, PieceRead, PieceWant};
 use crate::PAGE_SIZE;
 
 /// Compaction starts above this multiple of the code's cost (k + r)/k: 1.45 for 8 + 2, under
@@ -345,6 +345,7 @@ fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
                 row: loc.row,
                 pos: loc.pos,
                 version: loc.version,
+                newer: Newer::Moved,
             };
             (want, buf)
         })

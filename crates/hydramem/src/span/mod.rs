@@ -46,7 +46,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::client::{IoError, Page, PieceRead, PieceWant, RemoteMemory, RowWrite};
+use crate::client::{IoError, Newer, Page, PieceRead, PieceWant, RemoteMemory, RowWrite};
 use crate::nbd::PageStore;
 use crate::PAGE_SIZE;
 use compact::Compactor;
@@ -296,17 +296,25 @@ impl Core {
         Ok(page)
     }
 
-    /// Reads page `page` (at `addr`) from where the map says it is.
+    /// Reads page `page` (at `addr`) from where the map says it is. A read that finds its
+    /// row holding a newer version looks the page up again: if it moved, it reads it where it
+    /// is now; if it is still there, the newer pieces are stale ([`Newer::Stale`]) and the
+    /// next read decodes around them.
     fn read_one(&self, addr: u64, page: u64, out: &mut Page) -> Result<(), IoError> {
+        let mut newer = Newer::Moved;
         for _ in 0..MAX_MOVES {
             let Some(loc) = self.map.get(page) else {
                 out.fill(0);
                 return Ok(());
             };
-            let read = match self
-                .mem
-                .read_piece(addr, (loc.row, loc.pos), loc.version, out)
-            {
+            let want = PieceWant {
+                addr,
+                row: loc.row,
+                pos: loc.pos,
+                version: loc.version,
+                newer,
+            };
+            let read = match self.mem.read_piece(want, out) {
                 // The page moved while its old row failed to read (its row was reused or its
                 // range given back): read it where it is now.
                 Err(_) if self.map.get(page) != Some(loc) => Ok(PieceRead::Moved),
@@ -322,6 +330,18 @@ impl Core {
                 }
                 PieceRead::Moved => {
                     self.counters.moved_retries.fetch_add(1, Ordering::Relaxed);
+                    newer = if self.map.get(page) == Some(loc) {
+                        tracing::debug!(
+                            page = format_args!("{addr:#x}"),
+                            row = loc.row,
+                            version = loc.version,
+                            "a piece of the page's row is newer than the page, which is still \
+                             there: reading around it"
+                        );
+                        Newer::Stale
+                    } else {
+                        Newer::Moved
+                    };
                 }
             }
         }
@@ -538,6 +558,7 @@ impl PageStore for Core {
                         row: loc.row,
                         pos: loc.pos,
                         version: loc.version,
+                        newer: Newer::Moved,
                     },
                     &mut **page,
                 )),
