@@ -35,6 +35,7 @@ use std::time::{Duration, Instant};
 use hydramem::nbd::PageStore;
 
 use crate::pager::Pager;
+use crate::print::Print;
 use crate::regions::{self, Pagemap, Region};
 use crate::stats::Stats;
 use crate::table::{Commit, Dest, Outcome};
@@ -290,14 +291,16 @@ impl<'p> Evictor<'p> {
         let mut outcome = vec![Outcome::Kept; chosen.len()];
         let mut unused = bufs[chosen.len()..].to_vec();
         for (k, &buf) in bufs.iter().enumerate().take(chosen.len()) {
-            let landed = ok[k] && k < copied;
-            // SAFETY: the buffer is reserved by this thread, and the kernel wrote it above
-            // when it `landed` (read only then).
-            if landed && unsafe { p.standby.page(buf) }.iter().any(|&b| b != 0) {
-                outcome[k] = Outcome::Standby { buf };
-                continue;
-            }
-            if landed {
+            if ok[k] && k < copied {
+                // SAFETY: the buffer is reserved by this thread, and the kernel wrote it
+                // above (the copy landed).
+                let copy = unsafe { p.standby.page(buf) };
+                if copy.iter().any(|&b| b != 0) {
+                    // Its fingerprint tells whether the page is still what its slot holds.
+                    let print = Print::of(copy);
+                    outcome[k] = Outcome::Standby { buf, print };
+                    continue;
+                }
                 outcome[k] = Outcome::Zero;
             }
             unused.push(buf);

@@ -25,6 +25,7 @@ pub mod exclude;
 pub mod hooks;
 pub mod malloc;
 pub mod pager;
+pub mod print;
 pub mod regions;
 // The start of the pager is only reached from the constructor, which tests do not build.
 pub mod standby;

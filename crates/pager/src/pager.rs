@@ -1,7 +1,9 @@
 //! The pager of one process: its userfaultfd, its page table, the cluster store its pages
 //! go out to, and the fault thread, which resolves every fault the kernel reports — a page
-//! that is out is fetched and mapped, a first touch gets zeros, a write to a clean page makes
-//! it dirty — and follows the program's munmap and mremap.
+//! that is out is fetched and mapped writable with the fingerprint of its bytes (so a later
+//! write costs the program no fault: the evictor tells a clean page by its fingerprint), a
+//! first touch gets zeros, a write to a page the evictor is copying waits for it — and
+//! follows the program's munmap and mremap.
 //!
 //! Invariants (with `table.rs`):
 //! - the lock of `Shared` is held while a report is read from the userfaultfd and while its
@@ -21,6 +23,7 @@ use hydramem::client::IoError;
 use hydramem::nbd::PageStore;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::print::Print;
 use crate::regions::Region;
 use crate::standby::Pool;
 use crate::stats::{PageIn, Stats};
@@ -306,14 +309,12 @@ impl Pager {
                 self.fetch(s, (addr, write, tid), (slot, gen), lock_wait, pages)
             }
             FaultPlan::Local { buf, clean } => {
-                // A dirty page is mapped writable: a write to it changes nothing the pager
-                // must see.
-                let writable = write || !clean;
                 // SAFETY: the entry names `buf`, and the lock held keeps the evictor from
                 // reserving it again until `standby_in` gives it back.
                 let page = unsafe { self.standby.page(buf) };
-                if self.uffd.copy(addr, page, writable) {
-                    s.table.standby_in(v, writable);
+                let print = (clean && !write).then(|| Print::of(page));
+                if self.uffd.copy(addr, page) {
+                    s.table.standby_in(v, print);
                     self.throttle.mapped(1);
                     Stats::add(&self.stats.standby_ins, 1);
                 } else {
@@ -371,6 +372,14 @@ impl Pager {
         };
         let mapping = Instant::now();
         let fetch = mapping - fetching;
+        // A page fetched for a write is dirty at once; the others are clean while their bytes
+        // keep these fingerprints.
+        let print = (read.is_ok() && !write).then(|| Print::of(&pages[0]));
+        let ahead_prints: Vec<Print> = if ahead_read {
+            pages[1..].iter().map(Print::of).collect()
+        } else {
+            Vec::new()
+        };
         let mut s = self.shared.lock();
         if !s.table.still(v, slot, gen) {
             // The program discarded or moved it meanwhile: the thread faults again
@@ -380,8 +389,8 @@ impl Pager {
         }
         match read {
             Ok(()) => {
-                if self.uffd.copy(addr, &pages[0], write) {
-                    s.table.fetched(v, slot, gen, write);
+                if self.uffd.copy(addr, &pages[0]) {
+                    s.table.fetched(v, slot, gen, print);
                     self.throttle.mapped(1);
                 } else {
                     self.uffd.wake(addr);
@@ -393,9 +402,9 @@ impl Pager {
                 if ahead_read {
                     for (k, &(n, sl, g)) in ahead.iter().enumerate() {
                         if s.table.still(n, sl, g)
-                            && self.uffd.copy(n as usize * PAGE, &pages[k + 1], false)
+                            && self.uffd.copy(n as usize * PAGE, &pages[k + 1])
                         {
-                            s.table.read_ahead(n, sl, g);
+                            s.table.read_ahead(n, sl, g, ahead_prints[k]);
                             self.throttle.mapped(1);
                             Stats::add(&self.stats.read_ahead, 1);
                         }
@@ -475,8 +484,8 @@ impl Pager {
             for (v, buf) in s.table.standby_pages() {
                 // SAFETY: the entry names `buf`; the lock is held until it is given back.
                 let page = unsafe { self.standby.page(buf) };
-                if self.uffd.copy(v as usize * PAGE, page, true) {
-                    s.table.standby_in(v, true);
+                if self.uffd.copy(v as usize * PAGE, page) {
+                    s.table.standby_in(v, Some(Print::of(page)));
                 }
             }
             s.table.out_pages().collect()
@@ -487,8 +496,8 @@ impl Pager {
             match store.read_page(slot * PAGE as u64, &mut page) {
                 Ok(()) => {
                     let mut s = self.shared.lock();
-                    if s.table.still(v, slot, gen) && self.uffd.copy(addr, &page, true) {
-                        s.table.fetched(v, slot, gen, true);
+                    if s.table.still(v, slot, gen) && self.uffd.copy(addr, &page) {
+                        s.table.fetched(v, slot, gen, Some(Print::of(&page)));
                     }
                 }
                 Err(e) => tracing::error!("bringing page {addr:#x} back before fork: {e}"),

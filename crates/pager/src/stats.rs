@@ -24,7 +24,8 @@ pub struct Stats {
     /// Missing-fault reports the page was mapped before they were read (a read-ahead or
     /// another thread's fault mapped it), or whose range was gone: nothing to do.
     pub stale_reports: AtomicU64,
-    /// Writes to clean pages (which made them dirty).
+    /// Writes to pages the evictor had write-protected to copy them (mapped pages are
+    /// writable: no other write faults).
     pub write_protect_faults: AtomicU64,
     /// Faults that waited for an eviction in flight.
     pub deferred: AtomicU64,
@@ -107,7 +108,8 @@ pub struct Summary {
     /// Missing-fault reports the page was mapped before they were read, or whose range
     /// was gone: nothing to do.
     pub stale_reports: u64,
-    /// Writes to clean pages (which made them dirty).
+    /// Writes to pages the evictor had write-protected to copy them (mapped pages are
+    /// writable: no other write faults).
     pub write_protect_faults: u64,
     /// Faults that waited for an eviction in flight.
     pub deferred: u64,

@@ -6,6 +6,11 @@
 //!
 //! Invariants (the caller holds the table's lock across each call and across the memory
 //! operation the call decides, see `pager.rs`):
+//! - a resident page with a fingerprint (`print.rs`) was mapped from the bytes its slot holds,
+//!   which have that fingerprint: it is clean exactly while its bytes still have it, which the
+//!   evictor checks on the copy it takes; pages are mapped writable, so a write is never seen
+//!   as it happens;
+//! - a page leaves for the cluster only from the standby pool: resident → standby → out;
 //! - a page is `Out` only after its bytes were acknowledged at its slot; a fault on an `Out`
 //!   page fetches that slot, a fault on any other page gets zeros;
 //! - a slot belongs to at most one entry, and goes back to the free list exactly once, when
@@ -24,24 +29,28 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
+use crate::print::Print;
+
 /// A page number (virtual address / 4096).
 pub type Vpn = u64;
 
 /// Where a page's bytes are.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
-    /// In the program's memory. `clean`: the bytes equal what `slot` holds (the page was
-    /// fetched from there and has not been written since), so dropping it needs no write.
+    /// In the program's memory, mapped writable.
     Resident {
-        /// Its slot holds the same bytes.
-        clean: bool,
         /// Its slot in the store, if it has one.
         slot: Option<u64>,
+        /// The fingerprint of the bytes `slot` holds, if the page was mapped from them: it is
+        /// clean while its bytes still have this fingerprint. `None`: mapped for a write, or
+        /// never stored.
+        print: Option<Print>,
     },
     /// Not in the program's memory, nor sent out yet: the bytes are in standby buffer
-    /// `buf` (`standby.rs`); `clean` and `slot` as for `Resident`.
+    /// `buf` (`standby.rs`).
     Standby {
-        /// Its slot holds the same bytes.
+        /// Its slot holds the same bytes (the copy had the fingerprint the page was mapped
+        /// with), so sending it out needs no write.
         clean: bool,
         /// Its slot in the store, if it has one.
         slot: Option<u64>,
@@ -116,7 +125,8 @@ pub enum FaultPlan {
 /// What the evictor does with a page it selected.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Outcome {
-    /// Its bytes are at `slot` (written now, or already there for a clean page).
+    /// Its bytes are at `slot` (written now, or already there for a clean page). Only a page
+    /// in standby is stored.
     Stored {
         /// The page's slot.
         slot: u64,
@@ -128,12 +138,14 @@ pub enum Outcome {
     Standby {
         /// Its buffer.
         buf: u32,
+        /// The fingerprint of the copy (clean if it is the page's own).
+        print: Print,
     },
     /// It could not be written: it stays resident.
     Kept,
 }
 
-/// Where a selected page's bytes go (`Table::slot_for`).
+/// Where the bytes of a page in standby go (`Table::slot_for`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dest {
     /// It is clean: `slot` already holds its bytes, nothing to write.
@@ -292,17 +304,18 @@ impl Table {
         }
     }
 
-    /// A fetched page was mapped; `write`: the fault was a write (the page is mapped
-    /// writable, so it is dirty), otherwise it is mapped write-protected and clean. Returns
-    /// false if the entry changed since `plan` (the caller must not map the bytes).
-    pub fn fetched(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool) -> bool {
-        self.mapped(vpn, slot, gen, write, true)
+    /// A fetched page was mapped; `print`: the fingerprint of the bytes fetched, `None` for a
+    /// write fault (the page is dirty). Returns false if the entry changed since `plan`
+    /// (the caller must not map the bytes).
+    pub fn fetched(&mut self, vpn: Vpn, slot: u64, gen: u64, print: Option<Print>) -> bool {
+        self.mapped(vpn, slot, gen, print, true)
     }
 
-    /// Page `vpn`, in standby, was mapped from its buffer (`write`: writable, so dirty):
-    /// it is resident and referenced again, and its buffer is free. False if it was not in
+    /// Page `vpn`, in standby, was mapped from its buffer; `print`: the buffer's fingerprint,
+    /// `None` for a write fault. It is resident and referenced again, and its buffer is free;
+    /// it keeps the fingerprint if its slot holds the buffer's bytes. False if it was not in
     /// standby (nothing changed).
-    pub fn standby_in(&mut self, vpn: Vpn, write: bool) -> bool {
+    pub fn standby_in(&mut self, vpn: Vpn, print: Option<Print>) -> bool {
         let g = self.gen();
         let Some(e) = self.pages.get_mut(&vpn) else {
             return false;
@@ -312,8 +325,8 @@ impl Table {
         };
         *e = Entry {
             state: State::Resident {
-                clean: clean && !write,
                 slot,
+                print: print.filter(|_| clean && slot.is_some()),
             },
             referenced: true,
             evicting: false,
@@ -323,13 +336,20 @@ impl Table {
         true
     }
 
-    /// A page read ahead of a fault was mapped (clean, write-protected). It has no second
-    /// chance: the program has not touched it yet. False as for `fetched`.
-    pub fn read_ahead(&mut self, vpn: Vpn, slot: u64, gen: u64) -> bool {
-        self.mapped(vpn, slot, gen, false, false)
+    /// A page read ahead of a fault was mapped, with the fingerprint of its bytes. It has no
+    /// second chance: the program has not touched it yet. False as for `fetched`.
+    pub fn read_ahead(&mut self, vpn: Vpn, slot: u64, gen: u64, print: Print) -> bool {
+        self.mapped(vpn, slot, gen, Some(print), false)
     }
 
-    fn mapped(&mut self, vpn: Vpn, slot: u64, gen: u64, write: bool, referenced: bool) -> bool {
+    fn mapped(
+        &mut self,
+        vpn: Vpn,
+        slot: u64,
+        gen: u64,
+        print: Option<Print>,
+        referenced: bool,
+    ) -> bool {
         if !self.still(vpn, slot, gen) {
             return false;
         }
@@ -338,8 +358,8 @@ impl Table {
             vpn,
             Entry {
                 state: State::Resident {
-                    clean: !write,
                     slot: Some(slot),
+                    print,
                 },
                 referenced,
                 evicting: false,
@@ -373,8 +393,8 @@ impl Table {
             vpn,
             Entry {
                 state: State::Resident {
-                    clean: false,
                     slot: None,
+                    print: None,
                 },
                 referenced: true,
                 evicting: false,
@@ -386,16 +406,15 @@ impl Table {
         }
     }
 
-    /// A write-protect fault on `vpn`: true if the write may go on (the page is now dirty),
-    /// false if it waits for an eviction.
+    /// A write-protect fault on `vpn` (a page the evictor protected to copy it, whose
+    /// eviction did not happen or is under way): true if the write may go on, false if it
+    /// waits for the eviction. Whether the write makes the page dirty is its fingerprint's to
+    /// say.
     pub fn on_write_protect(&mut self, vpn: Vpn) -> bool {
         let g = self.gen();
         match self.pages.get_mut(&vpn) {
             Some(e) if e.evicting => false,
             Some(e) => {
-                if let State::Resident { clean, .. } = &mut e.state {
-                    *clean = false;
-                }
                 e.gen = g;
                 true
             }
@@ -410,8 +429,8 @@ impl Table {
         let g = self.gen();
         let e = self.pages.entry(vpn).or_insert(Entry {
             state: State::Resident {
-                clean: false,
                 slot: None,
+                print: None,
             },
             referenced: false,
             evicting: false,
@@ -428,15 +447,13 @@ impl Table {
         Some(e.gen)
     }
 
-    /// Where the selected page `vpn` goes: its slot if it is clean, else the slot to write it
-    /// to (allocated now if it has none).
+    /// Where page `vpn`, in standby and taken by `begin_flush` with generation `gen`, goes:
+    /// its slot if it is clean, else the slot to write it to (allocated now if it has none).
     pub fn slot_for(&mut self, vpn: Vpn, gen: u64) -> Result<Dest, Full> {
         let (clean, slot) = match self.pages.get(&vpn) {
             Some(e) if e.gen == gen && e.evicting => match e.state {
-                State::Resident { clean, slot } | State::Standby { clean, slot, .. } => {
-                    (clean, slot)
-                }
-                State::Out { .. } => return Ok(Dest::Changed),
+                State::Standby { clean, slot, .. } => (clean, slot),
+                State::Resident { .. } | State::Out { .. } => return Ok(Dest::Changed),
             },
             _ => return Ok(Dest::Changed),
         };
@@ -446,12 +463,9 @@ impl Table {
             (_, None) => {
                 let s = self.alloc()?;
                 if let Some(e) = self.pages.get_mut(&vpn) {
-                    match &mut e.state {
-                        State::Resident { clean, slot } | State::Standby { clean, slot, .. } => {
-                            *clean = false;
-                            *slot = Some(s);
-                        }
-                        State::Out { .. } => {}
+                    if let State::Standby { clean, slot, .. } = &mut e.state {
+                        *clean = false;
+                        *slot = Some(s);
                     }
                 }
                 Ok(Dest::Write(s))
@@ -498,7 +512,7 @@ impl Table {
                 e.state
             }
             _ => {
-                if let Outcome::Standby { buf } = outcome {
+                if let Outcome::Standby { buf, .. } = outcome {
                     self.free_bufs.push(buf);
                 }
                 return Commit::Leave;
@@ -516,16 +530,12 @@ impl Table {
                 Commit::Leave
             }
             (_, Outcome::Kept) => Commit::Leave,
-            (State::Resident { clean, slot }, Outcome::Standby { buf }) => {
+            (State::Resident { slot, print }, Outcome::Standby { buf, print: copy }) => {
+                let clean = slot.is_some() && print == Some(copy);
                 set(self, State::Standby { clean, slot, buf });
                 self.in_standby += 1;
                 self.standby.push_back((vpn, gen));
                 self.trim_standby();
-                Commit::Drop
-            }
-            (State::Resident { slot, .. }, Outcome::Stored { slot: s }) => {
-                debug_assert_eq!(slot, Some(s));
-                set(self, State::Out { slot: s });
                 Commit::Drop
             }
             (State::Standby { slot, buf, .. }, Outcome::Stored { slot: s }) => {
@@ -540,13 +550,13 @@ impl Table {
                 }
                 Commit::Drop
             }
-            // Neither happens (a page in standby is not demoted again, nor is one that is
-            // out selected); the buffer goes back.
-            (_, Outcome::Standby { buf }) => {
+            // None of these happens (a page in standby is not demoted again, one that is out
+            // is not selected, and only pages in standby are stored); the buffer goes back.
+            (_, Outcome::Standby { buf, .. }) => {
                 self.free_bufs.push(buf);
                 Commit::Leave
             }
-            (State::Out { .. }, Outcome::Stored { .. }) => Commit::Leave,
+            (State::Resident { .. } | State::Out { .. }, Outcome::Stored { .. }) => Commit::Leave,
         }
     }
 
@@ -579,8 +589,9 @@ impl Table {
             self.pages.remove(&v);
             let g = self.gen();
             let entry = match e.state {
-                State::Resident { slot, .. } => Entry {
-                    state: State::Resident { clean: false, slot },
+                // Its fingerprint stays: it is of the bytes, wherever they are mapped.
+                State::Resident { slot, print } => Entry {
+                    state: State::Resident { slot, print },
                     referenced: e.referenced,
                     evicting: false,
                     gen: g,
@@ -610,89 +621,141 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn evict(t: &mut Table, vpn: Vpn) -> Commit {
-        let g = t.select(vpn).expect("selected");
-        let out = match t.slot_for(vpn, g).unwrap() {
-            Dest::Write(s) | Dest::Clean(s) => Outcome::Stored { slot: s },
-            Dest::Changed => panic!("changed"),
+    /// The fingerprint of a page holding `x` (the model's pages are values, not bytes).
+    fn pr(x: u64) -> Print {
+        Print::of_value(x)
+    }
+
+    /// Puts resident page `vpn`, holding `value`, in standby (the hand passing it as often as
+    /// its second chance needs); returns its buffer.
+    fn demote(t: &mut Table, vpn: Vpn, value: u64) -> u32 {
+        let g = t.select(vpn).or_else(|| t.select(vpn)).expect("selected");
+        let buf = t.take_bufs(1).pop().expect("a free buffer");
+        let print = pr(value);
+        assert_eq!(
+            t.commit(vpn, g, Outcome::Standby { buf, print }),
+            Commit::Drop
+        );
+        buf
+    }
+
+    /// Sends the oldest page in standby out; returns it and where it went.
+    fn flush_one(t: &mut Table) -> (Vpn, Dest) {
+        let (v, g, _) = t.begin_flush(1).pop().expect("a page in standby");
+        let dest = t.slot_for(v, g).expect("a slot");
+        let (Dest::Write(slot) | Dest::Clean(slot)) = dest else {
+            panic!("changed")
         };
-        t.commit(vpn, g, out)
+        assert_eq!(t.commit(v, g, Outcome::Stored { slot }), Commit::Sent);
+        (v, dest)
+    }
+
+    /// Page `vpn`, holding `value`, goes through standby to the cluster; returns where.
+    fn evict(t: &mut Table, vpn: Vpn, value: u64) -> Dest {
+        demote(t, vpn, value);
+        let (v, dest) = flush_one(t);
+        assert_eq!(v, vpn);
+        dest
+    }
+
+    /// Fetches out page `vpn` for a read, as holding `value`; returns its slot.
+    fn fetch(t: &mut Table, vpn: Vpn, value: u64) -> u64 {
+        let FaultPlan::Fetch { slot, gen } = t.on_missing(vpn) else {
+            panic!("not fetched")
+        };
+        assert!(t.fetched(vpn, slot, gen, Some(pr(value))));
+        slot
     }
 
     #[test]
     fn first_touch_is_zero_then_evicted_page_is_fetched_clean() {
         let mut t = Table::new(10, 4);
         assert_eq!(t.on_missing(7), FaultPlan::Zero);
-        // An untracked resident page is selected at once, written to a new slot.
-        assert_eq!(evict(&mut t, 7), Commit::Drop);
-        let FaultPlan::Fetch { slot, gen } = t.on_missing(7) else {
-            panic!("not fetched")
+        t.zeroed(7);
+        // A page never stored is written to a new slot.
+        let Dest::Write(slot) = evict(&mut t, 7, 5) else {
+            panic!("a page never stored is written")
         };
-        assert!(t.fetched(7, slot, gen, false));
-        // Referenced: the hand passes it once.
+        assert_eq!(fetch(&mut t, 7, 5), slot);
+        // Referenced: the hand passes it once. Its copy has the fingerprint it was mapped
+        // with: clean, nothing to write.
         assert_eq!(t.select(7), None);
-        let g = t.select(7).unwrap();
-        // Clean: nothing to write.
-        assert_eq!(t.slot_for(7, g).unwrap(), Dest::Clean(slot));
-        assert_eq!(t.commit(7, g, Outcome::Stored { slot }), Commit::Drop);
+        assert_eq!(evict(&mut t, 7, 5), Dest::Clean(slot));
         assert_eq!(t.slots_used(), 1);
     }
 
     #[test]
-    fn a_write_makes_a_fetched_page_dirty() {
+    fn a_page_whose_bytes_changed_is_dirty_and_one_changed_back_is_clean() {
         let mut t = Table::new(10, 4);
-        evict(&mut t, 1);
+        t.zeroed(1);
+        let Dest::Write(slot) = evict(&mut t, 1, 5) else {
+            panic!("written")
+        };
+        fetch(&mut t, 1, 5);
+        // Mapped writable: the program's write is not seen, its copy's fingerprint is.
+        assert_eq!(evict(&mut t, 1, 6), Dest::Write(slot), "reuses its slot");
+        fetch(&mut t, 1, 6);
+        assert_eq!(evict(&mut t, 1, 6), Dest::Clean(slot));
+        // A fault for a write maps it without a fingerprint: dirty whatever its bytes.
         let FaultPlan::Fetch { slot, gen } = t.on_missing(1) else {
             panic!()
         };
-        assert!(t.fetched(1, slot, gen, false));
-        assert!(t.on_write_protect(1));
-        t.select(1);
-        let g = t.select(1).unwrap();
-        assert_eq!(
-            t.slot_for(1, g).unwrap(),
-            Dest::Write(slot),
-            "dirty page reuses its slot"
-        );
+        assert!(t.fetched(1, slot, gen, None));
+        assert_eq!(evict(&mut t, 1, 6), Dest::Write(slot));
     }
 
     #[test]
     fn faults_on_an_evicting_page_wait_and_discards_win() {
         let mut t = Table::new(10, 4);
+        // While the evictor copies it.
         let g = t.select(3).unwrap();
         assert_eq!(t.on_missing(3), FaultPlan::Defer);
         assert!(!t.on_write_protect(3));
-        let Dest::Write(s) = t.slot_for(3, g).unwrap() else {
+        t.forget(3, 1);
+        let buf = t.take_bufs(1)[0];
+        let print = pr(9);
+        assert_eq!(
+            t.commit(3, g, Outcome::Standby { buf, print }),
+            Commit::Leave
+        );
+        assert_eq!(
+            (t.free_bufs(), t.in_standby()),
+            (4, 0),
+            "its buffer is back"
+        );
+        // While it is sent out.
+        t.zeroed(3);
+        demote(&mut t, 3, 9);
+        let (v, g, _) = t.begin_flush(1)[0];
+        assert_eq!(t.on_missing(v), FaultPlan::Defer);
+        let Dest::Write(s) = t.slot_for(v, g).unwrap() else {
             panic!("no slot")
         };
-        // The program discards the page while its copy is written.
         t.forget(3, 1);
         assert_eq!(t.commit(3, g, Outcome::Stored { slot: s }), Commit::Leave);
         assert_eq!(t.on_missing(3), FaultPlan::Zero);
         assert_eq!(t.slots_used(), 0);
+        assert_eq!((t.free_bufs(), t.in_standby()), (4, 0));
     }
 
     #[test]
     fn a_stale_missing_report_keeps_a_mapped_page_and_its_slot() {
         let mut t = Table::new(10, 4);
-        // Page 4 goes out, then comes back (clean, its slot holds its bytes).
-        let g = t.select(4).unwrap();
-        let Dest::Write(slot) = t.slot_for(4, g).unwrap() else {
+        t.zeroed(4);
+        let Dest::Write(slot) = evict(&mut t, 4, 2) else {
             panic!("no slot")
         };
-        assert_eq!(t.commit(4, g, Outcome::Stored { slot }), Commit::Drop);
-        let FaultPlan::Fetch { slot, gen } = t.on_missing(4) else {
+        let FaultPlan::Fetch { slot: s, gen } = t.on_missing(4) else {
             panic!("not fetched")
         };
-        assert!(t.read_ahead(4, slot, gen));
+        assert_eq!(s, slot);
+        assert!(t.read_ahead(4, slot, gen, pr(2)));
         // A second report for it, read after it was mapped: no zero page can be placed, and
-        // the entry is untouched — it is still clean, so dropping it needs no write.
+        // the entry is untouched — it keeps its fingerprint, so dropping it needs no write.
         assert_eq!(t.on_missing(4), FaultPlan::Zero);
         assert_eq!(t.slots_used(), 1);
-        let g = t.select(4).unwrap();
-        assert_eq!(t.slot_for(4, g).unwrap(), Dest::Clean(slot));
+        assert_eq!(evict(&mut t, 4, 2), Dest::Clean(slot));
         // Had the program dropped it, the zero page is placed and the slot goes back.
-        assert_eq!(t.commit(4, g, Outcome::Kept), Commit::Leave);
         t.zeroed(4);
         assert_eq!(t.slots_used(), 0);
     }
@@ -700,32 +763,42 @@ mod tests {
     #[test]
     fn a_fetch_is_not_mapped_when_the_page_changed() {
         let mut t = Table::new(10, 4);
-        evict(&mut t, 5);
+        t.zeroed(5);
+        evict(&mut t, 5, 1);
         let FaultPlan::Fetch { slot, gen } = t.on_missing(5) else {
             panic!()
         };
         t.forget(5, 1);
         assert!(!t.still(5, slot, gen));
-        assert!(!t.fetched(5, slot, gen, true));
+        assert!(!t.fetched(5, slot, gen, None));
     }
 
     #[test]
     fn remap_moves_out_pages_and_cancels_evictions() {
         let mut t = Table::new(10, 4);
-        evict(&mut t, 100);
-        let g = t.select(101).unwrap();
-        let Dest::Write(s) = t.slot_for(101, g).unwrap() else {
+        t.zeroed(100);
+        let Dest::Write(s) = evict(&mut t, 100, 1) else {
             panic!("no slot")
         };
-        t.remap(100, 500, 2);
-        assert_eq!(t.on_missing(100), FaultPlan::Zero);
+        fetch(&mut t, 100, 1);
+        t.zeroed(99);
+        evict(&mut t, 99, 3);
+        let g = t.select(100).or_else(|| t.select(100)).unwrap();
+        t.remap(99, 500, 2);
+        assert_eq!(t.on_missing(99), FaultPlan::Zero);
         assert!(matches!(t.on_missing(500), FaultPlan::Fetch { .. }));
-        assert_eq!(t.commit(101, g, Outcome::Stored { slot: s }), Commit::Leave);
+        let buf = t.take_bufs(1)[0];
+        let print = pr(1);
+        assert_eq!(
+            t.commit(100, g, Outcome::Standby { buf, print }),
+            Commit::Leave
+        );
+        // The page moved with its bytes and their fingerprint.
         assert_eq!(
             t.get(501).unwrap().state,
             State::Resident {
-                clean: false,
-                slot: Some(s)
+                slot: Some(s),
+                print: Some(pr(1))
             }
         );
     }
@@ -733,14 +806,8 @@ mod tests {
     #[test]
     fn a_page_in_standby_comes_back_locally_and_the_oldest_is_sent_out() {
         let mut t = Table::new(10, 2);
-        let demote = |t: &mut Table, v: Vpn| {
-            let g = t.select(v).or_else(|| t.select(v)).expect("selected");
-            let buf = t.take_bufs(1).pop().expect("a free buffer");
-            assert_eq!(t.commit(v, g, Outcome::Standby { buf }), Commit::Drop);
-            buf
-        };
-        let b1 = demote(&mut t, 1);
-        demote(&mut t, 2);
+        let b1 = demote(&mut t, 1, 1);
+        demote(&mut t, 2, 2);
         assert_eq!((t.in_standby(), t.free_bufs()), (2, 0));
         // A touch of page 1 (a read the clock would not have seen) is answered from its
         // buffer, which is free again, and the page has its second chance.
@@ -751,7 +818,15 @@ mod tests {
                 clean: false
             }
         );
-        assert!(t.standby_in(1, false));
+        assert!(t.standby_in(1, Some(pr(1))));
+        assert_eq!(
+            t.get(1).unwrap().state,
+            State::Resident {
+                slot: None,
+                print: None
+            },
+            "no slot holds it: no fingerprint"
+        );
         assert_eq!((t.in_standby(), t.free_bufs()), (1, 1));
         assert_eq!(t.select(1), None, "referenced: it keeps its place once");
         // The flush takes the oldest page still in standby (2, not 1) and sends it out.
@@ -771,26 +846,48 @@ mod tests {
         assert_eq!((t.in_standby(), t.free_bufs()), (0, 2));
         assert!(matches!(t.on_missing(2), FaultPlan::Fetch { .. }));
         // A failed send keeps the page in standby, first in line.
-        let b3 = demote(&mut t, 3);
+        let b3 = demote(&mut t, 3, 3);
         let (v, g, _) = t.begin_flush(1)[0];
         assert_eq!(t.commit(v, g, Outcome::Kept), Commit::Leave);
         assert_eq!(t.begin_flush(1), vec![(3, g, b3)]);
+        // A clean page back from standby keeps its fingerprint.
+        fetch(&mut t, 2, 2);
+        let b2 = demote(&mut t, 2, 2);
+        assert_eq!(
+            t.on_missing(2),
+            FaultPlan::Local {
+                buf: b2,
+                clean: true
+            }
+        );
+        assert!(t.standby_in(2, Some(pr(2))));
+        assert_eq!(
+            t.get(2).unwrap().state,
+            State::Resident {
+                slot: Some(slot),
+                print: Some(pr(2))
+            }
+        );
     }
 
     #[test]
     fn full_store_is_an_error() {
         let mut t = Table::new(1, 4);
-        evict(&mut t, 1);
-        let g = t.select(2).unwrap();
-        assert_eq!(t.slot_for(2, g), Err(Full(1)));
-        assert_eq!(t.commit(2, g, Outcome::Kept), Commit::Leave);
+        t.zeroed(1);
+        evict(&mut t, 1, 1);
+        t.zeroed(2);
+        demote(&mut t, 2, 2);
+        let (v, g, _) = t.begin_flush(1)[0];
+        assert_eq!(t.slot_for(v, g), Err(Full(1)));
+        assert_eq!(t.commit(v, g, Outcome::Kept), Commit::Leave);
         assert!(!t.get(2).unwrap().evicting);
+        assert_eq!(t.in_standby(), 1, "it stays in standby");
     }
 
     #[derive(Clone, Debug)]
     enum Op {
         Touch(u8, bool),
-        Evict(u8),
+        Rewrite(u8),
         Demote(u8),
         Flush(u8),
         Forget(u8, u8),
@@ -800,7 +897,7 @@ mod tests {
     fn op() -> impl Strategy<Value = Op> {
         prop_oneof![
             (0u8..32, any::<bool>()).prop_map(|(v, w)| Op::Touch(v, w)),
-            (0u8..32).prop_map(Op::Evict),
+            (0u8..32).prop_map(Op::Rewrite),
             (0u8..32).prop_map(Op::Demote),
             (1u8..4).prop_map(Op::Flush),
             (0u8..32, 1u8..4).prop_map(|(v, n)| Op::Forget(v, n)),
@@ -810,8 +907,10 @@ mod tests {
 
     proptest! {
         /// A model of memory (page → value) against the table driving a simulated store and
-        /// address space: every page always reads back what was last written to it, and no
-        /// slot is held twice.
+        /// address space, where writes are silent (pages are mapped writable) and only the
+        /// fingerprints of copies tell a clean page: every page always reads back what was
+        /// last written to it, a page sent out as clean holds what its slot holds, no slot is
+        /// held twice, and no standby buffer is lost or doubled.
         #[test]
         fn table_keeps_every_page(ops in proptest::collection::vec(op(), 1..200)) {
             let mut t = Table::new(64, 4);
@@ -826,13 +925,15 @@ mod tests {
                 if mem.contains_key(&v) { return; }
                 match t.on_missing(v) {
                     FaultPlan::Local { buf, .. } => {
-                        mem.insert(v, bufs[buf as usize]);
-                        assert!(t.standby_in(v, w));
+                        let x = bufs[buf as usize];
+                        mem.insert(v, x);
+                        assert!(t.standby_in(v, (!w).then(|| pr(x))));
                     }
                     FaultPlan::Zero => { mem.insert(v, 0); t.zeroed(v); }
                     FaultPlan::Fetch { slot, gen } => {
-                        assert!(t.fetched(v, slot, gen, w));
-                        mem.insert(v, store[slot as usize]);
+                        let x = store[slot as usize];
+                        assert!(t.fetched(v, slot, gen, (!w).then(|| pr(x))));
+                        mem.insert(v, x);
                     }
                     FaultPlan::Defer => panic!("no eviction in flight"),
                 }
@@ -844,29 +945,17 @@ mod tests {
                         fault_in(&mut t, &mut mem, &store, &bufs, v, w);
                         if w {
                             value += 1;
-                            t.on_write_protect(v);
                             mem.insert(v, value);
                             model[v as usize] = value;
                         }
                         prop_assert_eq!(mem[&v], model[v as usize]);
                     }
-                    Op::Evict(v) => {
+                    Op::Rewrite(v) => {
+                        // A write fault that leaves the bytes as they were: mapped without a
+                        // fingerprint, the page is sent out again, never taken for clean
+                        // wrongly.
                         let v = u64::from(v);
-                        if !mem.contains_key(&v) { continue; }
-                        let Some(g) = t.select(v).or_else(|| t.select(v)) else { continue };
-                        let outcome = if mem[&v] == 0 {
-                            Outcome::Zero
-                        } else {
-                            match t.slot_for(v, g).unwrap() {
-                                Dest::Write(s) => { store[s as usize] = mem[&v]; Outcome::Stored { slot: s } }
-                                Dest::Clean(s) => {
-                                    prop_assert_eq!(store[s as usize], mem[&v], "clean page differs from its slot");
-                                    Outcome::Stored { slot: s }
-                                }
-                                Dest::Changed => panic!("changed without a change"),
-                            }
-                        };
-                        if t.commit(v, g, outcome) == Commit::Drop { mem.remove(&v); }
+                        fault_in(&mut t, &mut mem, &store, &bufs, v, true);
                     }
                     Op::Demote(v) => {
                         let v = u64::from(v);
@@ -881,7 +970,7 @@ mod tests {
                             Outcome::Zero
                         } else {
                             bufs[buf as usize] = mem[&v];
-                            Outcome::Standby { buf }
+                            Outcome::Standby { buf, print: pr(mem[&v]) }
                         };
                         prop_assert_eq!(t.commit(v, g, outcome), Commit::Drop);
                         mem.remove(&v);

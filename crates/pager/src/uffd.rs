@@ -33,7 +33,6 @@ const FEATURE_POISON: u64 = 1 << 14;
 
 const REGISTER_MODE_MISSING: u64 = 1 << 0;
 const REGISTER_MODE_WP: u64 = 1 << 1;
-const COPY_MODE_WP: u64 = 1 << 1;
 const WRITEPROTECT_MODE_WP: u64 = 1 << 0;
 
 const EVENT_PAGEFAULT: u8 = 0x12;
@@ -281,15 +280,14 @@ impl Uffd {
         })
     }
 
-    /// Maps a copy of `page` at `addr` and wakes the threads waiting on it; write-protected
-    /// (so that a later write is seen) unless `writable`. False if a page was already there
-    /// or the range is no longer registered (nothing to do then).
-    pub fn copy(&self, addr: usize, page: &[u8; PAGE], writable: bool) -> bool {
+    /// Maps a copy of `page` at `addr`, writable, and wakes the threads waiting on it. False
+    /// if a page was already there or the range is no longer registered (nothing to do then).
+    pub fn copy(&self, addr: usize, page: &[u8; PAGE]) -> bool {
         let mut c = Copy {
             dst: addr as u64,
             src: page.as_ptr() as u64,
             len: PAGE as u64,
-            mode: if writable { 0 } else { COPY_MODE_WP },
+            mode: 0,
             copy: 0,
         };
         ioctl(self.fd(), UFFDIO_COPY, &mut c).is_ok()
