@@ -354,15 +354,28 @@ fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
     drop(wants);
     let mut kept: Vec<(u64, Loc)> = Vec::with_capacity(found.len());
     let mut keep = Vec::with_capacity(found.len());
-    for (r, (_, page, loc)) in results.into_iter().zip(&found) {
-        match r? {
-            PieceRead::Done { .. } => {
-                kept.push((*page, *loc));
-                keep.push(true);
+    for (i, (r, (_, page, loc))) in results.into_iter().zip(&found).enumerate() {
+        let read = match r? {
+            PieceRead::Done { .. } => true,
+            // Still there: the newer pieces are the remains of a write never acknowledged
+            // (see [`Newer::Stale`]); read around them.
+            PieceRead::Moved if store.map.get(*page) == Some(*loc) => {
+                let want = PieceWant {
+                    addr: page * PAGE_SIZE as u64,
+                    row: loc.row,
+                    pos: loc.pos,
+                    version: loc.version,
+                    newer: Newer::Stale,
+                };
+                store.mem.read_piece(want, &mut bytes[i])? != PieceRead::Moved
             }
             // Written again since the scan: its old row is released by that write.
-            PieceRead::Moved => keep.push(false),
+            PieceRead::Moved => false,
+        };
+        if read {
+            kept.push((*page, *loc));
         }
+        keep.push(read);
     }
     let mut keep = keep.into_iter();
     bytes.retain(|_| keep.next().unwrap_or(false));
