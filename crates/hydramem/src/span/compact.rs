@@ -340,14 +340,10 @@ fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
         .iter()
         .zip(bytes.iter_mut())
         .map(|((_, page, loc), buf)| {
-            let want = PieceWant {
-                addr: page * PAGE_SIZE as u64,
-                row: loc.row,
-                pos: loc.pos,
-                version: loc.version,
-                newer: Newer::Moved,
-            };
-            (want, buf)
+            (
+                super::want(page * PAGE_SIZE as u64, *loc, Newer::Moved),
+                buf,
+            )
         })
         .collect();
     let results = store.mem.read_pieces(&mut wants);
@@ -360,13 +356,7 @@ fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
             // Still there: the newer pieces are the remains of a write never acknowledged
             // (see [`Newer::Stale`]); read around them.
             PieceRead::Moved if store.map.get(*page) == Some(*loc) => {
-                let want = PieceWant {
-                    addr: page * PAGE_SIZE as u64,
-                    row: loc.row,
-                    pos: loc.pos,
-                    version: loc.version,
-                    newer: Newer::Stale,
-                };
+                let want = super::want(page * PAGE_SIZE as u64, *loc, Newer::Stale);
                 store.mem.read_piece(want, &mut bytes[i])? != PieceRead::Moved
             }
             // Written again since the scan: its old row is released by that write.

@@ -307,14 +307,7 @@ impl Core {
                 out.fill(0);
                 return Ok(());
             };
-            let want = PieceWant {
-                addr,
-                row: loc.row,
-                pos: loc.pos,
-                version: loc.version,
-                newer,
-            };
-            let read = match self.mem.read_piece(want, out) {
+            let read = match self.mem.read_piece(want(addr, loc, newer), out) {
                 // The page moved while its old row failed to read (its row was reused or its
                 // range given back): read it where it is now.
                 Err(_) if self.map.get(page) != Some(loc) => Ok(PieceRead::Moved),
@@ -552,16 +545,7 @@ impl PageStore for Core {
         for (addr, page) in list.iter_mut() {
             match self.map.get(self.page_of(*addr)?) {
                 None => page.fill(0),
-                Some(loc) => wants.push((
-                    PieceWant {
-                        addr: *addr,
-                        row: loc.row,
-                        pos: loc.pos,
-                        version: loc.version,
-                        newer: Newer::Moved,
-                    },
-                    &mut **page,
-                )),
+                Some(loc) => wants.push((want(*addr, loc, Newer::Moved), &mut **page)),
             }
         }
         let results = self.mem.read_pieces(&mut wants);
@@ -614,5 +598,16 @@ impl PageStore for Core {
             "row {} piece {} on node {}",
             loc.row, loc.pos, group.nodes[loc.pos]
         ))
+    }
+}
+
+/// The read of page `addr`, stored at `loc`.
+fn want(addr: u64, loc: Loc, newer: Newer) -> PieceWant {
+    PieceWant {
+        addr,
+        row: loc.row,
+        pos: loc.pos,
+        version: loc.version,
+        newer,
     }
 }
