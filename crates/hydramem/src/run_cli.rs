@@ -130,6 +130,8 @@ struct Stats {
     zero_drops: u64,
     lost: u64,
     peak_resident: u64,
+    #[serde(default)]
+    peak_own: u64,
 }
 
 fn short(cmd: &str) -> String {
@@ -155,7 +157,8 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
             ("exit", Some(s)) => eprintln!(
                 "hydramem run: pid {} ({}) ran {:.1} s: {} page-ins (p50 {} µs, p99 {} µs) and \
                  {} pages read ahead, {} touches answered from standby, {} first touches, {} pages written out, {} clean and {} \
-                 zero pages dropped without a write, {} lost; peak resident {} of {}",
+                 zero pages dropped without a write, {} lost; peak resident {} of {} (and the \
+                 pager's own {})",
                 l.pid,
                 short(&l.command),
                 l.seconds.unwrap_or(0.0),
@@ -170,7 +173,8 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
                 s.zero_drops,
                 s.lost,
                 human(s.peak_resident),
-                human(local)
+                human(local),
+                human(s.peak_own)
             ),
             _ => {}
         }

@@ -6,7 +6,8 @@
 //! The allocator is talc (a general-purpose allocator that works on memory it is given)
 //! behind a spin lock: only the pager's few threads allocate here, and a lock that parks
 //! would itself allocate. The region is reserved once, without backing (MAP_NORESERVE):
-//! only the pages the pager touches cost memory.
+//! only the pages the pager touches cost memory, and [`resident`] counts them (the pager's
+//! own memory is not the program's: the evictor keeps it outside `--local-memory`).
 
 use std::alloc::Layout;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,6 +21,35 @@ const RESERVE: usize = 64 << 30;
 
 /// Where the heap region is (0 before the first allocation).
 static BASE: AtomicUsize = AtomicUsize::new(0);
+/// The end of the highest block ever handed out (0 before the first).
+static HIGH: AtomicUsize = AtomicUsize::new(0);
+
+/// Notes that a block of `size` bytes was handed out at `p`.
+fn note(p: *mut u8, size: usize) -> *mut u8 {
+    if !p.is_null() {
+        HIGH.fetch_max((p as usize).saturating_add(size), Ordering::Relaxed);
+    }
+    p
+}
+
+/// Bytes of the pager's heap resident now: the pages of the part ever handed out that are
+/// in memory (mincore), with `buf` as mincore's vector (one byte per page, grown as needed).
+pub fn resident(buf: &mut Vec<u8>) -> u64 {
+    let base = BASE.load(Ordering::Acquire);
+    if base == 0 {
+        return 0;
+    }
+    let end = HIGH.load(Ordering::Relaxed).next_multiple_of(crate::PAGE);
+    let len = end.saturating_sub(base).min(RESERVE);
+    buf.resize(len / crate::PAGE, 0);
+    // SAFETY: `[base, base + len)` lies in the heap's mapping, which is never unmapped, and
+    // `buf` has one byte for each of its pages.
+    let r = unsafe { libc::mincore(base as *mut libc::c_void, len, buf.as_mut_ptr()) };
+    if r != 0 {
+        return 0;
+    }
+    buf.iter().filter(|b| **b & 1 != 0).count() as u64 * crate::PAGE as u64
+}
 
 /// Whether `p` points into the pager's heap.
 pub fn owns(p: *const u8) -> bool {
@@ -98,7 +128,7 @@ const DISCARD_FROM: usize = 4 * crate::PAGE;
 unsafe impl std::alloc::GlobalAlloc for PagerAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract.
-        unsafe { self.0.alloc(layout) }
+        note(unsafe { self.0.alloc(layout) }, layout.size())
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
@@ -108,7 +138,7 @@ unsafe impl std::alloc::GlobalAlloc for PagerAlloc {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         // SAFETY: the caller's contract.
-        unsafe { self.0.realloc(ptr, layout, new_size) }
+        note(unsafe { self.0.realloc(ptr, layout, new_size) }, new_size)
     }
 
     /// A zeroed block. Writing zeros over a large block would make all of its pages
@@ -119,7 +149,7 @@ unsafe impl std::alloc::GlobalAlloc for PagerAlloc {
     /// pages at its ends are written.
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         // SAFETY: the caller's contract.
-        let p = unsafe { self.0.alloc(layout) };
+        let p = note(unsafe { self.0.alloc(layout) }, layout.size());
         if p.is_null() {
             return p;
         }
@@ -169,6 +199,29 @@ mod tests {
                 );
                 heap.dealloc(p, layout);
             }
+        }
+        // What the heap counts as resident: a written block, not a zeroed one. (In this test
+        // binary only the heaps the tests make are counted; this is the only one.)
+        let mut buf = Vec::new();
+        let before = super::resident(&mut buf);
+        let mib = Layout::from_size_align(8 << 20, 4096).unwrap();
+        // SAFETY: non-zero layouts; the blocks are written within their sizes and freed once.
+        unsafe {
+            let zeroed = heap.alloc_zeroed(mib);
+            let after_zeroed = super::resident(&mut buf);
+            assert!(
+                after_zeroed < before + (1 << 20),
+                "a zeroed block costs nothing: {before} → {after_zeroed}"
+            );
+            let written = heap.alloc(mib);
+            std::ptr::write_bytes(written, 1, 8 << 20);
+            let after = super::resident(&mut buf);
+            assert!(
+                after >= after_zeroed + (8 << 20),
+                "a written block is resident: {after_zeroed} → {after}"
+            );
+            heap.dealloc(written, mib);
+            heap.dealloc(zeroed, mib);
         }
     }
 }

@@ -34,6 +34,7 @@ use std::time::{Duration, Instant};
 
 use hydramem::nbd::PageStore;
 
+use crate::alloc;
 use crate::pager::Pager;
 use crate::print::Print;
 use crate::regions::{self, Pagemap, Region};
@@ -59,6 +60,9 @@ const SCAN: usize = 512;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest wait after a refused write.
 const MAX_BACKOFF: Duration = Duration::from_secs(16);
+/// How often the pager's own memory is counted again (it changes slowly: buffers are made
+/// once, the page table grows a few bytes per page).
+const OWN_EVERY: Duration = Duration::from_millis(50);
 
 /// The clock hand: a region and an address in it.
 struct Hand {
@@ -77,6 +81,10 @@ pub struct Evictor<'p> {
     write_failed: bool,
     /// The wait after the next refused write.
     backoff: Duration,
+    /// The pager's own memory at the last look (its heap less the standby pool), and when.
+    own: (u64, Instant),
+    /// mincore's vector for that look.
+    own_buf: Vec<u8>,
 }
 
 impl<'p> Evictor<'p> {
@@ -91,12 +99,24 @@ impl<'p> Evictor<'p> {
             last_scan: Instant::now() - Duration::from_secs(10),
             write_failed: false,
             backoff: FIRST_BACKOFF,
+            own: (0, Instant::now() - OWN_EVERY),
+            own_buf: Vec::new(),
         }
     }
 
-    /// The program's resident anonymous memory now.
-    pub fn resident(&self) -> u64 {
-        regions::resident_anon(&self.statm).unwrap_or(0)
+    /// The program's resident anonymous memory now: the process's, less the pager's own
+    /// (its heap — the client, its buffers, the page table — but not the standby pool, which
+    /// holds the program's pages). The pager's memory is what a swap path's daemon and page
+    /// cache are to a program under swap: outside its limit, and reported beside it.
+    pub fn resident(&mut self) -> u64 {
+        let process = regions::resident_anon(&self.statm).unwrap_or(0);
+        if self.own.1.elapsed() >= OWN_EVERY {
+            let pool = u64::from(self.pager.standby.len()) * PAGE as u64;
+            let own = alloc::resident(&mut self.own_buf).saturating_sub(pool);
+            self.pager.stats.own(own);
+            self.own = (own, Instant::now());
+        }
+        process.saturating_sub(self.own.0)
     }
 
     /// Runs until the pager stops.

@@ -49,8 +49,11 @@ pub struct Stats {
     pub lost: AtomicU64,
     /// Batched writes of evicted pages.
     pub batches: AtomicU64,
-    /// Highest resident anonymous memory seen, in bytes.
+    /// Highest resident anonymous memory of the program seen, in bytes (the process's, less
+    /// the pager's own).
     pub peak_resident: AtomicU64,
+    /// Highest memory of the pager's own seen (its heap less the standby pool), in bytes.
+    pub peak_own: AtomicU64,
     page_in_us: Mutex<Option<Histogram<u64>>>,
     lock_wait_us: Mutex<Option<Histogram<u64>>>,
     fetch_us: Mutex<Option<Histogram<u64>>>,
@@ -135,8 +138,11 @@ pub struct Summary {
     pub batches: u64,
     /// Latency of one batched write of evicted pages (µs).
     pub batch_write_us: Percentiles,
-    /// Highest resident anonymous memory seen, in bytes.
+    /// Highest resident anonymous memory of the program seen, in bytes (the process's, less
+    /// the pager's own).
     pub peak_resident: u64,
+    /// Highest memory of the pager's own seen, in bytes (its heap less the standby pool).
+    pub peak_own: u64,
 }
 
 fn record(h: &Mutex<Option<Histogram<u64>>>, d: Duration) {
@@ -192,6 +198,11 @@ impl Stats {
         self.peak_resident.fetch_max(bytes, Ordering::Relaxed);
     }
 
+    /// The pager's own memory seen now.
+    pub fn own(&self, bytes: u64) {
+        self.peak_own.fetch_max(bytes, Ordering::Relaxed);
+    }
+
     /// The numbers so far.
     pub fn summary(&self) -> Summary {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -223,6 +234,7 @@ impl Stats {
             batches: g(&self.batches),
             batch_write_us: percentiles(&self.write_us),
             peak_resident: g(&self.peak_resident),
+            peak_own: g(&self.peak_own),
         }
     }
 }

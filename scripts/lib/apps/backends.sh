@@ -92,6 +92,22 @@ PY
   fi
 }
 
+# pager_own: the most memory the pager of a *-run backend took for itself in one of the
+# server's processes (its heap less the standby pool, from $wdir/pager.json; 0 without a
+# report). It is outside --local-memory, as a swap path's daemon is outside the cgroup.
+pager_own() {
+  python3 - "$wdir/pager.json" <<'PY'
+import json, sys
+own = 0
+try:
+    for line in open(sys.argv[1]):
+        own = max(own, (json.loads(line).get("stats") or {}).get("peak_own", 0))
+except OSError:
+    pass
+print(own)
+PY
+}
+
 # backend_needs_cluster NAME: whether NAME keeps its memory on the nodes of `hydramem up`.
 backend_needs_cluster() { [ -n "$(backend_scheme "$1")" ]; }
 
