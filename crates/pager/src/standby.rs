@@ -1,5 +1,5 @@
 //! The standby pool: pages the evictor took out of the program's memory but has not sent to
-//! the cluster yet. The clock sees a page's faults and writes, never its reads (user space
+//! the cluster yet. The clock sees a page's faults, never its reads or writes (user space
 //! cannot read the accessed bits), so a page that is only read looks cold however hot it is.
 //! Taking a page out first to standby, and sending it out only once it has waited there
 //! while the pool turned over, lets its reads be seen: a touch faults, and the fault is
