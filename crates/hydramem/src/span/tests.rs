@@ -492,7 +492,9 @@ fn a_row_piece_newer_than_the_page_it_holds_is_read_around_not_chased() {
         .collect();
     let list: Vec<(u64, &Page)> = again.iter().map(|(a, b)| (*a, b)).collect();
     s.write_list(&list).expect("the pages write");
-    assert!(s.compact().expect("compaction runs") > 0);
+    // The background thread may compact first (the writes wake it); either way the pass
+    // that empties these rows must move page 0.
+    s.compact().expect("compaction runs");
     assert_ne!(
         s.core().map.get(0),
         Some(loc),
