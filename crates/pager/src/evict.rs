@@ -60,6 +60,9 @@ const SCAN: usize = 512;
 const FIRST_BACKOFF: Duration = Duration::from_secs(1);
 /// The longest wait after a refused write.
 const MAX_BACKOFF: Duration = Duration::from_secs(16);
+/// The shortest time between two looks at the maps made because the evictor, over the
+/// budget, found nothing to page out.
+const RESCAN_STARVED: Duration = Duration::from_millis(50);
 /// How often the pager's own memory is counted again (it changes slowly: buffers are made
 /// once, the page table grows a few bytes per page).
 const OWN_EVERY: Duration = Duration::from_millis(50);
@@ -164,6 +167,13 @@ impl<'p> Evictor<'p> {
                     p.kick.wait_until(&mut g, until);
                 }
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                continue;
+            }
+            if freed == 0 && self.last_scan.elapsed() >= RESCAN_STARVED {
+                // Over the budget with nothing to pick: the program's memory may be in a
+                // mapping not registered yet (a program loading at full speed maps new arenas
+                // faster than the once-a-second look at the maps finds them). Look now.
+                p.shared.lock().rescan = true;
                 continue;
             }
             if freed == 0 {
