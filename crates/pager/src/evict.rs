@@ -317,11 +317,11 @@ impl<'p> Evictor<'p> {
             i = j;
         }
         // Copy each into its buffer, and decide.
-        let copied = self.copy(&chosen, &bufs, &mut ok);
+        self.copy(&chosen, &bufs, &mut ok);
         let mut outcome = vec![Outcome::Kept; chosen.len()];
         let mut unused = bufs[chosen.len()..].to_vec();
         for (k, &buf) in bufs.iter().enumerate().take(chosen.len()) {
-            if ok[k] && k < copied {
+            if ok[k] {
                 // SAFETY: the buffer is reserved by this thread, and the kernel wrote it
                 // above (the copy landed).
                 let copy = unsafe { p.standby.page(buf) };
@@ -426,9 +426,9 @@ impl<'p> Evictor<'p> {
         }
     }
 
-    /// Copies the chosen pages into their standby buffers `bufs`; returns how many were
-    /// copied (a failure ends the copy: the pages from there on are left).
-    fn copy(&mut self, chosen: &[(usize, u64)], bufs: &[u32], ok: &mut [bool]) -> usize {
+    /// Copies the chosen pages into their standby buffers `bufs`; a failure ends the copy,
+    /// and the pages from there on are no longer `ok` (left).
+    fn copy(&mut self, chosen: &[(usize, u64)], bufs: &[u32], ok: &mut [bool]) {
         let local: Vec<libc::iovec> = bufs[..chosen.len()]
             .iter()
             .map(|&b| libc::iovec {
@@ -444,8 +444,9 @@ impl<'p> Evictor<'p> {
             })
             .collect();
         // SAFETY: the local iovecs cover standby buffers reserved by this thread (no entry
-        // names them, so nobody else reads or writes them), alive for the call; the remote ones are only read, by the kernel, which fails instead of faulting
-        // on an address that is not mapped.
+        // names them, so nobody else reads or writes them), alive for the call; the remote
+        // ones are only read, by the kernel, which fails instead of faulting on an address
+        // that is not mapped.
         let got = unsafe {
             libc::process_vm_readv(
                 libc::getpid(),
@@ -460,7 +461,6 @@ impl<'p> Evictor<'p> {
         for o in ok.iter_mut().skip(pages) {
             *o = false;
         }
-        pages
     }
 
     /// Commits the batch under the lock once no report is pending, drops the pages whose
@@ -480,8 +480,8 @@ impl<'p> Evictor<'p> {
         let mut dropped = 0;
         for (&(a, g), &o) in chosen.iter().zip(outcome) {
             if s.table.commit((a / PAGE) as u64, g, o) == Commit::Drop {
-                // SAFETY: the page is the program's, write-protected, and its bytes are in the
-                // cluster (or it is all zeros): the next touch faults and gets them back.
+                // SAFETY: the page is the program's, write-protected, and its bytes are in its
+                // standby buffer (or it is all zeros): the next touch faults and gets them back.
                 let r = unsafe { libc::syscall(libc::SYS_madvise, a, PAGE, libc::MADV_DONTNEED) };
                 if r == 0 {
                     dropped += 1;

@@ -105,11 +105,10 @@ pub struct PieceWant {
 
 /// What a piece read makes of a piece of its row that carries a newer version than the one
 /// it wants ([`PieceWant::newer`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Newer {
     /// The row was reused after the caller looked the page up: the read ends as
     /// [`PieceRead::Moved`] and the caller looks again.
-    #[default]
     Moved,
     /// The caller looked again and the page is still in this row at this version, so the row
     /// cannot have been reused: the newer pieces are the remains of a write never acknowledged
