@@ -16,6 +16,10 @@ use hydramem::cluster::Cluster;
 use hydramem::units::{parse_size, Size};
 use hydramem::wire::ClientId;
 
+/// How long a waiting thread polls before it sleeps, in microseconds, unless `--poll-us`
+/// says otherwise: as the client library's owners poll (`ClientConfig`).
+pub const POLL_US: u64 = 50;
+
 /// The cluster key (see `hydramem key new`) and TLS (see `hydramem tls`): what nodes and
 /// clients prove to each other.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -117,9 +121,10 @@ pub struct ClientArgs {
     /// that node and avoids it until it restarts (the paper's SlabRegenerationLimit).
     #[arg(long, env = "HYDRAMEM_SLAB_REGENERATION_LIMIT", default_value_t = 0.01)]
     pub slab_regeneration_limit: f64,
-    /// Microseconds a waiting thread polls before it sleeps.
-    #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
-    pub poll_us: u64,
+    /// Microseconds a waiting thread polls before it sleeps [default: 50; for `run`, 300:
+    /// its fault thread is the one that waits, with the program stopped on the fault].
+    #[arg(long, env = "HYDRAMEM_POLL_US")]
+    pub poll_us: Option<u64>,
     /// Seconds one page operation may take before the request fails with EIO.
     #[arg(long, env = "HYDRAMEM_OP_TIMEOUT", default_value_t = 10.0)]
     pub op_timeout: f64,
@@ -142,7 +147,7 @@ impl ClientArgs {
             }
         }
         let mut config = ClientConfig::new(self.scheme.resilience(), size);
-        config.poll = Duration::from_micros(self.poll_us);
+        config.poll = Duration::from_micros(self.poll_us.unwrap_or(POLL_US));
         config.op_timeout = Duration::from_secs_f64(self.op_timeout);
         config.checksums = !self.no_checksums;
         config.error_correction_limit = self.error_correction_limit;

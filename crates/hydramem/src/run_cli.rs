@@ -24,6 +24,14 @@ use serde::Deserialize;
 use crate::client_cli::ClientArgs;
 use crate::run_user::RunAs;
 
+/// `run`'s `--poll-us` unless given: how long the pager's fault thread polls for a page's
+/// reply, and for the next fault report, before it sleeps. Longer than other commands' 50 µs
+/// because the program is stopped on the fault while it waits, and a reply later than the
+/// poll costs two wake-ups (the transport's receiver, then the fault thread): redis under
+/// rep2-run served ~20% more GETs with 300 than with 50, and no workload fewer
+/// (docs/benchmarks.md §12, "Polling longer for a page").
+const RUN_POLL_US: u64 = 300;
+
 /// Whether the kernel lets any user make a userfaultfd that handles the kernel's faults.
 fn unprivileged_userfaultfd() -> bool {
     std::fs::read_to_string("/proc/sys/vm/unprivileged_userfaultfd").is_ok_and(|v| v.trim() == "1")
@@ -300,7 +308,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         tls_dir,
         scheme: a.client.scheme.to_string(),
         checksums: !a.client.no_checksums,
-        poll_us: a.client.poll_us,
+        poll_us: a.client.poll_us.unwrap_or(RUN_POLL_US),
         op_timeout: a.client.op_timeout,
         error_correction_limit: a.client.error_correction_limit,
         slab_regeneration_limit: a.client.slab_regeneration_limit,

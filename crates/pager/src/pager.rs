@@ -157,8 +157,9 @@ impl Pager {
     /// Looks for a report for `poll` before the fault thread sleeps in poll(2); whether one
     /// came. A program that faults on one page often faults on another soon after it runs
     /// again, and the wake-up from poll costs more than the look: redis under rep2-run served
-    /// 6–17% more GETs with 30 µs than with none, the same with 100 (docs/benchmarks.md §12).
-    /// Each look yields the core, which the program and the nodes share.
+    /// 6–17% more GETs with 30 µs than with none, the same with 100 (docs/benchmarks.md §12);
+    /// `hydramem run` gives 300 µs, the time it also polls for a page's reply. Each look
+    /// yields the core, which the program and the nodes share.
     fn spin_for_report(&self) -> bool {
         if self.poll.is_zero() {
             return false;
