@@ -16,10 +16,6 @@ use hydramem::cluster::Cluster;
 use hydramem::units::{parse_size, Size};
 use hydramem::wire::ClientId;
 
-/// How long a waiting thread polls before it sleeps, in microseconds, unless `--poll-us`
-/// says otherwise: as the client library's owners poll (`ClientConfig`).
-pub const POLL_US: u64 = 50;
-
 /// The cluster key (see `hydramem key new`) and TLS (see `hydramem tls`): what nodes and
 /// clients prove to each other.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -147,7 +143,10 @@ impl ClientArgs {
             }
         }
         let mut config = ClientConfig::new(self.scheme.resilience(), size);
-        config.poll = Duration::from_micros(self.poll_us.unwrap_or(POLL_US));
+        // Without the flag, the library's default (`ClientConfig::new`).
+        if let Some(us) = self.poll_us {
+            config.poll = Duration::from_micros(us);
+        }
         config.op_timeout = Duration::from_secs_f64(self.op_timeout);
         config.checksums = !self.no_checksums;
         config.error_correction_limit = self.error_correction_limit;

@@ -169,14 +169,15 @@ impl<'p> Evictor<'p> {
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
-            if freed == 0 && self.last_scan.elapsed() >= RESCAN_STARVED {
-                // Over the budget with nothing to pick: the program's memory may be in a
-                // mapping not registered yet (a program loading at full speed maps new arenas
-                // faster than the once-a-second look at the maps finds them). Look now.
-                p.shared.lock().rescan = true;
-                continue;
-            }
             if freed == 0 {
+                if self.last_scan.elapsed() >= RESCAN_STARVED {
+                    // Over the budget with nothing to pick: the program's memory may be in a
+                    // mapping not registered yet (a program loading at full speed maps new
+                    // arenas faster than the once-a-second look at the maps finds them).
+                    // Look now.
+                    p.shared.lock().rescan = true;
+                    continue;
+                }
                 if !warned {
                     tracing::warn!(
                         "the program's resident memory ({} MiB) is above --local-memory ({} MiB) \
