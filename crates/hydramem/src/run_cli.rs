@@ -28,8 +28,9 @@ use crate::run_user::RunAs;
 /// reply, and for the next fault report, before it sleeps. Longer than other commands' 50 µs
 /// because the program is stopped on the fault while it waits, and a reply later than the
 /// poll costs two wake-ups (the transport's receiver, then the fault thread): redis under
-/// rep2-run served ~20% more GETs with 300 than with 50, and no workload fewer
-/// (docs/benchmarks.md §12, "Polling longer for a page").
+/// rep2-run served ~20% more GETs with 300 than with 50 at the small size, 2% at full size,
+/// and no workload fewer; page-ins were 4–7 µs slower at the p50 (docs/benchmarks.md §12,
+/// "Polling longer for a page").
 const RUN_POLL_US: u64 = 300;
 
 /// Whether the kernel lets any user make a userfaultfd that handles the kernel's faults.
