@@ -120,7 +120,11 @@ wait_no_swap() {
   wait_until 1800 no_swap || die "another swap device stayed active for 30 minutes"
 }
 
-# Serves NBD on $dir/nbd.sock for backend $1 and puts it behind nbdfuse and a loop device.
+# Serves NBD on $dir/nbd.sock for backend $1 and puts it behind nbdfuse and a loop device
+# with direct I/O. A buffered loop device would keep every page it swaps in or out in the page
+# cache of nbdfuse's file, outside the workload's cgroup: redis at 50% then ran with its whole
+# swapped set (301 MiB) in that cache, at 2.5× the GETs of the direct path
+# (docs/benchmarks.md §12, "The NBD swap path held the limit only with direct I/O").
 nbd_swap() {
   local opts=()
   if [ "$1" = nbdkit-memory ]; then
@@ -141,7 +145,7 @@ nbd_swap() {
   bk_pids+=($!)
   wait_until 10 test -e "$dir/fuse/swap" ||
     { backend_error "nbdfuse did not mount the export of $1 (hydramem nbd said: $(tail -n 3 "$dir/nbd.err" 2>/dev/null))"; return 1; }
-  loop=$(losetup --find --show "$dir/fuse/swap")
+  loop=$(losetup --find --show --direct-io=on "$dir/fuse/swap")
   swapdev=$loop
 }
 
