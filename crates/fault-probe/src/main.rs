@@ -4,7 +4,10 @@
 //! latencies show what a page-out costs the writer), then reads `--accesses` random pages,
 //! timing each, and classifies each read by whether it was a major fault (the thread's
 //! `ru_majflt` moved: the page came in from the swap device) or not (it was resident, or in the
-//! swap cache after readahead). Last, it reads every page in order and checks every byte.
+//! swap cache after readahead), and apart by whether mincore(2) said the page was not resident
+//! just before: that also tells the page-ins of a program run under `hydramem run`, which the
+//! kernel does not count as major faults. Last, it reads every page in order and checks every
+//! byte.
 //!
 //! Invariants: every page read is checked against what was written (a wrong page makes the
 //! probe fail, whatever the timings); the timed section of a read is the access alone, the
@@ -60,6 +63,12 @@ struct Report {
     major_faults: Summary,
     /// Random reads that were not (resident, or in the swap cache).
     other_reads: Summary,
+    /// Random reads of pages that mincore(2) said were not resident just before: the page came
+    /// in from the swap device or, under `hydramem run`, from the pager, whose page-ins the
+    /// kernel does not count as major faults. Fault to resume, as the program sees it, for
+    /// both. (Under `run` this includes the pages the pager still held in its standby pool,
+    /// which a swap device's swap cache would count as resident.)
+    absent_reads: Summary,
     /// The in-order read of every page at the end, MiB/s.
     sweep_mib_per_s: f64,
     /// Pages that read back with bytes other than those written.
@@ -110,11 +119,13 @@ fn probe(pages: usize, accesses: u64, seed: u64) -> Report {
     bar.finish_and_clear();
 
     let (mut major, mut other) = (Latencies::default(), Latencies::default());
+    let mut absent = Latencies::default();
     let mut wrong = Vec::new();
     let mut rng = SmallRng::seed_from_u64(seed);
     let bar = progress(accesses, "random reads");
     for n in 0..accesses {
         let i = rng.random_range(0..pages);
+        let out = region.resident(i) == Some(false);
         let before = major_faults();
         let t = Instant::now();
         region.touch(i);
@@ -123,6 +134,9 @@ fn probe(pages: usize, accesses: u64, seed: u64) -> Report {
             major.record(took);
         } else {
             other.record(took);
+        }
+        if out {
+            absent.record(took);
         }
         if !region.holds(i) {
             wrong.push(i);
@@ -145,6 +159,7 @@ fn probe(pages: usize, accesses: u64, seed: u64) -> Report {
         page_writes: writes.summary(),
         major_faults: major.summary(),
         other_reads: other.summary(),
+        absent_reads: absent.summary(),
         sweep_mib_per_s: (pages * PAGE) as f64 / (1 << 20) as f64 / sweep.max(1e-9),
         wrong_pages: wrong.len() as u64,
         first_wrong: wrong.into_iter().take(8).collect(),
@@ -163,6 +178,7 @@ fn text(r: &Report) -> String {
         "fault-probe: {} pages ({mib} MiB), page-cluster {cluster}\n\
          page writes: {mib} MiB in {:.1} s ({:.0} MiB/s); µs p50/p90/p99/p99.9 {}\n\
          random reads: {} major faults ({share:.0}%), µs p50/p90/p99/p99.9 {}; other reads {} µs p50 {:.2}\n\
+         random reads of pages not resident before: {}, µs p50/p90/p99/p99.9 {}\n\
          every page read in order at {:.0} MiB/s; wrong pages: {}\n",
         r.pages,
         r.populate_seconds,
@@ -172,6 +188,8 @@ fn text(r: &Report) -> String {
         r.major_faults.line(),
         r.other_reads.count,
         r.other_reads.p50_us,
+        r.absent_reads.count,
+        r.absent_reads.line(),
         r.sweep_mib_per_s,
         r.wrong_pages,
     )
@@ -216,6 +234,8 @@ mod tests {
         assert_eq!(r.wrong_pages, 0);
         assert_eq!(r.page_writes.count, 512);
         assert_eq!(r.major_faults.count + r.other_reads.count, 2000);
+        // Nothing was pushed out: every page was resident when read.
+        assert_eq!(r.absent_reads.count, 0);
         let t = text(&r);
         assert!(
             t.contains("512 pages") && t.contains("wrong pages: 0"),

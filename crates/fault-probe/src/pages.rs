@@ -67,6 +67,19 @@ impl Region {
         black_box(self.pages[i].0[0])
     }
 
+    /// Whether page `i` is resident (mapped, or in the swap cache) by mincore(2), or `None`
+    /// when the kernel does not say. A page that is not will come in from the swap device or
+    /// the pager on its next touch.
+    pub fn resident(&self, i: usize) -> Option<bool> {
+        let addr = self.pages[i].0.as_ptr();
+        let mut v = 0u8;
+        // SAFETY: `addr` is the start of page `i`, a live, page-aligned 4 KiB of this
+        // process's memory (`Page` is aligned to 4096), and `v` has room for the one byte
+        // mincore writes for one page.
+        let rc = unsafe { libc::mincore(addr as *mut libc::c_void, PAGE, &mut v) };
+        (rc == 0).then_some(v & 1 == 1)
+    }
+
     /// Whether page `i` holds the bytes written to it.
     pub fn holds(&self, i: usize) -> bool {
         self.pages[i].0 == contents(self.seed, i).0
@@ -104,6 +117,14 @@ mod tests {
         r.corrupt(2);
         assert!(!r.holds(2));
         assert!(r.holds(1) && r.holds(3));
+    }
+
+    #[test]
+    fn pages_written_are_resident() {
+        let mut r = Region::with_capacity(4, 1);
+        (0..4).for_each(|_| r.push());
+        assert_eq!(r.resident(0), Some(true));
+        assert_eq!(r.resident(3), Some(true));
     }
 
     #[test]

@@ -3,7 +3,9 @@
   pagein_cdf.py DIR
 
 Reads DIR/pagein-BACKEND-FRACTION-rROUND.json (hydramem-fault-probe's reports) and writes
-DIR/pagein-cdf.png: on the left the major faults (the swap-in latency, paper Fig. 9a), on
+DIR/pagein-cdf.png: on the left the page-ins (reads of pages not resident before: the swap-in
+latency, paper Fig. 9a, or the pager's page-in under `hydramem run`; a probe report without
+them gives its major faults), on
 the right the first writes of pages (each with a page-out once memory is full, the
 page-out cost as the writer sees it); one line per backend and fraction (the first
 round's), latency on a log scale.
@@ -27,7 +29,8 @@ def main():
         label = f"{m.group(1)} at {m.group(2)}%"
         with open(path) as f:
             j = json.load(f)
-        cdfs = (j["major_faults"]["cdf"], j["page_writes"]["cdf"])
+        page_ins = j.get("absent_reads") or j["major_faults"]
+        cdfs = (page_ins["cdf"], j["page_writes"]["cdf"])
         if cdfs[0] and label not in runs:
             runs[label] = cdfs
     if not runs:
@@ -36,7 +39,7 @@ def main():
     if plt is None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
-    titles = ("Swap-in: 4 KiB major faults", "Page-out: first writes of pages (memory full)")
+    titles = ("Page-in: reads of 4 KiB pages not resident", "Page-out: first writes of pages (memory full)")
     for i, (ax, title) in enumerate(zip(axes, titles)):
         for label, cdfs in runs.items():
             ax.plot([c[0] for c in cdfs[i]], [c[1] for c in cdfs[i]], label=label)
