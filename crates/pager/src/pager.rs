@@ -396,6 +396,7 @@ impl Pager {
                 } else {
                     self.uffd.wake(addr);
                 }
+                let woken = Instant::now();
                 // After the faulting page, so its thread runs on at once. Mapping the
                 // pages ahead first (in case the woken thread touches the next page
                 // before this thread maps it) was measured: no stale report in 952k
@@ -415,7 +416,12 @@ impl Pager {
                     lock_wait,
                     fetch,
                     evicting,
-                    map: mapping.elapsed(),
+                    map: woken - mapping,
+                    ahead: if ahead_read {
+                        woken.elapsed()
+                    } else {
+                        Duration::ZERO
+                    },
                 })
             }
             Err(e) => {
