@@ -130,6 +130,8 @@ struct Stats {
     page_ins: u64,
     page_in_us: Pct,
     zero_fills: u64,
+    #[serde(default)]
+    zeroed_ahead: u64,
     written: u64,
     clean_drops: u64,
     #[serde(default)]
@@ -165,7 +167,8 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
             ("connected", _) => ids.push(l.client_id.clone()),
             ("exit", Some(s)) => eprintln!(
                 "hydramem run: pid {} ({}) ran {:.1} s: {} page-ins (p50 {} µs, p99 {} µs) and \
-                 {} pages read ahead, {} touches answered from standby, {} first touches, {} pages written out, {} clean and {} \
+                 {} pages read ahead, {} touches answered from standby, {} first touches (and {} pages \
+                 zeroed ahead of them), {} pages written out, {} clean and {} \
                  zero pages dropped without a write, {} lost; peak resident {} of {} (and the \
                  pager's own {})",
                 l.pid,
@@ -177,6 +180,7 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
                 s.read_ahead,
                 s.standby_ins,
                 s.zero_fills,
+                s.zeroed_ahead,
                 s.written,
                 s.clean_drops,
                 s.zero_drops,

@@ -32,6 +32,13 @@ use crate::throttle::{Throttle, MAX_HOLD};
 use crate::uffd::{Report, Uffd};
 use crate::PAGE;
 
+/// A page of zeros, mapped by a first write.
+static ZEROS: [u8; PAGE] = [0; PAGE];
+
+/// Pages after a first touch that get the zero page with it (64 KiB in all, the kernel's
+/// fault-around window for files).
+const ZERO_AHEAD: u64 = 15;
+
 /// State shared by the fault thread, the evictor and the madvise hook.
 pub struct Shared {
     /// The page table.
@@ -290,10 +297,18 @@ impl Pager {
         let v = vpn(addr);
         match s.table.on_missing(v) {
             FaultPlan::Zero => {
-                if self.uffd.zero(addr) {
+                // A first write gets a page of zeros of its own: the shared zero page would be
+                // read-only, and the write would fault again for the kernel to copy it.
+                let mapped = if write {
+                    self.uffd.copy(addr, &ZEROS)
+                } else {
+                    self.uffd.zero(addr)
+                };
+                if mapped {
                     s.table.zeroed(v);
                     self.throttle.mapped(1);
                     Stats::add(&self.stats.zero_fills, 1);
+                    self.zero_ahead(&mut s, v);
                 } else {
                     // Mapped meanwhile (or no longer registered): the entry, if any, is right.
                     self.uffd.wake(addr);
@@ -324,6 +339,27 @@ impl Pager {
                 }
                 None
             }
+        }
+    }
+
+    /// After a first touch of page `v`: maps the shared zero page at the next pages the
+    /// pager has never known (up to [`ZERO_AHEAD`], stopping at the first it knows or the
+    /// kernel has mapped, or where the registered range ends), so that a program filling
+    /// memory in order writes them with the kernel's own copy-on-write fault, 1–3 µs, instead
+    /// of a round trip to this thread each. A page never known to the pager and not mapped
+    /// was never touched: zeros are its bytes. The zero page costs no memory until written,
+    /// but the writes then escape the throttle, so nothing is mapped ahead while it holds
+    /// faults back.
+    fn zero_ahead(&self, s: &mut MutexGuard<'_, Shared>, v: u64) {
+        if self.throttle.hold() {
+            return;
+        }
+        for w in (v + 1)..=(v + ZERO_AHEAD) {
+            if s.table.get(w).is_some() || !self.uffd.zero(w as usize * PAGE) {
+                break;
+            }
+            s.table.zeroed(w);
+            Stats::add(&self.stats.zeroed_ahead, 1);
         }
     }
 

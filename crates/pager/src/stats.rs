@@ -22,6 +22,8 @@ pub struct Stats {
     pub page_ins: AtomicU64,
     /// Missing faults answered with zeros (first touches).
     pub zero_fills: AtomicU64,
+    /// Pages mapped to the zero page after a first touch, before their own (`zero_ahead`).
+    pub zeroed_ahead: AtomicU64,
     /// Missing-fault reports the page was mapped before they were read (a read-ahead or
     /// another thread's fault mapped it), or whose range was gone: nothing to do.
     pub stale_reports: AtomicU64,
@@ -115,6 +117,8 @@ pub struct Summary {
     pub page_in_ahead_us: Percentiles,
     /// Missing faults answered with zeros (first touches).
     pub zero_fills: u64,
+    /// Pages mapped to the zero page after a first touch, before their own.
+    pub zeroed_ahead: u64,
     /// Missing-fault reports the page was mapped before they were read, or whose range
     /// was gone: nothing to do.
     pub stale_reports: u64,
@@ -231,6 +235,7 @@ impl Stats {
             page_in_map_us: percentiles(&self.map_us),
             page_in_ahead_us: percentiles(&self.ahead_us),
             zero_fills: g(&self.zero_fills),
+            zeroed_ahead: g(&self.zeroed_ahead),
             stale_reports: g(&self.stale_reports),
             write_protect_faults: g(&self.write_protect_faults),
             deferred: g(&self.deferred),
