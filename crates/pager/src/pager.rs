@@ -345,8 +345,9 @@ impl Pager {
     /// After a first touch of page `v`: maps the shared zero page at the next pages the
     /// pager has never known (up to [`ZERO_AHEAD`], stopping at the first it knows or the
     /// kernel has mapped, or where the registered range ends), so that a program filling
-    /// memory in order writes them with the kernel's own copy-on-write fault, 1–3 µs, instead
-    /// of a round trip to this thread each. A page never known to the pager and not mapped
+    /// memory in order writes them with the kernel's own copy-on-write fault instead of a
+    /// round trip to this thread each (first writes' p50 18 → 11 µs, docs/benchmarks.md §12,
+    /// "Zeros ahead of a first touch"). A page never known to the pager and not mapped
     /// was never touched: zeros are its bytes. The zero page costs no memory until written,
     /// but the writes then escape the throttle, so nothing is mapped ahead while it holds
     /// faults back.
