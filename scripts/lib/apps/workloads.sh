@@ -206,17 +206,18 @@ pagein_run() {
   fi
   # Each run's report, with its CDFs, for plots (the probe's JSON as written).
   [ "$calibrating" = 1 ] || cp "$wdir/probe.json" "$out/pagein-$b-$f-r$r.json"
-  local faults p50 p99 absent a50 a99 writes_p50 writes_p99 sweep wrong
-  read -r faults p50 p99 absent a50 a99 writes_p50 writes_p99 sweep wrong < <(python3 -c 'import json, sys
+  local faults p50 p99 absent a50 a99 writes writes_p50 writes_p99 sweep wrong
+  read -r faults p50 p99 absent a50 a99 writes writes_p50 writes_p99 sweep wrong < <(python3 -c 'import json, sys
 j = json.load(open(sys.argv[1]))
 m, a, w = j["major_faults"], j["absent_reads"], j["page_writes"]
 ms = lambda us: round(us / 1000, 3)
-print(m["count"], ms(m["p50_us"]), ms(m["p99_us"]), a["count"], ms(a["p50_us"]), ms(a["p99_us"]), ms(w["p50_us"]), ms(w["p99_us"]), round(j["sweep_mib_per_s"], 1), j["wrong_pages"])' "$wdir/probe.json")
+mib_s = "%.1f" % (float(sys.argv[2]) / j["populate_seconds"])
+print(m["count"], ms(m["p50_us"]), ms(m["p99_us"]), a["count"], ms(a["p50_us"]), ms(a["p99_us"]), mib_s, ms(w["p50_us"]), ms(w["p99_us"]), round(j["sweep_mib_per_s"], 1), j["wrong_pages"])' "$wdir/probe.json" "$p_mib")
   record major-fault "$faults" faults "$p50" "$p99"
   # Reads of pages not resident just before (mincore): the swap-ins, and under `run` the
   # pager's page-ins, which are no major faults to the kernel.
   record page-in "$absent" reads "$a50" "$a99"
-  record page-write "$(awk -v m="$p_mib" -v p="$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["populate_seconds"])' "$wdir/probe.json")" 'BEGIN { printf "%.1f", m / p }')" MiB/s "$writes_p50" "$writes_p99"
+  record page-write "$writes" MiB/s "$writes_p50" "$writes_p99"
   record read-back "$sweep" MiB/s "" ""
   if [ "$wrong" -eq 0 ]; then
     verdict ok "every page read back as written"
