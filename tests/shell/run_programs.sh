@@ -4,7 +4,8 @@
 # filling and after in-place updates, equal to those of the same program run plainly),
 # sqlite3 with a large page cache (an in-memory database, checksum of every row equal to the
 # plain run's), redis-server and memcached (every value read back exactly over the network).
-# The run summary must show pages going out and coming back, none lost, memory released.
+# The run summary must show pages going out and coming back, none lost, memory released
+# (and for the span scheme, its rows' cost).
 set -euo pipefail
 . "$(dirname "$0")/lib/run.sh"
 need_run
@@ -38,6 +39,9 @@ plain=$(sqlite3 :memory: <"$dir/db.sql")
 run_paged span-8+2 16MiB sqlite3 :memory: <"$dir/db.sql" || fail "sqlite3 under hydramem run exited with $?"
 grep -qx "$plain" "$dir/run.out" || fail "sqlite3 checksum differs from the plain run ($plain)"
 check_paged "sqlite3 (span-8+2)"
+# A span scheme's summary also says what its rows cost and what compaction moved.
+grep -Eq "span rows: [1-9][0-9]* pages in [1-9][0-9]* rows, [0-9.]+ remote bytes per byte" "$dir/run.out" ||
+  fail "sqlite3 (span-8+2): no span rows in the run summary: $(grep 'hydramem run:' "$dir/run.out")"
 
 port_open() {
   /usr/bin/python3 -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null

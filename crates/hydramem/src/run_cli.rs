@@ -117,6 +117,7 @@ struct Line {
     client_id: String,
     stats: Option<Stats>,
     seconds: Option<f64>,
+    span: Option<hydramem::span::SpanStats>,
 }
 
 #[derive(Deserialize)]
@@ -190,6 +191,20 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
                 human(s.peak_own)
             ),
             _ => {}
+        }
+        if let Some(sp) = l.span.filter(|sp| sp.live_pages > 0) {
+            eprintln!(
+                "hydramem run: pid {}'s span rows: {} pages in {} rows, {:.2} remote bytes per \
+                 byte ({:.2} with the free rows the nodes still held); compaction moved {} pages \
+                 in {} passes",
+                l.pid,
+                sp.live_pages,
+                sp.rows_in_use,
+                sp.cost(),
+                sp.held_cost(),
+                sp.compacted_pages,
+                sp.compactions
+            );
         }
     }
     let exited = lines.iter().filter(|l| l.event == "exit").count();

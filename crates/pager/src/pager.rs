@@ -141,6 +141,13 @@ impl Pager {
         let _ = self.store.set((front.store(), front));
     }
 
+    /// What the span store holds and has done (its rows, garbage and compaction), for a
+    /// span scheme once connected.
+    pub fn span_stats(&self) -> Option<hydramem::span::SpanStats> {
+        let (_, front) = self.store.get()?;
+        front.span().map(|s| s.stats())
+    }
+
     /// The store pages go out to; None before `connected`.
     pub fn store(&self) -> Option<&Arc<dyn PageStore>> {
         self.store.get().map(|(store, _)| store)

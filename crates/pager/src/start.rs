@@ -54,6 +54,9 @@ struct ReportLine<'a> {
     stats: Option<stats::Summary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     remote_pages: Option<u64>,
+    /// A span scheme's rows: their memory cost, garbage and compaction.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    span: Option<hydramem::span::SpanStats>,
 }
 
 fn command() -> String {
@@ -87,6 +90,7 @@ fn report(event: &str, with_stats: bool) {
         remote_pages: pager
             .filter(|_| with_stats)
             .map(|p| p.shared.lock().table.slots_used()),
+        span: pager.filter(|_| with_stats).and_then(|p| p.span_stats()),
     };
     let mut text = serde_json::to_string(&line).unwrap_or_default();
     text.push('\n');

@@ -92,7 +92,7 @@ struct Counters {
 }
 
 /// What a span store holds and has done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct SpanStats {
     /// Pages the map points at rows.
     pub live_pages: u64,
