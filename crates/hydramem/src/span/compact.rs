@@ -5,8 +5,14 @@
 //!
 //! Policy: a background thread compacts when the rows in use cost more than [`HIGH`] times
 //! the code's cost (woken by the write that crossed it), and stops once they are back within
-//! [`LOW`] times it, or when no rows are left whose pages would pack tighter. Each pass takes
-//! the sparsest rows first (most memory freed per page moved), at most [`VICTIMS`] of them.
+//! [`BUSY_LOW`] times it while client writes flow, [`LOW`] times it once they have paused for
+//! [`IDLE`] (or when asked to compact), or when no rows are left whose pages would pack
+//! tighter. Each pass takes the sparsest rows first (most memory freed per page moved), at
+//! most [`VICTIMS`] of them. While writes flow, compacting further than the writes need
+//! gains no memory — the free rows stay held until writes pause, and the writes fill them —
+//! and costs page moves: under `hydramem run` (redis at 50%), stopping at 1.3 moved 43–45k
+//! pages beside 104k written out, stopping at 1.4 moved 22–23k, with the nodes holding 1.45
+//! remote bytes per byte either way (docs/benchmarks.md §12).
 //!
 //! Memory: a free row's pieces occupy the nodes until given back. After a compaction, the top
 //! rows in use move down into the holes when the row space has spread, and the rows above the
@@ -39,8 +45,11 @@ use crate::PAGE_SIZE;
 /// Compaction starts above this multiple of the code's cost (k + r)/k: 1.45 for 8 + 2, under
 /// the 1.5 the design allows in steady state.
 pub const HIGH: f64 = 1.16;
-/// ... and stops at this multiple: 1.3 for 8 + 2.
+/// ... and stops at this multiple once client writes have paused for [`IDLE`], or when asked
+/// to compact: 1.3 for 8 + 2.
 pub const LOW: f64 = 1.04;
+/// ... and at this multiple while client writes flow: 1.4 for 8 + 2.
+pub const BUSY_LOW: f64 = 1.12;
 /// Rows looked at per pass.
 pub const VICTIMS: usize = 64;
 /// Below this many rows in use the store is too small for garbage to matter.
@@ -113,9 +122,11 @@ impl Compactor {
         o.rows_in_use >= MIN_ROWS && self.cost(o) > self.base * HIGH
     }
 
-    /// Whether `o` is within the target compaction stops at.
-    fn within(&self, o: &Occupancy) -> bool {
-        o.rows_in_use < MIN_ROWS || self.cost(o) <= self.base * LOW
+    /// Whether `o` is within the target compaction stops at: [`LOW`] when `deep` (client
+    /// writes have paused, or compaction was asked for), else [`BUSY_LOW`].
+    fn within(&self, o: &Occupancy, deep: bool) -> bool {
+        let target = if deep { LOW } else { BUSY_LOW };
+        o.rows_in_use < MIN_ROWS || self.cost(o) <= self.base * target
     }
 
     /// Wakes the compaction thread.
@@ -186,8 +197,10 @@ fn compaction_loop(store: &Core) {
     }
 }
 
-/// Compacts `store` while it is over the threshold (or, with `force`, while it is above the
-/// target at all) and rows that would pack tighter exist; returns the pages moved.
+/// Compacts `store` while it is over the threshold (or, with `force` or once client writes
+/// have paused, while it is above the target at all) and rows that would pack tighter
+/// exist; returns the pages moved. The target is [`LOW`] with `force` or while writes have
+/// paused, [`BUSY_LOW`] while they flow (looked at before each pass).
 pub(crate) fn run(store: &Core, force: bool) -> Result<u64, IoError> {
     let c = &store.compactor;
     let _one = c.running.lock();
@@ -204,10 +217,11 @@ pub(crate) fn run(store: &Core, force: bool) -> Result<u64, IoError> {
             return Ok(total);
         }
         let occ = store.table.lock().occupancy();
-        let go = if first && !force {
+        let deep = force || c.idle_at(Instant::now());
+        let go = if first && !deep {
             c.over(&occ)
         } else {
-            !c.within(&occ)
+            !c.within(&occ, deep)
         };
         first = false;
         let victims = if go {

@@ -306,6 +306,69 @@ fn free_rows_go_back_to_the_nodes_once_writes_pause() {
 }
 
 /// The bytes every node says it holds for the store's client (STATS).
+#[test]
+fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
+    use super::compact::{BUSY_LOW, HIGH, IDLE, LOW};
+    let pages = 8192;
+    let (s, _ctl) = start("span-8+2", 12, pages);
+    write(&s, 0, pages, 0);
+    let base = 10.0 / 8.0;
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(11);
+    let mut stamp = vec![0u64; pages as usize];
+    // Random overwrites, a row's worth at a time, until the rows in use cost more than the
+    // threshold (the write that crosses it wakes the background thread).
+    let mut round = 0;
+    while s.stats().cost() <= base * HIGH {
+        round += 1;
+        assert!(
+            round < 100_000,
+            "the cost never crossed the threshold: {:?}",
+            s.stats()
+        );
+        let list: Vec<(u64, Page)> = (0..8)
+            .map(|_| rng.random_range(0..pages))
+            .map(|p| (p, content(p, round)))
+            .collect();
+        let refs: Vec<(u64, &Page)> = list.iter().map(|(p, c)| (p * PAGE, c)).collect();
+        s.write_list(&refs).expect("the pages write");
+        for (p, _) in &list {
+            stamp[*p as usize] = round;
+        }
+    }
+    let last_write = std::time::Instant::now();
+    // Writes just happened: compaction stops at the busy target, short of the deep one.
+    super::compact::run(s.core(), false).expect("compaction runs");
+    let busy = s.stats();
+    assert!(busy.compacted_pages > 0, "{busy:?}");
+    assert!(
+        busy.cost() <= base * BUSY_LOW + 1e-9,
+        "compaction stopped above the busy target: {:.3} ({busy:?})",
+        busy.cost()
+    );
+    // (Unless the machine stalled for a whole IDLE since the last write, which makes it deep.)
+    if last_write.elapsed() < IDLE {
+        assert!(
+            busy.cost() > base * LOW,
+            "compaction went to {:.3} while writes flowed: moves the writes did not need",
+            busy.cost()
+        );
+    }
+    // Once writes have paused, the background thread compacts down to the deep target.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while s.stats().cost() > base * LOW + 1e-9 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "writes paused but the cost stayed at {:.3} ({:?})",
+            s.stats().cost(),
+            s.stats()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for p in 0..pages {
+        assert_eq!(read(&s, p), content(p, stamp[p as usize]), "page {p}");
+    }
+}
+
 fn held_by_nodes(s: &SpanStore) -> u64 {
     let t = s.mem().transport();
     (0..t.nodes())
