@@ -10,8 +10,8 @@
 //! tighter. Each pass takes the sparsest rows first (most memory freed per page moved), at
 //! most [`VICTIMS`] of them. While writes flow, compacting further than the writes need
 //! gains no memory — the free rows stay held until writes pause, and the writes fill them —
-//! and costs page moves: under `hydramem run` (redis at 50%), stopping at 1.3 moved 43–45k
-//! pages beside 104k written out, stopping at 1.4 moved 22–23k, with the nodes holding 1.45
+//! and costs page moves: under `hydramem run` (redis at 50%), stopping at 1.3 moved 40–47k
+//! pages beside 104k written out, stopping at 1.4 moved 20–23k, with the nodes holding 1.45
 //! remote bytes per byte either way (docs/benchmarks.md §12).
 //!
 //! Memory: a free row's pieces occupy the nodes until given back. After a compaction, the top
