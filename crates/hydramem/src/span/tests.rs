@@ -305,7 +305,6 @@ fn free_rows_go_back_to_the_nodes_once_writes_pause() {
     }
 }
 
-/// The bytes every node says it holds for the store's client (STATS).
 #[test]
 fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
     use super::compact::{BUSY_LOW, HIGH, IDLE, LOW};
@@ -369,6 +368,7 @@ fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
     }
 }
 
+/// The bytes every node says it holds for the store's client (STATS).
 fn held_by_nodes(s: &SpanStore) -> u64 {
     let t = s.mem().transport();
     (0..t.nodes())
