@@ -54,7 +54,9 @@ pub struct RunArgs {
     #[arg(long, default_value = "1MiB", value_parser = parse_size)]
     min_region: Size,
     /// Pages after a faulting page that are fetched with it, in the same batched read, when
-    /// they are out too (objects cross page boundaries; 0 turns it off).
+    /// they are out too (objects cross page boundaries) and the program's page-ins show that
+    /// it pays: measured as it runs, from how often a page-in follows the page before it;
+    /// 0 turns it off.
     #[arg(long, default_value_t = 1)]
     read_ahead: u64,
     /// Part of --local-memory kept for pages taken out of the program but not sent out yet

@@ -19,6 +19,7 @@
 //! - at exit the pager appends its report to the report file; the memory it held in the
 //!   cluster is released by `hydramem run` once the program has exited.
 
+pub mod ahead;
 pub mod alloc;
 pub mod evict;
 pub mod exclude;

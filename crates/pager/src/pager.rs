@@ -23,6 +23,7 @@ use hydramem::client::IoError;
 use hydramem::nbd::PageStore;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 
+use crate::ahead::Ahead;
 use crate::print::Print;
 use crate::regions::Region;
 use crate::standby::Pool;
@@ -51,6 +52,8 @@ pub struct Shared {
     pub paused: bool,
     /// An eviction batch is between its selection and its commit.
     pub in_batch: bool,
+    /// Whether page-ins read ahead (the fault thread's).
+    pub ahead: Ahead,
 }
 
 /// One process's pager.
@@ -120,6 +123,7 @@ impl Pager {
                 rescan: true,
                 paused: false,
                 in_batch: false,
+                ahead: Ahead::new(read_ahead),
             }),
             store: OnceLock::new(),
             stats: Stats::default(),
@@ -390,10 +394,10 @@ impl Pager {
             self.uffd.wake(addr);
             return None;
         };
-        // Read ahead: the next pages, if they are out too, in the same batched read
-        // (a program's objects cross page boundaries: redis's 4 KiB values sit in
-        // 5 KiB slots).
-        let ahead: Vec<(u64, u64, u64)> = (1..=self.read_ahead)
+        // Read ahead, while the program's page-ins say it pays (`ahead.rs`): the next
+        // pages, if they are out too, in the same batched read (a program's objects cross
+        // page boundaries: redis's 4 KiB values sit in 5 KiB slots).
+        let ahead: Vec<(u64, u64, u64)> = (1..=s.ahead.pages())
             .map_while(|d| s.table.out(v + d).map(|(sl, g)| (v + d, sl, g)))
             .collect();
         let evicting = s.in_batch;
@@ -434,6 +438,9 @@ impl Pager {
         }
         match read {
             Ok(()) => {
+                if let Some(w) = s.ahead.paged_in(v) {
+                    self.stats.ahead_window(w);
+                }
                 if self.uffd.copy(addr, &pages[0]) {
                     s.table.fetched(v, slot, gen, print);
                     self.throttle.mapped(1);

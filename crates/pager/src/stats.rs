@@ -15,6 +15,8 @@ use hdrhistogram::Histogram;
 use parking_lot::Mutex;
 use serde::Serialize;
 
+use crate::ahead::Window;
+
 /// Counters of one pager.
 #[derive(Default)]
 pub struct Stats {
@@ -42,6 +44,12 @@ pub struct Stats {
     pub clean_drops: AtomicU64,
     /// Pages read ahead of a fault and mapped.
     pub read_ahead: AtomicU64,
+    /// Windows of page-ins that read ahead (`ahead.rs`).
+    pub ahead_windows_read: AtomicU64,
+    /// Windows of page-ins that measured whether to read ahead (and read none).
+    pub ahead_windows_measured: AtomicU64,
+    /// The share of sequential page-ins the last measured window saw, in percent.
+    pub sequential_percent: AtomicU64,
     /// Missing faults answered from the standby pool (pages not sent out yet).
     pub standby_ins: AtomicU64,
     /// All-zero pages dropped without a write.
@@ -137,6 +145,12 @@ pub struct Summary {
     pub clean_drops: u64,
     /// Pages read ahead of a fault and mapped.
     pub read_ahead: u64,
+    /// Windows of page-ins that read ahead.
+    pub ahead_windows_read: u64,
+    /// Windows of page-ins that measured whether to read ahead (and read none).
+    pub ahead_windows_measured: u64,
+    /// The share of sequential page-ins the last measured window saw, in percent.
+    pub sequential_percent: u64,
     /// Missing faults answered from the standby pool (pages not sent out yet).
     pub standby_ins: u64,
     /// All-zero pages dropped without a write.
@@ -196,6 +210,18 @@ impl Stats {
         record(&self.map_us, p.map);
     }
 
+    /// A window of page-ins ended as `w` (`ahead.rs`).
+    pub fn ahead_window(&self, w: Window) {
+        match w {
+            Window::Read => Self::add(&self.ahead_windows_read, 1),
+            Window::Measured { percent, .. } => {
+                Self::add(&self.ahead_windows_measured, 1);
+                self.sequential_percent
+                    .store(u64::from(percent), Ordering::Relaxed);
+            }
+        }
+    }
+
     /// A missing fault was held back for `d` (`throttle.rs`).
     pub fn held(&self, d: Duration) {
         Self::add(&self.held, 1);
@@ -244,6 +270,9 @@ impl Stats {
             written: g(&self.written),
             clean_drops: g(&self.clean_drops),
             read_ahead: g(&self.read_ahead),
+            ahead_windows_read: g(&self.ahead_windows_read),
+            ahead_windows_measured: g(&self.ahead_windows_measured),
+            sequential_percent: g(&self.sequential_percent),
             standby_ins: g(&self.standby_ins),
             zero_drops: g(&self.zero_drops),
             kept: g(&self.kept),
