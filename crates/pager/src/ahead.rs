@@ -24,7 +24,7 @@ pub const WINDOW: u32 = 512;
 pub const RECENT: usize = 32;
 /// The share of sequential page-ins, in percent, from which reading ahead pays: a page read
 /// ahead and not used costs the page-in it rides with 6–10 µs, one used saves a page-in of
-/// 40–50, so the break-even is near 15%. Measured: redis 31–33%, memcached 0–2%.
+/// 40–50, so the break-even is near 15%. Measured: redis 30–33%, memcached 0–2%.
 pub const ON_PERCENT: u32 = 20;
 /// While reading ahead, one window in this many measures instead.
 pub const PROBE_EVERY: u32 = 16;
