@@ -24,6 +24,13 @@ run_paged hydra-8+2-d1 48MiB /usr/bin/python3 tests/shell/lib/numpy_pages.py 48 
 [ "$(grep -E '^(filled|updated)' "$dir/run.out")" = "$plain" ] ||
   fail "numpy array differs from the plain run: $(grep -E '^(filled|updated)' "$dir/run.out")"
 check_paged "python3/numpy (hydra-8+2-d1)"
+# It fills and hashes its array in order: its page-ins follow each other, and the pager reads
+# ahead of them (it reads ahead only while that pays: crates/pager/src/ahead.rs).
+line=$(grep 'hydramem run: pid .* page-ins' "$dir/run.out" | tail -n 1)
+ahead=$(sed -E 's/.* ([0-9]+) pages read ahead.*/\1/' <<<"$line")
+[[ $ahead =~ ^[0-9]+$ && $ahead -gt 0 ]] ||
+  fail "python3/numpy (hydra-8+2-d1): nothing read ahead of its in-order page-ins: $line"
+echo "python3/numpy (hydra-8+2-d1): $ahead pages read ahead"
 
 # sqlite3: ~30 MiB database in memory with its cache, 16 MiB local.
 cat >"$dir/db.sql" <<'SQL'
