@@ -132,9 +132,13 @@ impl FrontStore {
         self.backed.as_ref()
     }
 
-    /// Ends the store: writes what is queued to the backup file and removes it (nothing to
-    /// do for a remote scheme). Call it before releasing the client's memory.
+    /// Ends the store: stops span's compaction (which would otherwise read rows whose memory
+    /// is being freed), writes what is queued to the backup file and removes it (nothing more
+    /// to do for a remote scheme). Call it before releasing the client's memory.
     pub fn close(&self) -> Result<(), BackupError> {
+        if let Some(span) = &self.span {
+            span.stop_compaction();
+        }
         self.backed.as_ref().map_or(Ok(()), |b| b.close())
     }
 }

@@ -63,9 +63,11 @@ const MAX_MOVES: u32 = 1000;
 /// thread: dropping the store (its last handle) stops the thread and waits for the pass
 /// under way, so once the drop returns this client changes no row on the nodes again, and
 /// a successor with its identity may reattach ([`Core`] is what the thread shares).
+/// [`SpanStore::stop_compaction`] does the same while handles remain (before the client's
+/// memory is freed).
 pub struct SpanStore {
     core: Arc<Core>,
-    compaction: Option<std::thread::JoinHandle<()>>,
+    compaction: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 /// The state a span store shares with its compaction thread.
@@ -177,7 +179,10 @@ impl SpanStore {
             counters: Counters::default(),
         });
         let compaction = compact::start(&core);
-        Ok(Arc::new(SpanStore { core, compaction }))
+        Ok(Arc::new(SpanStore {
+            core,
+            compaction: Mutex::new(compaction),
+        }))
     }
 
     /// The client under the store.
@@ -196,6 +201,21 @@ impl SpanStore {
         compact::run(&self.core, true)
     }
 
+    /// Stops the compaction thread and waits for the pass under way: from then on only this
+    /// store's own writes change its rows, and nothing reads them behind its back — what a
+    /// caller needs before it frees the client's memory while handles to the store remain
+    /// (a pass reading a freed range fails, and says so). Writes still work; garbage then
+    /// stays. The drop does the same.
+    pub fn stop_compaction(&self) {
+        self.core.compactor.stop();
+        let thread = self.compaction.lock().take();
+        if let Some(thread) = thread {
+            if thread.join().is_err() {
+                tracing::warn!("the span compaction thread panicked");
+            }
+        }
+    }
+
     /// The state shared with the compaction thread (for this module's tests).
     #[cfg(test)]
     fn core(&self) -> &Core {
@@ -205,12 +225,7 @@ impl SpanStore {
 
 impl Drop for SpanStore {
     fn drop(&mut self) {
-        self.core.compactor.stop();
-        if let Some(thread) = self.compaction.take() {
-            if thread.join().is_err() {
-                tracing::warn!("the span compaction thread panicked");
-            }
-        }
+        self.stop_compaction();
     }
 }
 

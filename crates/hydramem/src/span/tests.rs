@@ -263,6 +263,50 @@ fn dropping_the_store_waits_for_the_compaction_pass_under_way() {
 }
 
 #[test]
+fn stopping_compaction_while_handles_remain_waits_for_the_pass_under_way() {
+    let pages = 512;
+    let (s, ctl) = start("span-8+2", 12, pages);
+    write(&s, 0, pages, 0);
+    for node in 0..12 {
+        ctl.node(node).delay(Duration::from_millis(2));
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let mut p = 0;
+    while !s.core().compactor.busy() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no compaction started"
+        );
+        write(&s, p % pages, 1, 1 + p);
+        p += 1;
+    }
+    // A front end closing before it frees the client's memory still holds the store.
+    let other = s.clone();
+    s.stop_compaction();
+    assert!(!s.core().compactor.busy(), "a compaction pass still runs");
+    assert_eq!(
+        Arc::strong_count(&s.core),
+        1,
+        "the compaction thread still holds the store's state"
+    );
+    for node in 0..12 {
+        ctl.node(node).delay(Duration::ZERO);
+    }
+    // Writes go on, compaction does not, and every page reads back.
+    for n in 0..64 {
+        write(&other, n, 1, 100_000 + n);
+    }
+    let compactions = s.stats().compactions;
+    s.core().compactor.wake();
+    for n in 0..64 {
+        assert_eq!(read(&s, n), content(n, 100_000 + n));
+    }
+    assert_eq!(s.stats().compactions, compactions);
+    drop(other);
+    drop(s);
+}
+
+#[test]
 fn free_rows_go_back_to_the_nodes_once_writes_pause() {
     let pages = 512;
     let (s, _ctl) = start("span-8+2", 12, pages);
