@@ -38,9 +38,8 @@ pub struct Ahead {
     next: usize,
     /// Reading ahead (outside probe windows).
     reading: bool,
-    /// This window measures although `reading` (a probe).
-    probing: bool,
-    /// Windows read ahead since the last that measured.
+    /// Windows read ahead since the last that measured: the next window probes (measures
+    /// although `reading`) once they are one short of [`PROBE_EVERY`].
     since_probe: u32,
     /// Page-ins in this window, and of them the sequential ones.
     count: u32,
@@ -69,7 +68,6 @@ impl Ahead {
             recent: [0; RECENT],
             next: 0,
             reading: false,
-            probing: false,
             since_probe: 0,
             count: 0,
             sequential: 0,
@@ -86,7 +84,7 @@ impl Ahead {
     }
 
     fn measuring(&self) -> bool {
-        !self.reading || self.probing
+        !self.reading || self.since_probe + 1 >= PROBE_EVERY
     }
 
     /// Page `v` was paged in from the cluster; returns how the window ended, if this page-in
@@ -107,7 +105,6 @@ impl Ahead {
         let end = if self.measuring() {
             let percent = self.sequential * 100 / self.count;
             self.reading = percent >= ON_PERCENT;
-            self.probing = false;
             self.since_probe = 0;
             Window::Measured {
                 percent,
@@ -115,7 +112,6 @@ impl Ahead {
             }
         } else {
             self.since_probe += 1;
-            self.probing = self.since_probe + 1 >= PROBE_EVERY;
             Window::Read
         };
         self.count = 0;
