@@ -293,8 +293,6 @@ fn stopping_compaction_while_handles_remain_waits_for_the_pass_under_way() {
         assert_eq!(read(&s, n), content(n, 100_000 + n));
     }
     assert_eq!(s.stats().compactions, compactions);
-    drop(other);
-    drop(s);
 }
 
 #[test]
