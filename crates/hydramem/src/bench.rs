@@ -54,6 +54,8 @@ pub struct BenchOptions {
     pub rounds: u64,
     /// How long a waiting thread polls before sleeping.
     pub poll: Duration,
+    /// Span schemes' compaction ceiling ([`ClientConfig::span_max_cost`]).
+    pub span_max_cost: Option<f64>,
     /// Seed of the page contents and access order.
     pub seed: u64,
     /// Corruption injected while measuring (paper Fig. 11): every latency round runs twice,
@@ -414,6 +416,7 @@ pub fn run(
         let scheme = s.label();
         let mut cfg = ClientConfig::new(s.store.resilience(), o.pages * PAGE_SIZE as u64);
         cfg.poll = o.poll;
+        cfg.span_max_cost = o.span_max_cost;
         cfg.checksums = s.checksums;
         cfg.ablation = s.ablation;
         if o.corrupt_ppm > 0 {

@@ -48,6 +48,11 @@ pub struct BenchArgs {
     /// Microseconds a waiting thread polls before it sleeps.
     #[arg(long, env = "HYDRAMEM_POLL_US", default_value_t = 50)]
     poll_us: u64,
+    /// Span schemes: remote bytes held per byte of data above which compaction starts while
+    /// writes flow [default: 1.16 × the code's cost, 1.45 for span-8+2]. Higher holds more
+    /// garbage and moves fewer pages
+    #[arg(long, env = "HYDRAMEM_SPAN_MAX_COST")]
+    span_max_cost: Option<f64>,
     /// Schemes to run (comma separated): hydra-K+R-dD (suffix -ec for EC-only, -det for
     /// corruption detection, -cor for correction), span-K+R (span coding: whole pages, parity
     /// across the pages of a row), repN, single, ssd-backup (one remote copy
@@ -107,6 +112,7 @@ impl BenchArgs {
             duration: Duration::from_secs_f64(self.seconds),
             rounds: self.rounds,
             poll: Duration::from_micros(self.poll_us),
+            span_max_cost: self.span_max_cost,
             seed: self.seed,
             corrupt_ppm: self.corrupt_ppm,
             backup: self.backup.config()?,
@@ -197,6 +203,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "seconds": a.seconds,
         "rounds": a.rounds,
         "poll_us": a.poll_us,
+        "span_max_cost": a.span_max_cost,
         "results": results,
     });
     std::fs::write(&a.json, serde_json::to_string_pretty(&doc)?)

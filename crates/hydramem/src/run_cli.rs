@@ -252,6 +252,8 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let remote_size = bytes(a.remote_size, "--remote-size")?;
     let min_region = bytes(a.min_region, "--min-region")?.max(4096);
+    // The client's own checks of its options, with their messages.
+    a.client.config(remote_size)?;
     let library = pager_library(a.pager)?;
     // Fails with what to change when this user may not (the descriptor is closed at once).
     open_userfaultfd(libc::O_CLOEXEC, None)?;
@@ -265,8 +267,6 @@ pub fn run(a: RunArgs) -> Result<()> {
         .map(absolute)
         .transpose()?;
     let tls_dir = a.client.key.tls_dir.as_deref().map(absolute).transpose()?;
-    // The client's own checks of its options, with their messages.
-    a.client.config(remote_size)?;
     let up = status::collect(&cluster)
         .iter()
         .filter(|n| matches!(n.result, StatusResult::Up(_)))
@@ -340,6 +340,7 @@ pub fn run(a: RunArgs) -> Result<()> {
         remote_size,
         min_region,
         read_ahead: a.read_ahead.min(MAX_READ_AHEAD),
+        span_max_cost: a.client.span_max_cost,
         standby,
         report: Some(report.clone()),
         userfaultfd_dev: dev.as_ref().map(|d| d.as_raw_fd()),

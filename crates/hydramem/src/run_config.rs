@@ -63,6 +63,9 @@ pub struct RunConfig {
     /// Pages after a faulting page fetched with it when they are out too.
     #[serde(default)]
     pub read_ahead: u64,
+    /// Span schemes' compaction ceiling (`ClientConfig::span_max_cost`); `None`: the default.
+    #[serde(default)]
+    pub span_max_cost: Option<f64>,
     /// Bytes of the budget kept for pages taken out of the program and not sent out yet
     /// (the standby pool); `None`: an eighth of `local_memory`.
     #[serde(default)]
@@ -199,6 +202,7 @@ impl RunConfig {
         c.checksums = self.checksums;
         c.error_correction_limit = self.error_correction_limit;
         c.slab_regeneration_limit = self.slab_regeneration_limit;
+        c.span_max_cost = self.span_max_cost;
         Ok(c)
     }
 
@@ -254,12 +258,15 @@ mod tests {
             remote_size: 8 << 30,
             min_region: 1 << 20,
             read_ahead: 1,
+            span_max_cost: Some(1.7),
             standby: None,
             report: None,
             userfaultfd_dev: Some(3),
         };
         assert_eq!(RunConfig::from_env(&c.to_env()).unwrap(), c);
         assert!(c.store_scheme().is_ok());
+        let client = c.client_config(crate::wire::ClientId::random()).unwrap();
+        assert_eq!(client.span_max_cost, Some(1.7));
         assert!(RunConfig::from_env("{}").is_err());
     }
 }

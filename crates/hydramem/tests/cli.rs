@@ -215,3 +215,31 @@ fn nbd_bad_input_gets_clear_errors() {
     ]);
     assert!(err.contains("cannot read cluster file"), "{err}");
 }
+
+#[test]
+fn a_span_max_cost_without_room_is_refused_before_anything_starts() {
+    let run = |scheme: &str| {
+        let out = Command::new(BIN)
+            .args(["run", "--scheme", scheme, "--span-max-cost", "1.2"])
+            .args([
+                "--cluster",
+                "/nonexistent/c.toml",
+                "--local-memory",
+                "64MiB",
+            ])
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{scheme}: succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run("span-8+2");
+    assert!(
+        err.contains("--span-max-cost 1.2 with --scheme span-8+2")
+            && err.contains("give at least 1.375"),
+        "{err}"
+    );
+    // Other schemes have no compaction and ignore it: the run goes on to the cluster file.
+    let err = run("rep2");
+    assert!(err.contains("cannot read cluster file"), "{err}");
+}

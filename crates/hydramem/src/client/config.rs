@@ -79,6 +79,11 @@ pub struct ClientConfig {
     pub error_window: u64,
     /// Design choices turned off for a measurement (none by default).
     pub ablation: Ablation,
+    /// Span schemes: the remote bytes held per byte of data above which compaction starts
+    /// while writes flow (`None`: 1.16 × the code's cost, 1.45 for span-8+2). Higher holds
+    /// more garbage and moves fewer pages ([`crate::span::compact::Thresholds`]). Other
+    /// schemes ignore it.
+    pub span_max_cost: Option<f64>,
 }
 
 impl ClientConfig {
@@ -103,6 +108,7 @@ impl ClientConfig {
             slab_regeneration_limit: 0.01,
             error_window: 1000,
             ablation: Ablation::default(),
+            span_max_cost: None,
         }
     }
 }

@@ -172,6 +172,11 @@ impl RemoteMemory {
         self.config.size
     }
 
+    /// The configuration the client was made with.
+    pub fn config(&self) -> &ClientConfig {
+        &self.config
+    }
+
     /// The client's counters.
     pub fn stats(&self) -> &ClientStats {
         &self.stats

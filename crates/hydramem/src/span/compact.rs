@@ -39,7 +39,7 @@ use parking_lot::{Condvar, Mutex};
 use super::map::Loc;
 use super::table::Occupancy;
 use super::Core;
-use crate::client::{IoError, Newer, Page, PieceRead, PieceWant};
+use crate::client::{ClientError, IoError, Newer, Page, PieceRead, PieceWant};
 use crate::PAGE_SIZE;
 
 /// Compaction starts above this multiple of the code's cost (k + r)/k: 1.45 for 8 + 2, under
@@ -48,8 +48,12 @@ pub const HIGH: f64 = 1.16;
 /// ... and stops at this multiple once client writes have paused for [`IDLE`], or when asked
 /// to compact: 1.3 for 8 + 2.
 pub const LOW: f64 = 1.04;
-/// ... and at this multiple while client writes flow: 1.4 for 8 + 2.
+/// ... and at this multiple while client writes flow: 1.4 for 8 + 2 (with a ceiling other
+/// than [`HIGH`], the same fraction of it).
 pub const BUSY_LOW: f64 = 1.12;
+/// The lowest ceiling a user may set, as a multiple of the code's cost: room above [`LOW`]
+/// for compaction to stop short of while writes flow.
+pub const MIN_HIGH: f64 = 1.1;
 /// Rows looked at per pass.
 pub const VICTIMS: usize = 64;
 /// Below this many rows in use the store is too small for garbage to matter.
@@ -60,10 +64,50 @@ pub const MIN_DISCARD: u64 = 16;
 /// How long writes must have paused before the free rows below the top are given back.
 pub const IDLE: Duration = Duration::from_secs(1);
 
+/// Where compaction starts and stops, in remote bytes held per byte of live data.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Thresholds {
+    /// Compaction starts above this.
+    pub high: f64,
+    /// ... and stops at this while client writes flow,
+    pub busy_low: f64,
+    /// ... and at this once they have paused for [`IDLE`], or when asked to compact.
+    pub low: f64,
+}
+
+impl Thresholds {
+    /// For rows of `k` pages and `width` pieces, compaction starting above `max_cost` remote
+    /// bytes per byte (`None`: [`HIGH`] times the code's cost, 1.45 for 8 + 2). A higher
+    /// ceiling trades memory for page moves: memcached under `hydramem run` at 50% moved as
+    /// many pages as it wrote out at 1.45, a third of that at 1.7 (docs/benchmarks.md §12).
+    /// While writes flow compaction stops the same fraction below the ceiling as by default;
+    /// once they pause it goes down to [`LOW`] times the code's cost whatever the ceiling.
+    /// The ceiling must leave room above that: at least 1.1 times the code's cost.
+    pub fn new(k: usize, width: usize, max_cost: Option<f64>) -> Result<Thresholds, ClientError> {
+        let base = width as f64 / k.max(1) as f64;
+        let high = max_cost.unwrap_or(base * HIGH);
+        let least = base * MIN_HIGH;
+        if !(high.is_finite() && high >= least) {
+            return Err(ClientError::Config(format!(
+                "a span max cost of {high} remote bytes per byte is below what span-{k}+{r} \
+                 can compact to while writes flow: give at least {least:.3} (1.1 × the code's \
+                 cost {base:.3}; the default is {default:.3})",
+                r = width.saturating_sub(k),
+                default = base * HIGH,
+            )));
+        }
+        Ok(Thresholds {
+            high,
+            busy_low: high * BUSY_LOW / HIGH,
+            low: base * LOW,
+        })
+    }
+}
+
 /// When to compact, and the signal that wakes the thread.
 pub struct Compactor {
-    /// The code's cost, (k + r)/k.
-    base: f64,
+    /// Where compaction starts and stops.
+    limits: Thresholds,
     /// Pieces per row, k + r.
     width: f64,
     /// Held by the one compaction running (two would race each other's moves and stop).
@@ -82,10 +126,10 @@ struct Signal {
 }
 
 impl Compactor {
-    /// The policy for rows of `k` pages and `width` pieces.
-    pub fn new(k: usize, width: usize) -> Compactor {
+    /// The policy for rows of `width` pieces, within `limits`.
+    pub fn new(width: usize, limits: Thresholds) -> Compactor {
         Compactor {
-            base: width as f64 / k as f64,
+            limits,
             width: width as f64,
             running: Mutex::new(()),
             signal: Arc::default(),
@@ -119,14 +163,18 @@ impl Compactor {
 
     /// Whether `o` is over the threshold where compaction starts.
     pub fn over(&self, o: &Occupancy) -> bool {
-        o.rows_in_use >= MIN_ROWS && self.cost(o) > self.base * HIGH
+        o.rows_in_use >= MIN_ROWS && self.cost(o) > self.limits.high
     }
 
-    /// Whether `o` is within the target compaction stops at: [`LOW`] when `deep` (client
-    /// writes have paused, or compaction was asked for), else [`BUSY_LOW`].
+    /// Whether `o` is within the target compaction stops at: the low one when `deep` (client
+    /// writes have paused, or compaction was asked for), else the one while writes flow.
     fn within(&self, o: &Occupancy, deep: bool) -> bool {
-        let target = if deep { LOW } else { BUSY_LOW };
-        o.rows_in_use < MIN_ROWS || self.cost(o) <= self.base * target
+        let target = if deep {
+            self.limits.low
+        } else {
+            self.limits.busy_low
+        };
+        o.rows_in_use < MIN_ROWS || self.cost(o) <= target
     }
 
     /// Wakes the compaction thread.

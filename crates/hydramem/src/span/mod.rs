@@ -154,6 +154,7 @@ impl SpanStore {
     pub fn new(mem: Arc<RemoteMemory>) -> Result<Arc<SpanStore>, IoError> {
         let l = *mem.layout();
         assert!(l.span(), "a span store needs a span-coded client");
+        let limits = compact::Thresholds::new(l.k, l.width, mem.config().span_max_cost)?;
         let pages = mem.size().div_ceil(PAGE);
         let rows = l.space(mem.size()) / PAGE;
         let map = PageMap::new(pages);
@@ -173,7 +174,7 @@ impl SpanStore {
             k: l.k,
             width: l.width,
             mem,
-            compactor: Compactor::new(l.k, l.width),
+            compactor: Compactor::new(l.width, limits),
             gather: gather::Gather::default(),
             busy: busy::Busy::default(),
             counters: Counters::default(),

@@ -12,7 +12,7 @@ use rand::{Rng, SeedableRng};
 
 use super::{SpanStore, PAGE};
 use crate::client::mem::{cluster, connect, MemControl, MemOptions};
-use crate::client::{ClientConfig, Page};
+use crate::client::{ClientConfig, IoError, Page};
 use crate::nbd::PageStore;
 use crate::PAGE_SIZE;
 
@@ -30,16 +30,27 @@ fn start_waiting(
     pages: u64,
     op_timeout: Duration,
 ) -> (Arc<SpanStore>, MemControl) {
+    let (store, ctl) = open(scheme, nodes, pages, |c| c.op_timeout = op_timeout);
+    (store.expect("a fresh span store"), ctl)
+}
+
+/// Opens a span store over `nodes` in-memory nodes with the configuration `edit` makes.
+fn open(
+    scheme: &str,
+    nodes: usize,
+    pages: u64,
+    edit: impl FnOnce(&mut ClientConfig),
+) -> (Result<Arc<SpanStore>, IoError>, MemControl) {
     let mut config = ClientConfig::new(scheme.parse().expect("a scheme"), pages * PAGE);
     config.seed = Some(3);
-    config.op_timeout = op_timeout;
+    edit(&mut config);
     let options = MemOptions {
         slabs_per_node: 256,
         seed: 5,
         spare: 0,
     };
     let (mem, ctl) = connect(&cluster(nodes, SLAB), config, options).expect("connects");
-    (SpanStore::new(mem).expect("a fresh span store"), ctl)
+    (SpanStore::new(mem), ctl)
 }
 
 /// A page whose bytes say which page and which write it is.
@@ -338,6 +349,34 @@ fn free_rows_go_back_to_the_nodes_once_writes_pause() {
     }
 }
 
+/// Overwrites a row's worth of random pages of `stamp`'s (one list write), as write number
+/// `round` + 1, and records it in `stamp`. Panics if it is called 100,000 times: the cost a
+/// caller waits for never came.
+fn overwrite_a_row(
+    s: &SpanStore,
+    rng: &mut rand::rngs::SmallRng,
+    stamp: &mut [u64],
+    round: &mut u64,
+) {
+    *round += 1;
+    assert!(
+        *round < 100_000,
+        "the cost never came where the test waits for it: {:?}",
+        s.stats()
+    );
+    let r = *round;
+    let pages = stamp.len() as u64;
+    let list: Vec<(u64, Page)> = (0..8)
+        .map(|_| rng.random_range(0..pages))
+        .map(|p| (p, content(p, r)))
+        .collect();
+    let refs: Vec<(u64, &Page)> = list.iter().map(|(p, c)| (p * PAGE, c)).collect();
+    s.write_list(&refs).expect("the pages write");
+    for (p, _) in &list {
+        stamp[*p as usize] = r;
+    }
+}
+
 #[test]
 fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
     use super::compact::{BUSY_LOW, HIGH, IDLE, LOW};
@@ -351,21 +390,7 @@ fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
     // threshold (the write that crosses it wakes the background thread).
     let mut round = 0;
     while s.stats().cost() <= base * HIGH {
-        round += 1;
-        assert!(
-            round < 100_000,
-            "the cost never crossed the threshold: {:?}",
-            s.stats()
-        );
-        let list: Vec<(u64, Page)> = (0..8)
-            .map(|_| rng.random_range(0..pages))
-            .map(|p| (p, content(p, round)))
-            .collect();
-        let refs: Vec<(u64, &Page)> = list.iter().map(|(p, c)| (p * PAGE, c)).collect();
-        s.write_list(&refs).expect("the pages write");
-        for (p, _) in &list {
-            stamp[*p as usize] = round;
-        }
+        overwrite_a_row(&s, &mut rng, &mut stamp, &mut round);
     }
     let last_write = std::time::Instant::now();
     // Writes just happened: compaction stops at the busy target, short of the deep one.
@@ -402,6 +427,63 @@ fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
 }
 
 /// The bytes every node says it holds for the store's client (STATS).
+#[test]
+fn a_higher_max_cost_holds_more_garbage_before_compaction_starts() {
+    let pages = 4096;
+    let (s, _ctl) = open("span-8+2", 12, pages, |c| c.span_max_cost = Some(1.8));
+    let s = s.expect("a span store with a ceiling of 1.8");
+    write(&s, 0, pages, 0);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(12);
+    let mut stamp = vec![0u64; pages as usize];
+    // Random overwrites, a row's worth at a time, past the default ceiling (1.45) and on
+    // until the cost crosses 1.8 (the write that crosses it wakes the background thread).
+    let mut round = 0;
+    let mut passed_default = None;
+    while s.stats().cost() <= 1.8 {
+        overwrite_a_row(&s, &mut rng, &mut stamp, &mut round);
+        if passed_default.is_none() && s.stats().cost() > 1.5 {
+            passed_default = Some(s.stats());
+        }
+    }
+    let at_1_5 = passed_default.expect("the cost went past 1.5 on its way to 1.8");
+    assert_eq!(
+        at_1_5.compacted_pages, 0,
+        "compaction ran below the configured ceiling: {at_1_5:?}"
+    );
+    // Compaction, once it runs while writes flow, stops the default's fraction below it.
+    let busy_low = super::compact::Thresholds::new(8, 10, Some(1.8))
+        .expect("1.8 is a valid ceiling")
+        .busy_low;
+    assert!((busy_low - 1.8 * 1.12 / 1.16).abs() < 1e-9, "{busy_low}");
+    super::compact::run(s.core(), false).expect("compaction runs");
+    assert!(s.stats().compacted_pages > 0, "{:?}", s.stats());
+    assert!(s.stats().cost() <= busy_low + 1e-9, "{:?}", s.stats());
+    for p in 0..pages {
+        assert_eq!(read(&s, p), content(p, stamp[p as usize]), "page {p}");
+    }
+}
+
+#[test]
+fn a_max_cost_without_room_above_the_compaction_target_is_refused() {
+    for bad in [1.3, 0.5, f64::NAN, f64::INFINITY] {
+        let (s, _ctl) = open("span-8+2", 12, 256, |c| c.span_max_cost = Some(bad));
+        let e = s.err().expect("the ceiling is refused").to_string();
+        assert!(
+            e.contains("give at least 1.375") && e.contains("span-8+2"),
+            "{bad}: {e}"
+        );
+    }
+    let (s, _ctl) = open("span-8+2", 12, 256, |c| c.span_max_cost = Some(1.375));
+    assert!(s.is_ok(), "the least ceiling is allowed");
+    let d = super::compact::Thresholds::new(8, 10, None).expect("the default");
+    assert!(
+        (d.high - 1.45).abs() < 1e-9
+            && (d.busy_low - 1.4).abs() < 1e-9
+            && (d.low - 1.3).abs() < 1e-9,
+        "{d:?}"
+    );
+}
+
 fn held_by_nodes(s: &SpanStore) -> u64 {
     let t = s.mem().transport();
     (0..t.nodes())
