@@ -687,7 +687,11 @@ fn corruption_modes_recover_from_failures_like_failure_recovery() {
             mem.write_page(p * PAGE_SIZE as u64, &page)
                 .unwrap_or_else(|e| panic!("{scheme:?}: write {p}: {e}"));
         }
-        common::wait_regenerated(&mem, kill as u64);
+        if kill > 1 {
+            common::wait_regenerated_with_retries(&mem, kill as u64);
+        } else {
+            common::wait_regenerated(&mem, kill as u64);
+        }
         let (exact, wrong, errors) = read_all(&mem);
         assert_eq!(
             (exact, wrong),

@@ -78,6 +78,32 @@ pub fn wait_regenerated(mem: &hydramem::client::RemoteMemory, at_least: u64) {
     }
 }
 
+/// Waits until at least `at_least` regenerations completed, none is in flight and no range
+/// is degraded, allowing attempts that failed and were retried: for tests that kill several
+/// nodes at once, where an attempt started between two deaths may name a node that is dead
+/// but not yet detected, fail, and be retried (as the client does: the range stays degraded
+/// until a retry succeeds). The test's own read-back then checks that nothing was lost.
+pub fn wait_regenerated_with_retries(mem: &hydramem::client::RemoteMemory, at_least: u64) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let (started, done, failed) = mem.regenerations();
+        if done >= at_least && done + failed == started && mem.degraded_ranges() == 0 {
+            assert!(
+                failed <= done,
+                "more regeneration attempts failed ({failed}) than completed ({done})"
+            );
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "regeneration did not finish: {started} started, {done} done, {failed} failed, \
+             {} ranges degraded",
+            mem.degraded_ranges()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
 /// `n` nodes of a range's group now (`after`) that were already members before a slab of it
 /// moved (`before`): the original members a test kills next, leaving the moved slab's
 /// regenerated copy among the survivors.
