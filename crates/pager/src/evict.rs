@@ -10,7 +10,7 @@
 //! A page leaves in two steps: to the standby pool (`standby.rs`), which is how its reads
 //! are seen, and from there, once it is among the oldest in standby, to the cluster.
 //!
-//! One batch, in order (see `table.rs` for the invariants it keeps):
+//! One batch, in order (see `table/mod.rs` for the invariants it keeps):
 //! 1. if the pool lacks free buffers for the batch, send out the oldest pages in standby:
 //!    clean → its slot already holds it; otherwise → written to its slot, the whole flush in
 //!    one batched write; then commit them (faults on them wait meanwhile);

@@ -7,7 +7,7 @@
 //! program's resident anonymous memory. The first time it passes half of `--local-memory`,
 //! the pager connects to the cluster (a program that stays small never does) and starts its
 //! fault thread; above `--local-memory` the evictor sends cold pages out (`evict.rs`) and the
-//! fault thread brings them back when touched (`pager.rs`). The page table is `table.rs`.
+//! fault thread brings them back when touched (`pager.rs`). The page table is `table/mod.rs`.
 //!
 //! Invariants:
 //! - without the variable the library does nothing at all;

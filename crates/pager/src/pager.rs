@@ -5,7 +5,7 @@
 //! first touch gets zeros, a write to a page the evictor is copying waits for it — and
 //! follows the program's munmap and mremap.
 //!
-//! Invariants (with `table.rs`):
+//! Invariants (with `table/mod.rs`):
 //! - the lock of `Shared` is held while a report is read from the userfaultfd and while its
 //!   decision is applied to memory, but never across a remote read or write: so the program's
 //!   munmap/mremap (reported as events) and discards (the madvise hook) are ordered with every
