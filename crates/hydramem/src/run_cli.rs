@@ -198,14 +198,19 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
             eprintln!(
                 "hydramem run: pid {}'s span rows: {} pages in {} rows, {:.2} remote bytes per \
                  byte ({:.2} with the free rows the nodes still held); compaction moved {} pages \
-                 in {} passes",
+                 in {} passes{}",
                 l.pid,
                 sp.live_pages,
                 sp.rows_in_use,
                 sp.cost(),
                 sp.held_cost(),
                 sp.compacted_pages,
-                sp.compactions
+                sp.compactions,
+                if sp.max_cost > 0.0 {
+                    format!(" (it starts above {:.2})", sp.max_cost)
+                } else {
+                    String::new()
+                }
             );
         }
     }

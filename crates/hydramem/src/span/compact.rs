@@ -128,6 +128,7 @@ struct Signal {
 impl Compactor {
     /// The policy for rows of `width` pieces, within `limits`.
     pub fn new(width: usize, limits: Thresholds) -> Compactor {
+        metrics::gauge!("hydramem_span_max_cost").set(limits.high);
         Compactor {
             limits,
             width: width as f64,
@@ -136,6 +137,11 @@ impl Compactor {
             epoch: Instant::now(),
             last_write: AtomicU64::new(0),
         }
+    }
+
+    /// Where compaction starts and stops.
+    pub fn limits(&self) -> Thresholds {
+        self.limits
     }
 
     /// A client write (not compaction's) happened now.

@@ -94,7 +94,7 @@ struct Counters {
 }
 
 /// What a span store holds and has done.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Default, serde::Serialize, serde::Deserialize)]
 pub struct SpanStats {
     /// Pages the map points at rows.
     pub live_pages: u64,
@@ -119,6 +119,10 @@ pub struct SpanStats {
     pub compacted_pages: u64,
     /// Compaction passes.
     pub compactions: u64,
+    /// The remote bytes per byte above which compaction starts while writes flow (the
+    /// ceiling, `ClientConfig::span_max_cost`; 0 in reports from before it was kept).
+    #[serde(default)]
+    pub max_cost: f64,
 }
 
 impl SpanStats {
@@ -294,6 +298,7 @@ impl Core {
             moved_retries: c.moved_retries.load(Ordering::Relaxed),
             compacted_pages: c.compacted_pages.load(Ordering::Relaxed),
             compactions: c.compactions.load(Ordering::Relaxed),
+            max_cost: self.compactor.limits().high,
         }
     }
 
