@@ -203,7 +203,7 @@ fn hist() -> Histogram<u64> {
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
     /// The client could not start.
-    #[error("{scheme}: {source}")]
+    #[error("{scheme}")]
     Client {
         /// Scheme.
         scheme: String,
@@ -211,7 +211,7 @@ pub enum BenchError {
         source: crate::client::ClientError,
     },
     /// A page operation failed.
-    #[error("{scheme}: {source}")]
+    #[error("{scheme}")]
     Io {
         /// Scheme.
         scheme: String,
@@ -219,7 +219,7 @@ pub enum BenchError {
         source: IoError,
     },
     /// The backup file of `ssd-backup` could not be created or closed.
-    #[error("{scheme}: {source}")]
+    #[error("{scheme}")]
     Backup {
         /// Scheme.
         scheme: String,

@@ -104,6 +104,15 @@ impl BenchArgs {
                 bytes
             );
         }
+        if let Some(cost) = self.span_max_cost {
+            for s in &self.schemes {
+                if let hydramem::client::Resilience::Span { k, r } = s.store.resilience() {
+                    let (k, width) = (usize::from(k), usize::from(k) + usize::from(r));
+                    hydramem::span::compact::Thresholds::new(k, width, Some(cost))
+                        .with_context(|| format!("--span-max-cost {cost} with {}", s.label()))?;
+                }
+            }
+        }
         Ok(BenchOptions {
             pages: self.pages,
             request_pages: (bytes / 4096) as usize,

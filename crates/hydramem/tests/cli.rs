@@ -242,4 +242,21 @@ fn a_span_max_cost_without_room_is_refused_before_anything_starts() {
     // Other schemes have no compaction and ignore it: the run goes on to the cluster file.
     let err = run("rep2");
     assert!(err.contains("cannot read cluster file"), "{err}");
+    // bench refuses it for the span schemes of its list before it starts its cluster.
+    let out = Command::new(BIN)
+        .args([
+            "bench",
+            "--schemes",
+            "rep2,span-8+2",
+            "--span-max-cost",
+            "1.2",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("--span-max-cost 1.2 with span 8+2") && err.contains("give at least 1.375"),
+        "{err}"
+    );
 }

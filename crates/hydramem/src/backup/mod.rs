@@ -64,8 +64,9 @@ impl Default for BackupConfig {
 /// Why the backup store could not start, or could not serve a page from its file.
 #[derive(Debug, thiserror::Error)]
 pub enum BackupError {
-    /// A span client that reattached to its identity could not rebuild its page map.
-    #[error("cannot rebuild the span page map from the memory nodes: {0}")]
+    /// The span store could not open: its configuration was refused, or a client that
+    /// reattached to its identity could not rebuild its page map from the memory nodes.
+    #[error("cannot open the span store: {0}")]
     SpanMap(crate::client::IoError),
     /// The file could not be created.
     #[error("cannot create the backup file {}: {source}; pass --backup-dir on a local disk with room", path.display())]
