@@ -320,9 +320,10 @@ struct StatusArgs {
 }
 
 /// Subcommands whose options a `--config` file may set (`sim` has sub-subcommands and takes
-/// its options on the command line only).
-const SUBCOMMANDS: [&str; 8] = [
-    "node", "up", "status", "bench", "demo", "soak", "nbd", "free",
+/// its options on the command line only). For `run`, what follows `--` is the program's own
+/// command line: its options are never taken for ours.
+const SUBCOMMANDS: [&str; 10] = [
+    "node", "up", "status", "bench", "demo", "soak", "nbd", "free", "run", "mount",
 ];
 
 /// The command line with the config file's settings for the subcommand inserted right after
@@ -355,11 +356,15 @@ fn args_with_config() -> Result<Vec<String>> {
             path.display()
         )
     })?;
+    let ours = args[sub_at..]
+        .iter()
+        .position(|a| a == "--")
+        .map_or(args.len(), |end| sub_at + end);
     let mut extra = Vec::new();
     for (key, value) in table {
         let env = format!("HYDRAMEM_{}", key.to_uppercase().replace('-', "_"));
         let flag = format!("--{key}");
-        let on_command_line = args[sub_at..]
+        let on_command_line = args[sub_at..ours]
             .iter()
             .any(|a| *a == flag || a.starts_with(&format!("{flag}=")));
         if on_command_line || std::env::var_os(&env).is_some() {

@@ -242,6 +242,30 @@ fn a_span_max_cost_without_room_is_refused_before_anything_starts() {
     // Other schemes have no compaction and ignore it: the run goes on to the cluster file.
     let err = run("rep2");
     assert!(err.contains("cannot read cluster file"), "{err}");
+    // A config file's [run] section sets it too; a flag beats the file, and the program's
+    // own arguments after `--` are never taken for ours.
+    let (d, _) = tmp();
+    let config = d.path().join("hydramem.toml");
+    std::fs::write(&config, "[run]\nspan-max-cost = 1.2\n").unwrap();
+    let with_config = |extra: &[&str], program: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["run", "--config", config.to_str().unwrap()])
+            .args(["--scheme", "span-8+2", "--cluster", "/nonexistent/c.toml"])
+            .args(["--local-memory", "64MiB"])
+            .args(extra)
+            .arg("--")
+            .args(program)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = with_config(&[], &["true"]);
+    assert!(err.contains("give at least 1.375"), "{err}");
+    let err = with_config(&[], &["echo", "--span-max-cost", "2"]);
+    assert!(err.contains("give at least 1.375"), "{err}");
+    let err = with_config(&["--span-max-cost", "1.5"], &["true"]);
+    assert!(err.contains("cannot read cluster file"), "{err}");
     // bench refuses it for the span schemes of its list before it starts its cluster.
     let out = Command::new(BIN)
         .args([
