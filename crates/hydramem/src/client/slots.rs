@@ -95,6 +95,11 @@ pub struct Slot {
     posted: AtomicU32,
     /// The first error status a node returned, for the error message.
     first_status: AtomicU32,
+    /// Splits whose own failure says their slab is gone or unreachable: the node answered
+    /// `NoSuchSlab` or `Internal`, the node was lost, or the split could not be posted.
+    /// Per split, unlike `first_status`: a split that failed otherwise (`Stale`, say) on a
+    /// healthy node must never be taken for lost because another split was.
+    gone: AtomicU32,
     /// The node each split was posted to.
     nodes: [AtomicU16; MAX_WIDTH],
     /// The version each landed split carried (reads).
@@ -177,6 +182,7 @@ impl Slots {
                 claimed: AtomicU32::new(0),
                 posted: AtomicU32::new(0),
                 first_status: AtomicU32::new(0),
+                gone: AtomicU32::new(0),
                 nodes: std::array::from_fn(|_| AtomicU16::new(NO_NODE)),
                 versions: std::array::from_fn(|_| AtomicU64::new(0)),
                 page: AtomicPtr::new(std::ptr::null_mut()),
@@ -267,6 +273,7 @@ impl Slots {
         s.claimed.store(0, SeqCst);
         s.posted.store(0, SeqCst);
         s.first_status.store(0, SeqCst);
+        s.gone.store(0, SeqCst);
         s.stale.store(0, SeqCst);
         s.kind.store(kind as u8, SeqCst);
         s.closed.store(false, SeqCst);
@@ -341,6 +348,9 @@ impl Slots {
 
     fn fail(s: &Slot, split: usize, status: Status) {
         s.failed.fetch_or(1 << split, SeqCst);
+        if matches!(status, Status::NoSuchSlab | Status::Internal) {
+            s.gone.fetch_or(1 << split, SeqCst);
+        }
         let _ = s
             .first_status
             .compare_exchange(0, status as u32 + 1, SeqCst, SeqCst);
@@ -492,6 +502,7 @@ impl Op<'_> {
         s.failed.fetch_and(!(1 << j), SeqCst);
         s.corrupt.fetch_and(!(1 << j), SeqCst);
         s.landed.fetch_and(!(1 << j), SeqCst);
+        s.gone.fetch_and(!(1 << j), SeqCst);
     }
 
     /// Marks split `j` failed without a reply (posting to a node that is down).
@@ -550,6 +561,12 @@ impl Op<'_> {
     /// Writes: the newest version a node holds for a split it refused as stale (0: none).
     pub fn stale_version(&self) -> u64 {
         self.slot().stale.load(SeqCst)
+    }
+
+    /// Whether split `j` failed in a way that says its slab is gone or its node lost (see
+    /// `Slot::gone`): what decides that the split moves to a replacement slab.
+    pub fn split_gone(&self, j: usize) -> bool {
+        self.slot().gone.load(SeqCst) & (1 << j) != 0
     }
 
     /// The first error status a node reported for this operation, if any.
@@ -708,6 +725,7 @@ mod tests {
         slots.node_down(5);
         assert_eq!(op.progress().failed, 0b111);
         assert_eq!(op.first_status(), Some(Status::NoSuchSlab));
+        assert!(op.split_gone(0) && op.split_gone(2));
         // Garbage cookies are ignored.
         slots.read_done(0, u64::MAX, Status::Ok, 1, 0, &[0; 512]);
         slots.write_done(0, cookie(1, 0, 31), Status::Ok, 0);
@@ -836,6 +854,34 @@ mod tests {
         assert_eq!(slots.foreign_replies(), 5);
         slots.write_done(0, w.cookie(2), Status::Ok, 1);
         assert_eq!(w.progress().landed, 0b100);
+    }
+
+    /// Regression: a write whose split on a killed node failed first (`Internal`) took every
+    /// other failed split for lost too, and the remap gave back healthy slabs with their data
+    /// (EC-only writes under a node kill, `tests/data_path.rs`).
+    #[test]
+    fn only_the_split_whose_slab_is_gone_counts_as_gone() {
+        let slots = Slots::new(layout(), 1);
+        let w = slots.acquire_write();
+        for j in 0..3 {
+            w.posting(j, j as u16);
+        }
+        slots.node_down(0);
+        slots.write_done(1, w.cookie(1), Status::Stale, 90);
+        slots.write_done(2, w.cookie(2), Status::NoSuchSlab, 0);
+        assert_eq!(w.progress().failed, 0b111);
+        assert_eq!(w.first_status(), Some(Status::Internal));
+        assert!(w.split_gone(0), "its node was lost");
+        assert!(
+            !w.split_gone(1),
+            "a stale split on a healthy node is not gone"
+        );
+        assert!(w.split_gone(2), "its node said the slab is gone");
+        w.retry(0);
+        assert!(!w.split_gone(0), "a retried split starts clean");
+        drop(w);
+        let w = slots.acquire_write();
+        assert!(!w.split_gone(2), "a new operation in the slot starts clean");
     }
 
     #[test]

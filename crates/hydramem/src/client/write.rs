@@ -15,7 +15,7 @@ use super::repair::MoveReason;
 use super::slots::{self, Progress};
 use super::{ClientError, Group, IoError, Layout, Page, RemoteMemory};
 use crate::integrity;
-use crate::wire::{self, Entry, Status};
+use crate::wire::{self, Entry};
 
 /// Encodes the r parity splits of a page into the first r splits of `parity`: the data splits
 /// are the page's whole splits, then the padded `tail` splits (when k does not divide 4096).
@@ -402,12 +402,11 @@ impl RemoteMemory {
                     continue;
                 }
                 let node = group.nodes[j];
-                let lost = node == slots::NO_NODE
-                    || !self.transport.is_up(node)
-                    || matches!(
-                        op.first_status(),
-                        Some(Status::NoSuchSlab | Status::Internal)
-                    );
+                // Per split: one split's node lost must not condemn another that only
+                // failed (a concurrent write's `Stale`, say) on a healthy node, whose slab
+                // the remap would give back with its data.
+                let lost =
+                    node == slots::NO_NODE || !self.transport.is_up(node) || op.split_gone(j);
                 if !lost {
                     continue;
                 }
