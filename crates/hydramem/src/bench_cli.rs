@@ -106,11 +106,8 @@ impl BenchArgs {
         }
         if let Some(cost) = self.span_max_cost {
             for s in &self.schemes {
-                if let hydramem::client::Resilience::Span { k, r } = s.store.resilience() {
-                    let (k, width) = (usize::from(k), usize::from(k) + usize::from(r));
-                    hydramem::span::compact::Thresholds::new(k, width, Some(cost))
-                        .with_context(|| format!("--span-max-cost {cost} with {}", s.label()))?;
-                }
+                hydramem::span::compact::Thresholds::of_scheme(s.store.resilience(), Some(cost))
+                    .with_context(|| format!("--span-max-cost {cost} with {}", s.label()))?;
             }
         }
         Ok(BenchOptions {

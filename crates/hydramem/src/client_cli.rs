@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use hydramem::backup::{BackupConfig, FrontStore, StoreScheme};
-use hydramem::client::{ClientConfig, RemoteMemory, Resilience};
+use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::cluster::Cluster;
 use hydramem::span::compact::Thresholds;
 use hydramem::units::{parse_size, Size};
@@ -160,12 +160,8 @@ impl ClientArgs {
         config.error_correction_limit = self.error_correction_limit;
         config.slab_regeneration_limit = self.slab_regeneration_limit;
         if let Some(cost) = self.span_max_cost {
-            if let Resilience::Span { k, r } = config.resilience {
-                let (k, width) = (usize::from(k), usize::from(k) + usize::from(r));
-                Thresholds::new(k, width, Some(cost)).with_context(|| {
-                    format!("--span-max-cost {cost} with --scheme {}", self.scheme)
-                })?;
-            }
+            Thresholds::of_scheme(config.resilience, Some(cost))
+                .with_context(|| format!("--span-max-cost {cost} with --scheme {}", self.scheme))?;
             config.span_max_cost = Some(cost);
         }
         Ok(config)

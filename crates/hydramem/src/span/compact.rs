@@ -39,7 +39,7 @@ use parking_lot::{Condvar, Mutex};
 use super::map::Loc;
 use super::table::Occupancy;
 use super::Core;
-use crate::client::{ClientError, IoError, Newer, Page, PieceRead, PieceWant};
+use crate::client::{ClientError, IoError, Newer, Page, PieceRead, PieceWant, Resilience};
 use crate::PAGE_SIZE;
 
 /// Compaction starts above this multiple of the code's cost (k + r)/k: 1.45 for 8 + 2, under
@@ -101,6 +101,20 @@ impl Thresholds {
             busy_low: high * BUSY_LOW / HIGH,
             low: base * LOW,
         })
+    }
+
+    /// [`Thresholds::new`] for the rows of `scheme` with a ceiling of `max_cost`; `None` for a
+    /// scheme that is not span coded (it has no compaction, and ignores the ceiling). What a
+    /// front end checks a user's ceiling with before it connects.
+    pub fn of_scheme(
+        scheme: Resilience,
+        max_cost: Option<f64>,
+    ) -> Result<Option<Thresholds>, ClientError> {
+        let Resilience::Span { k, r } = scheme else {
+            return Ok(None);
+        };
+        let (k, width) = (usize::from(k), usize::from(k) + usize::from(r));
+        Thresholds::new(k, width, max_cost).map(Some)
     }
 }
 

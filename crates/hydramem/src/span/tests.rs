@@ -426,7 +426,6 @@ fn while_writes_flow_compaction_stops_short_and_goes_deep_once_they_pause() {
     }
 }
 
-/// The bytes every node says it holds for the store's client (STATS).
 #[test]
 fn a_higher_max_cost_holds_more_garbage_before_compaction_starts() {
     let pages = 4096;
@@ -475,6 +474,12 @@ fn a_max_cost_without_room_above_the_compaction_target_is_refused() {
     }
     let (s, _ctl) = open("span-8+2", 12, 256, |c| c.span_max_cost = Some(1.375));
     assert!(s.is_ok(), "the least ceiling is allowed");
+    // Other schemes have no compaction: any ceiling is theirs to ignore.
+    let rep2 = "rep2".parse().expect("a scheme");
+    assert_eq!(
+        super::compact::Thresholds::of_scheme(rep2, Some(0.5)).expect("ignored"),
+        None
+    );
     let d = super::compact::Thresholds::new(8, 10, None).expect("the default");
     assert!(
         (d.high - 1.45).abs() < 1e-9
@@ -484,6 +489,7 @@ fn a_max_cost_without_room_above_the_compaction_target_is_refused() {
     );
 }
 
+/// The bytes every node says it holds for the store's client (STATS).
 fn held_by_nodes(s: &SpanStore) -> u64 {
     let t = s.mem().transport();
     (0..t.nodes())
