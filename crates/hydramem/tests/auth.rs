@@ -33,7 +33,7 @@ fn key_file() -> (tempfile::TempDir, PathBuf, ClusterKey) {
 }
 
 fn start(nodes: usize, key_file: Option<PathBuf>, extra: &[&str]) -> EmbeddedCluster {
-    let mut extra_args: Vec<String> = vec!["--log".into(), "error".into()];
+    let mut extra_args: Vec<String> = vec!["--log".into(), common::test_log_level()];
     extra_args.extend(extra.iter().map(|s| s.to_string()));
     EmbeddedCluster::start(EmbeddedOptions {
         etcd: None,

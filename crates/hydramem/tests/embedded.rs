@@ -33,7 +33,7 @@ fn start_with_file(
         nodes,
         slab_size: common::SLAB,
         capacity: 4 * common::SLAB,
-        extra_args: vec!["--log".into(), "error".into()],
+        extra_args: vec!["--log".into(), common::test_log_level()],
         cluster_file: Some(file),
         key_file: None,
         tls_dir: None,

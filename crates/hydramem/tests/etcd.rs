@@ -28,7 +28,7 @@ fn cluster(etcd: &EtcdServer, nodes: usize, ttl: u64) -> EmbeddedCluster {
         nodes,
         slab_size: SLAB,
         capacity: SLAB * 64,
-        extra_args: vec!["--log".into(), "error".into()],
+        extra_args: vec!["--log".into(), common::test_log_level()],
         cluster_file: None,
         key_file: None,
         tls_dir: None,

@@ -41,7 +41,7 @@ fn start(nodes: usize, tls_dir: &Path, key_file: Option<PathBuf>) -> EmbeddedClu
         nodes,
         slab_size: SLAB,
         capacity: SLAB * 16,
-        extra_args: vec!["--log".into(), "error".into()],
+        extra_args: vec!["--log".into(), common::test_log_level()],
         cluster_file: None,
         key_file,
         tls_dir: Some(tls_dir.to_path_buf()),

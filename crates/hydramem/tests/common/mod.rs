@@ -44,7 +44,7 @@ pub fn cluster_in(
     extra: &[&str],
     cluster_file: Option<std::path::PathBuf>,
 ) -> EmbeddedCluster {
-    let mut extra_args: Vec<String> = vec!["--log".into(), "error".into()];
+    let mut extra_args: Vec<String> = vec!["--log".into(), test_log_level()];
     extra_args.extend(extra.iter().map(|s| s.to_string()));
     EmbeddedCluster::start(EmbeddedOptions {
         etcd: None,
@@ -58,6 +58,25 @@ pub fn cluster_in(
         tls_dir: None,
     })
     .expect("start memory nodes")
+}
+
+/// The log level of the nodes a test starts and of the client in the test itself: `error`,
+/// or what `HYDRAMEM_TEST_LOG` says (`info`, `debug`, a filter such as
+/// `hydramem::client=debug`) — to see what happened in a failing test:
+/// `HYDRAMEM_TEST_LOG=debug cargo test -p hydramem --test span -- --nocapture NAME`. With the
+/// variable set, the first call also sends the test process's own log to the test's output.
+pub fn test_log_level() -> String {
+    match std::env::var("HYDRAMEM_TEST_LOG") {
+        Ok(level) => {
+            // Once per test process; later calls find it installed.
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(&level))
+                .with_test_writer()
+                .try_init();
+            level
+        }
+        Err(_) => "error".into(),
+    }
 }
 
 /// Waits until every regeneration the client started has finished (none may fail) and, when
