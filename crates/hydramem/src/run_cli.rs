@@ -15,6 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+use hydramem::backup::BackupConfig;
 use hydramem::cluster::Cluster;
 use hydramem::run_config::{open_userfaultfd, RunConfig, ENV, MAX_READ_AHEAD};
 use hydramem::status::{self, StatusResult};
@@ -250,28 +251,52 @@ fn release(cluster: &Cluster, ids: &[String]) {
     }
 }
 
-pub fn run(a: RunArgs) -> Result<()> {
-    let local_memory = bytes(a.local_memory, "--local-memory")?;
-    if local_memory < 16 << 20 {
-        bail!("--local-memory must be at least 16MiB");
+/// `run`'s sizes, checked before anything starts.
+struct Sizes {
+    local_memory: u64,
+    remote_size: u64,
+    min_region: u64,
+    standby: Option<u64>,
+}
+
+impl Sizes {
+    fn of(a: &RunArgs) -> Result<Sizes> {
+        let local_memory = bytes(a.local_memory, "--local-memory")?;
+        if local_memory < 16 << 20 {
+            bail!("--local-memory must be at least 16MiB");
+        }
+        let standby = a.standby.map(|s| match s {
+            Size::Bytes(b) => b,
+            Size::Percent(p) => (local_memory as f64 * p / 100.0) as u64,
+        });
+        if let Some(b) = standby.filter(|b| b.saturating_mul(2) > local_memory) {
+            bail!(
+                "--standby ({}) must be at most half of --local-memory ({}): the rest is the \
+                 program's",
+                human(b),
+                human(local_memory)
+            );
+        }
+        Ok(Sizes {
+            local_memory,
+            remote_size: bytes(a.remote_size, "--remote-size")?,
+            min_region: bytes(a.min_region, "--min-region")?.max(4096),
+            standby,
+        })
     }
-    let remote_size = bytes(a.remote_size, "--remote-size")?;
-    let min_region = bytes(a.min_region, "--min-region")?.max(4096);
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    // First what the user typed, then what this machine allows, then the cluster.
+    let sizes = Sizes::of(&a)?;
     // The client's own checks of its options, with their messages.
-    a.client.config(remote_size)?;
-    let library = pager_library(a.pager)?;
+    a.client.config(sizes.remote_size)?;
+    let backup = a.client.backup.config()?;
+    let library = pager_library(a.pager.clone())?;
     // Fails with what to change when this user may not (the descriptor is closed at once).
     open_userfaultfd(libc::O_CLOEXEC, None)?;
     let cluster_path = absolute(&a.client.cluster)?;
     let cluster = a.client.key.load(&cluster_path)?;
-    let cluster_key = a
-        .client
-        .key
-        .cluster_key
-        .as_deref()
-        .map(absolute)
-        .transpose()?;
-    let tls_dir = a.client.key.tls_dir.as_deref().map(absolute).transpose()?;
     let up = status::collect(&cluster)
         .iter()
         .filter(|n| matches!(n.result, StatusResult::Up(_)))
@@ -282,91 +307,18 @@ pub fn run(a: RunArgs) -> Result<()> {
             cluster_path.display()
         );
     }
-    let backup = a.client.backup.config()?;
-    let own_report = a.report.is_none();
-    let report = match a.report {
-        Some(p) => absolute(&p)?,
-        None => std::env::temp_dir().join(format!("hydramem-run-{}.jsonl", std::process::id())),
-    };
-    let _ = std::fs::remove_file(&report);
     let run_as = a.user.as_deref().map(RunAs::lookup).transpose()?;
-    // The program, as another user, appends to the report that this process reads.
-    std::fs::File::create(&report)
-        .and_then(|f| match &run_as {
-            Some(u) => std::os::unix::fs::fchown(&f, Some(u.uid), Some(u.gid)),
-            None => Ok(()),
-        })
-        .with_context(|| format!("creating the report file {}", report.display()))?;
-    let dev = match &run_as {
-        Some(u) if u.uid != 0 => {
-            // None where this kernel has no such device or this process may not open it:
-            // the program then needs the system call.
-            let dev = hydramem::run_config::userfaultfd_device()
-                .ok()
-                .map(OwnedFd::from);
-            if dev.is_none() && !unprivileged_userfaultfd() {
-                bail!(
-                    "--user {}: that user may not make a userfaultfd and {} cannot be passed \
-                     on to it (it does not open here); allow it with \
-                     `sysctl vm.unprivileged_userfaultfd=1`",
-                    u.name,
-                    hydramem::run_config::DEV
-                );
-            }
-            dev
-        }
-        _ => None,
-    };
-    let standby = a.standby.map(|s| match s {
-        Size::Bytes(b) => b,
-        Size::Percent(p) => (local_memory as f64 * p / 100.0) as u64,
-    });
-    if let Some(b) = standby.filter(|b| b.saturating_mul(2) > local_memory) {
-        bail!(
-            "--standby ({}) must be at most half of --local-memory ({}): the rest is the \
-             program's",
-            human(b),
-            human(local_memory)
-        );
-    }
-    let config = RunConfig {
-        cluster: cluster_path,
-        cluster_key,
-        tls_dir,
-        scheme: a.client.scheme.to_string(),
-        checksums: !a.client.no_checksums,
-        poll_us: a.client.poll_us.unwrap_or(RUN_POLL_US),
-        op_timeout: a.client.op_timeout,
-        error_correction_limit: a.client.error_correction_limit,
-        slab_regeneration_limit: a.client.slab_regeneration_limit,
-        backup_dir: absolute(&backup.dir)?,
-        backup_queue: backup.queue_bytes,
-        local_memory,
-        remote_size,
-        min_region,
-        read_ahead: a.read_ahead.min(MAX_READ_AHEAD),
-        span_max_cost: a.client.span_max_cost,
-        standby,
-        report: Some(report.clone()),
-        userfaultfd_dev: dev.as_ref().map(|d| d.as_raw_fd()),
-    };
-    let preload = match std::env::var_os("LD_PRELOAD") {
-        Some(old) if !old.is_empty() => {
-            let mut v = library.clone().into_os_string();
-            v.push(":");
-            v.push(old);
-            v
-        }
-        _ => library.into_os_string(),
-    };
+    let (report, own_report) = report_file(a.report.as_deref(), run_as.as_ref())?;
+    let dev = userfaultfd_for(run_as.as_ref())?;
+    let config = run_config(&a, (&sizes, &backup), cluster_path, &report, dev.as_ref())?;
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..])
         .env(ENV, config.to_env())
-        .env("LD_PRELOAD", preload);
+        .env("LD_PRELOAD", preload(library));
     if let Some(u) = &run_as {
         u.apply(&mut cmd, dev.as_ref());
     }
-    let mut child = cmd.spawn().with_context(|| match &run_as {
+    let child = cmd.spawn().with_context(|| match &run_as {
         Some(u) => format!(
             "starting {} as {} (uid {})",
             a.command[0].to_string_lossy(),
@@ -376,6 +328,106 @@ pub fn run(a: RunArgs) -> Result<()> {
         None => format!("starting {}", a.command[0].to_string_lossy()),
     })?;
     drop(dev);
+    let status = wait_passing_signals(child)?;
+    let ids = summarize(&report, sizes.local_memory);
+    release(&cluster, &ids);
+    if own_report {
+        let _ = std::fs::remove_file(&report);
+    }
+    std::process::exit(exit_code(status));
+}
+
+/// The report file the pager appends to (`given`, or a temporary one this process removes:
+/// the flag says which), made empty, and writable by the user the program runs as.
+fn report_file(given: Option<&Path>, run_as: Option<&RunAs>) -> Result<(PathBuf, bool)> {
+    let report = match given {
+        Some(p) => absolute(p)?,
+        None => std::env::temp_dir().join(format!("hydramem-run-{}.jsonl", std::process::id())),
+    };
+    let _ = std::fs::remove_file(&report);
+    // The program, as another user, appends to the report that this process reads.
+    std::fs::File::create(&report)
+        .and_then(|f| match run_as {
+            Some(u) => std::os::unix::fs::fchown(&f, Some(u.uid), Some(u.gid)),
+            None => Ok(()),
+        })
+        .with_context(|| format!("creating the report file {}", report.display()))?;
+    Ok((report, given.is_none()))
+}
+
+/// The userfaultfd device opened for a program that runs as another user than root (`None`
+/// where this kernel has no such device or this process may not open it: the program then
+/// needs the system call, and an error says how to allow it where it may not).
+fn userfaultfd_for(run_as: Option<&RunAs>) -> Result<Option<OwnedFd>> {
+    let Some(u) = run_as.filter(|u| u.uid != 0) else {
+        return Ok(None);
+    };
+    let dev = hydramem::run_config::userfaultfd_device()
+        .ok()
+        .map(OwnedFd::from);
+    if dev.is_none() && !unprivileged_userfaultfd() {
+        bail!(
+            "--user {}: that user may not make a userfaultfd and {} cannot be passed on to it \
+             (it does not open here); allow it with `sysctl vm.unprivileged_userfaultfd=1`",
+            u.name,
+            hydramem::run_config::DEV
+        );
+    }
+    Ok(dev)
+}
+
+/// What the pager in the program is told (through [`ENV`]).
+fn run_config(
+    a: &RunArgs,
+    (sizes, backup): (&Sizes, &BackupConfig),
+    cluster: PathBuf,
+    report: &Path,
+    dev: Option<&OwnedFd>,
+) -> Result<RunConfig> {
+    Ok(RunConfig {
+        cluster,
+        cluster_key: a
+            .client
+            .key
+            .cluster_key
+            .as_deref()
+            .map(absolute)
+            .transpose()?,
+        tls_dir: a.client.key.tls_dir.as_deref().map(absolute).transpose()?,
+        scheme: a.client.scheme.to_string(),
+        checksums: !a.client.no_checksums,
+        poll_us: a.client.poll_us.unwrap_or(RUN_POLL_US),
+        op_timeout: a.client.op_timeout,
+        error_correction_limit: a.client.error_correction_limit,
+        slab_regeneration_limit: a.client.slab_regeneration_limit,
+        backup_dir: absolute(&backup.dir)?,
+        backup_queue: backup.queue_bytes,
+        local_memory: sizes.local_memory,
+        remote_size: sizes.remote_size,
+        min_region: sizes.min_region,
+        read_ahead: a.read_ahead.min(MAX_READ_AHEAD),
+        span_max_cost: a.client.span_max_cost,
+        standby: sizes.standby,
+        report: Some(report.to_path_buf()),
+        userfaultfd_dev: dev.map(|d| d.as_raw_fd()),
+    })
+}
+
+/// LD_PRELOAD with the pager library first, before what the environment preloads already.
+fn preload(library: PathBuf) -> OsString {
+    match std::env::var_os("LD_PRELOAD") {
+        Some(old) if !old.is_empty() => {
+            let mut v = library.into_os_string();
+            v.push(":");
+            v.push(old);
+            v
+        }
+        _ => library.into_os_string(),
+    }
+}
+
+/// Waits for the program, passing SIGINT, SIGTERM and SIGHUP on to it meanwhile.
+fn wait_passing_signals(mut child: std::process::Child) -> Result<std::process::ExitStatus> {
     let pid = child.id() as i32;
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGINT,
@@ -386,19 +438,21 @@ pub fn run(a: RunArgs) -> Result<()> {
     let handle = signals.handle();
     let forward = std::thread::spawn(move || {
         for sig in signals.forever() {
-            // SAFETY: sends a signal to our own child.
+            // SAFETY: kill takes no pointers. The pid is our own child's until `wait` below
+            // reaps it; only a signal caught in the instant between that and `close` could
+            // reach an ended pid.
             unsafe { libc::kill(pid, sig) };
         }
     });
-    let status = child.wait().context("waiting for the program")?;
+    let status = child.wait().context("waiting for the program");
     handle.close();
     let _ = forward.join();
-    let ids = summarize(&report, local_memory);
-    release(&cluster, &ids);
-    if own_report {
-        let _ = std::fs::remove_file(&report);
-    }
-    let code = match (
+    status
+}
+
+/// The exit status to end with: the program's, or 128 + the signal that ended it (said).
+fn exit_code(status: std::process::ExitStatus) -> i32 {
+    match (
         status.code(),
         std::os::unix::process::ExitStatusExt::signal(&status),
     ) {
@@ -408,6 +462,5 @@ pub fn run(a: RunArgs) -> Result<()> {
             128 + s
         }
         (None, None) => 1,
-    };
-    std::process::exit(code);
+    }
 }

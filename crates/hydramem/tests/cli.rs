@@ -217,6 +217,37 @@ fn nbd_bad_input_gets_clear_errors() {
 }
 
 #[test]
+fn run_refuses_bad_sizes_before_anything_starts() {
+    // Neither the pager library nor the cluster file exists: a size is refused before either
+    // is looked at.
+    let run = |sizes: &[&str]| {
+        let out = Command::new(BIN)
+            .args(["run", "--cluster", "/nonexistent/c.toml"])
+            .args(["--pager", "/nonexistent/libhydramem_pager.so"])
+            .args(sizes)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{sizes:?}: succeeded");
+        String::from_utf8_lossy(&out.stderr).to_string()
+    };
+    let err = run(&["--local-memory", "8MiB"]);
+    assert!(err.contains("at least 16MiB"), "{err}");
+    let err = run(&["--local-memory", "64MiB", "--standby", "40MiB"]);
+    assert!(
+        err.contains("--standby (40.0 MiB) must be at most half of --local-memory"),
+        "{err}"
+    );
+    let err = run(&["--local-memory", "64MiB", "--standby", "60%"]);
+    assert!(err.contains("must be at most half"), "{err}");
+    let err = run(&["--local-memory", "64MiB", "--remote-size", "50%"]);
+    assert!(err.contains("--remote-size takes a byte count"), "{err}");
+    // Sizes within bounds: the run goes on to the pager library.
+    let err = run(&["--local-memory", "64MiB", "--standby", "50%"]);
+    assert!(err.contains("pager library /nonexistent/"), "{err}");
+}
+
+#[test]
 fn a_span_max_cost_without_room_is_refused_before_anything_starts() {
     let run = |scheme: &str| {
         let out = Command::new(BIN)
