@@ -404,21 +404,7 @@ impl Pager {
         drop(s);
         let fetching = Instant::now();
         let pages = &mut pages[..1 + ahead.len()];
-        let (read, ahead_read) = if ahead.is_empty() {
-            (store.read_page(slot * PAGE as u64, &mut pages[0]), false)
-        } else {
-            let mut list: Vec<(u64, &mut [u8; PAGE])> = std::iter::once(slot)
-                .chain(ahead.iter().map(|a| a.1))
-                .map(|sl| sl * PAGE as u64)
-                .zip(pages.iter_mut())
-                .collect();
-            match store.read_list(&mut list) {
-                Ok(()) => (Ok(()), true),
-                // A page ahead may be the one that failed: the faulting one alone,
-                // and nothing is read ahead.
-                Err(_) => (store.read_page(slot * PAGE as u64, &mut pages[0]), false),
-            }
-        };
+        let (read, ahead_read) = read_with_ahead(store.as_ref(), slot, &ahead, pages);
         let mapping = Instant::now();
         let fetch = mapping - fetching;
         // A page fetched for a write is dirty at once; the others are clean while their bytes
@@ -453,15 +439,7 @@ impl Pager {
                 // before this thread maps it) was measured: no stale report in 952k
                 // redis faults, and 8% fewer GETs at the median (docs/benchmarks.md §12).
                 if ahead_read {
-                    for (k, &(n, sl, g)) in ahead.iter().enumerate() {
-                        if s.table.still(n, sl, g)
-                            && self.uffd.copy(n as usize * PAGE, &pages[k + 1])
-                        {
-                            s.table.read_ahead(n, sl, g, ahead_prints[k]);
-                            self.throttle.mapped(1);
-                            Stats::add(&self.stats.read_ahead, 1);
-                        }
-                    }
+                    self.map_ahead(&mut s, &ahead, &pages[1..], &ahead_prints);
                 }
                 Some(PageIn {
                     lock_wait,
@@ -478,6 +456,24 @@ impl Pager {
             Err(e) => {
                 self.lost(store.as_ref(), addr, tid, slot, &e);
                 None
+            }
+        }
+    }
+
+    /// Maps the pages read ahead (`ahead`: page, slot, generation; their bytes and
+    /// fingerprints) that are still where they were read from, clean.
+    fn map_ahead(
+        &self,
+        s: &mut MutexGuard<'_, Shared>,
+        ahead: &[(u64, u64, u64)],
+        pages: &[[u8; PAGE]],
+        prints: &[Print],
+    ) {
+        for (k, &(n, sl, g)) in ahead.iter().enumerate() {
+            if s.table.still(n, sl, g) && self.uffd.copy(n as usize * PAGE, &pages[k]) {
+                s.table.read_ahead(n, sl, g, prints[k]);
+                self.throttle.mapped(1);
+                Stats::add(&self.stats.read_ahead, 1);
             }
         }
     }
@@ -567,5 +563,28 @@ impl Pager {
     /// After a fork, in the parent: evictions go on.
     pub fn after_fork(&self) {
         self.shared.lock().paused = false;
+    }
+}
+
+/// Reads the page at `slot` into `pages[0]` and, in the same batched read, the pages `ahead`
+/// (page, slot, generation) into the rest; whether those ahead were read. A page ahead may be
+/// the one that failed: then the faulting page is read alone, and nothing ahead.
+fn read_with_ahead(
+    store: &dyn PageStore,
+    slot: u64,
+    ahead: &[(u64, u64, u64)],
+    pages: &mut [[u8; PAGE]],
+) -> (Result<(), IoError>, bool) {
+    if ahead.is_empty() {
+        return (store.read_page(slot * PAGE as u64, &mut pages[0]), false);
+    }
+    let mut list: Vec<(u64, &mut [u8; PAGE])> = std::iter::once(slot)
+        .chain(ahead.iter().map(|a| a.1))
+        .map(|sl| sl * PAGE as u64)
+        .zip(pages.iter_mut())
+        .collect();
+    match store.read_list(&mut list) {
+        Ok(()) => (Ok(()), true),
+        Err(_) => (store.read_page(slot * PAGE as u64, &mut pages[0]), false),
     }
 }
