@@ -429,14 +429,35 @@ impl Core {
         metrics::counter!("hydramem_span_rows_written_total").increment(rows.len() as u64);
         let partial = refs.iter().filter(|c| c.len() < self.k).count();
         c.partial_rows.fetch_add(partial as u64, Ordering::Relaxed);
-        let mut gone = Vec::with_capacity(pages.len());
-        let mut moved = 0;
-        for (i, (&(r, pos), (page, _))) in spots.iter().zip(pages).enumerate() {
-            let loc = Loc {
+        let at = |i: usize| {
+            let (r, pos) = spots[i];
+            Loc {
                 row: rows[r],
                 pos,
                 version: versions[r],
-            };
+            }
+        };
+        let (gone, moved) = self.point(pages, at, expected);
+        let over = self.release_rows(gone);
+        if over {
+            self.compactor.wake();
+        }
+        Ok(moved)
+    }
+
+    /// Points the `pages` just written at their new locations (`at(i)` for the ith), all of
+    /// them for a write, for compaction (`expected`) only those still where it read them.
+    /// Returns the rows that lost a page (one entry per page) and how many pages moved.
+    fn point(
+        &self,
+        pages: &[(u64, &Page)],
+        at: impl Fn(usize) -> Loc,
+        expected: Option<&[Loc]>,
+    ) -> (Vec<u64>, u64) {
+        let mut gone = Vec::with_capacity(pages.len());
+        let mut moved = 0;
+        for (i, (page, _)) in pages.iter().enumerate() {
+            let loc = at(i);
             match expected {
                 None => {
                     if let Some(old) = self.map.set(*page, loc) {
@@ -455,22 +476,22 @@ impl Core {
                 }
             }
         }
-        let over = {
-            let mut t = self.table.lock();
-            for row in gone {
-                t.release(row);
-            }
-            let o = t.occupancy();
-            metrics::gauge!("hydramem_span_live_pages").set(o.live_pages as f64);
-            metrics::gauge!("hydramem_span_rows_in_use").set(o.rows_in_use as f64);
-            metrics::gauge!("hydramem_span_rows_touched").set(o.rows_touched as f64);
-            metrics::gauge!("hydramem_span_rows_held").set(o.rows_held as f64);
-            self.compactor.over(&o)
-        };
-        if over {
-            self.compactor.wake();
+        (gone, moved)
+    }
+
+    /// Takes one live page off each row of `gone` (one entry per page), updates the gauges,
+    /// and says whether the rows in use are now over compaction's threshold.
+    fn release_rows(&self, gone: Vec<u64>) -> bool {
+        let mut t = self.table.lock();
+        for row in gone {
+            t.release(row);
         }
-        Ok(moved)
+        let o = t.occupancy();
+        metrics::gauge!("hydramem_span_live_pages").set(o.live_pages as f64);
+        metrics::gauge!("hydramem_span_rows_in_use").set(o.rows_in_use as f64);
+        metrics::gauge!("hydramem_span_rows_touched").set(o.rows_touched as f64);
+        metrics::gauge!("hydramem_span_rows_held").set(o.rows_held as f64);
+        self.compactor.over(&o)
     }
 
     /// Takes ⌈n / k⌉ rows for `n` pages (the last one for the pages left over).
