@@ -8,8 +8,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::ranges::node_views;
+use arc_swap::ArcSwapOption;
+use parking_lot::Mutex;
+
+use super::ranges::{node_views, Placement};
 use super::slots::{self};
+use super::transport::TransportError;
 use super::{layout, ClientError, Group, RemoteMemory, Resilience};
 
 /// How long a repair that found no replacement node waits before trying again.
@@ -50,6 +54,51 @@ pub(super) struct RegenCounters {
     pub(super) pages: AtomicU64,
     /// Sum of the wall time of finished regenerations, nanoseconds.
     pub(super) nanos: AtomicU64,
+}
+
+/// What the thread waiting for a regeneration records when it ends.
+struct RegenEnd {
+    regen: Arc<RegenCounters>,
+    ended: Arc<Mutex<Vec<(RegenJob, bool)>>>,
+    ranges: Arc<[ArcSwapOption<Group>]>,
+    /// The regenerating node's address, for the log.
+    target: String,
+}
+
+impl RegenEnd {
+    /// `job`'s regeneration, started at `t0`, ended with `result` (pages rebuilt): counted,
+    /// said, and handed to maintenance; a complete split may be read again (unless it moved
+    /// meanwhile).
+    fn record(self, job: RegenJob, result: Result<u64, TransportError>, t0: Instant) {
+        metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
+        let (range, j, target) = (job.range, job.split, &self.target);
+        let ok = result.is_ok();
+        match result {
+            Ok(pages) => {
+                self.ranges[range].rcu(|g| {
+                    g.as_ref().map(|g| {
+                        let mut ng = (**g).clone();
+                        if ng.nodes[j] == job.node && ng.slabs[j] == job.slab {
+                            ng.fresh &= !(1 << j);
+                        }
+                        Arc::new(ng)
+                    })
+                });
+                let r = &self.regen;
+                r.pages.fetch_add(pages, Ordering::SeqCst);
+                r.nanos
+                    .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
+                r.done.fetch_add(1, Ordering::SeqCst);
+                metrics::counter!("hydramem_client_regenerations_total").increment(1);
+                tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), moved = job.from.is_some(), "slab regenerated");
+            }
+            Err(e) => {
+                self.regen.failed.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(range, split = j, %target, error = %e, "slab regeneration failed; the range stays degraded until a retry succeeds");
+            }
+        }
+        self.ended.lock().push((job, ok));
+    }
 }
 
 /// What background regeneration has done so far.
@@ -100,39 +149,7 @@ impl RemoteMemory {
             Vec::new()
         };
         loop {
-            let mut views = node_views(&*self.transport, &pl.loads, &pl.domains.of, &self.health);
-            for n in &excluded {
-                views[*n as usize].available = false;
-            }
-            let members: Vec<usize> = g.nodes[..l.width]
-                .iter()
-                .filter(|n| **n != slots::NO_NODE)
-                .map(|n| *n as usize)
-                .collect();
-            let chosen = if lost == slots::NO_NODE {
-                // The lost node is unknown (its slab was missing at connect): any available
-                // node outside the group, least loaded first.
-                (0..views.len())
-                    .filter(|n| views[*n].available && !members.contains(n))
-                    .min_by_key(|n| views[*n].load)
-                    .ok_or(crate::placement::PlacementError::NoReplacement { lost: j })
-            } else {
-                pl.placer
-                    .replace(&views, &members, lost as usize)
-                    .or_else(|e| {
-                        // No spare node: the lost node itself will do if it is back (it
-                        // restarted and lost the slab, or returned after being declared failed).
-                        if views[lost as usize].available && why == MoveReason::Lost {
-                            Ok(lost as usize)
-                        } else {
-                            Err(e)
-                        }
-                    })
-            }
-            .map_err(|source| ClientError::Placement {
-                range: range as u64,
-                source,
-            })? as u16;
+            let chosen = self.replacement(&mut pl, (&g, range, j), lost, why, &excluded)?;
             let tag = layout::tag(l.code(), range as u32, j as u8);
             match self.transport.alloc(chosen, tag, l.split_len as u32) {
                 Ok(slab) => {
@@ -182,6 +199,52 @@ impl RemoteMemory {
         }
     }
 
+    /// The node that takes split `j` of `range` (group `g`) off `lost`: placement's choice
+    /// among the available nodes outside the group and `excluded`; for an unknown lost node
+    /// (its slab was missing at connect), the least loaded such node; when none is spare, the
+    /// lost node itself if it is back and the split was lost (it restarted and lost the slab,
+    /// or returned after being declared failed).
+    fn replacement(
+        &self,
+        pl: &mut Placement,
+        (g, range, j): (&Group, usize, usize),
+        lost: u16,
+        why: MoveReason,
+        excluded: &[u16],
+    ) -> Result<u16, ClientError> {
+        let mut views = node_views(&*self.transport, &pl.loads, &pl.domains.of, &self.health);
+        for n in excluded {
+            views[*n as usize].available = false;
+        }
+        let members: Vec<usize> = g.nodes[..self.layout.width]
+            .iter()
+            .filter(|n| **n != slots::NO_NODE)
+            .map(|n| *n as usize)
+            .collect();
+        let chosen = if lost == slots::NO_NODE {
+            (0..views.len())
+                .filter(|n| views[*n].available && !members.contains(n))
+                .min_by_key(|n| views[*n].load)
+                .ok_or(crate::placement::PlacementError::NoReplacement { lost: j })
+        } else {
+            pl.placer
+                .replace(&views, &members, lost as usize)
+                .or_else(|e| {
+                    if views[lost as usize].available && why == MoveReason::Lost {
+                        Ok(lost as usize)
+                    } else {
+                        Err(e)
+                    }
+                })
+        };
+        chosen
+            .map(|n| n as u16)
+            .map_err(|source| ClientError::Placement {
+                range: range as u64,
+                source,
+            })
+    }
+
     /// Starts background regeneration of split `job.split` of `job.range` on the node that now
     /// holds it (paper 4.2): that node reads the surviving splits from their nodes, decodes and
     /// fills the slab, while this client keeps reading and writing the range. Writes go to the
@@ -194,8 +257,75 @@ impl RemoteMemory {
             Resilience::Hydra { k, r, .. } | Resilience::Span { k, r } => (k, r, false),
             Resilience::Replication { .. } => (1, (width - 1) as u8, true),
         };
-        // Sources are named by their id in the cluster file; the regenerating node looks
-        // their addresses up in its own copy of it.
+        let j = job.split;
+        let sources = self.regen_sources(&job, g, copies);
+        if sources.is_empty() && width == 1 {
+            // A single copy has nothing to be rebuilt from: the new slab keeps the writes made
+            // since the loss, the pages written before are gone (reads of them fail as lost,
+            // the slab staying fresh), and a retry would only fail again, every second.
+            tracing::warn!(
+                range = job.range,
+                split = j,
+                "single copy lost: nothing to regenerate it from; the pages written before the loss are gone"
+            );
+            return;
+        }
+        let req = crate::wire::Regen {
+            client: self.owner,
+            k,
+            r,
+            target: j as u8,
+            split_len: self.layout.split_len as u32,
+            slab: job.slab,
+            pages: self.layout.pages_per_range,
+            range: job.range as u64,
+            checksums: self.config.checksums,
+            sources,
+        };
+        let call = match self.transport.regen(job.node, &req) {
+            Ok(call) => call,
+            Err(e) => {
+                self.regen.failed.fetch_add(1, Ordering::SeqCst);
+                tracing::warn!(range = job.range, split = j, error = %e, "cannot start the slab's regeneration; the range stays degraded until a retry succeeds");
+                self.ended.lock().push((job, false));
+                return;
+            }
+        };
+        let end = RegenEnd {
+            regen: self.regen.clone(),
+            ended: self.ended.clone(),
+            ranges: self.ranges.clone(),
+            target: self.transport.addr(job.node),
+        };
+        self.regen.started.fetch_add(1, Ordering::SeqCst);
+        metrics::gauge!("hydramem_client_regenerations_in_progress").increment(1.0);
+        let spawned = std::thread::Builder::new()
+            .name("hm-regen".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                let result = call();
+                end.record(job, result, t0);
+            });
+        if let Err(e) = spawned {
+            metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
+            self.regen.failed.fetch_add(1, Ordering::SeqCst);
+            tracing::warn!(range = job.range, split = j, error = %e, "cannot start a thread to wait for the slab's regeneration; it is retried");
+            self.ended.lock().push((job, false));
+        }
+    }
+
+    /// Where the node regenerating `job`'s split reads from: the slab it replaces when that
+    /// is still readable (a move: copied), then the group's other splits on nodes that are up
+    /// (copied for replicas, decoded otherwise), k + r at most in all. Sources are named by
+    /// their id in the cluster file; the regenerating node looks their addresses up in its
+    /// own copy of it.
+    fn regen_sources(
+        &self,
+        job: &RegenJob,
+        g: &Group,
+        copies: bool,
+    ) -> Vec<crate::wire::RegenSource> {
+        let width = self.layout.width;
         let ids = self.node_ids.read().clone();
         let id = |n: u16| ids.get(n as usize).copied();
         let j = job.split;
@@ -226,83 +356,7 @@ impl RemoteMemory {
                 // A move's copy source is one of the k + r as well.
                 .take(width - sources.len()),
         );
-        if sources.is_empty() && width == 1 {
-            // A single copy has nothing to be rebuilt from: the new slab keeps the writes made
-            // since the loss, the pages written before are gone (reads of them fail as lost,
-            // the slab staying fresh), and a retry would only fail again, every second.
-            tracing::warn!(
-                range = job.range,
-                split = j,
-                "single copy lost: nothing to regenerate it from; the pages written before the loss are gone"
-            );
-            return;
-        }
-        let req = crate::wire::Regen {
-            client: self.owner,
-            k,
-            r,
-            target: j as u8,
-            split_len: self.layout.split_len as u32,
-            slab: job.slab,
-            pages: self.layout.pages_per_range,
-            range: job.range as u64,
-            checksums: self.config.checksums,
-            sources,
-        };
-        let target = self.transport.addr(job.node);
-        let call = match self.transport.regen(job.node, &req) {
-            Ok(call) => call,
-            Err(e) => {
-                self.regen.failed.fetch_add(1, Ordering::SeqCst);
-                tracing::warn!(range = job.range, split = j, error = %e, "cannot start the slab's regeneration; the range stays degraded until a retry succeeds");
-                self.ended.lock().push((job, false));
-                return;
-            }
-        };
-        let regen = self.regen.clone();
-        let ended = self.ended.clone();
-        let ranges = self.ranges.clone();
-        let range = job.range;
-        regen.started.fetch_add(1, Ordering::SeqCst);
-        metrics::gauge!("hydramem_client_regenerations_in_progress").increment(1.0);
-        let spawned = std::thread::Builder::new()
-            .name("hm-regen".into())
-            .spawn(move || {
-                let t0 = Instant::now();
-                let result = call();
-                metrics::gauge!("hydramem_client_regenerations_in_progress").decrement(1.0);
-                let ok = result.is_ok();
-                match result {
-                    Ok(pages) => {
-                        // Complete: reads may use it again (unless the split moved meanwhile).
-                        ranges[range].rcu(|g| {
-                            g.as_ref().map(|g| {
-                                let mut ng = (**g).clone();
-                                if ng.nodes[j] == job.node && ng.slabs[j] == job.slab {
-                                    ng.fresh &= !(1 << j);
-                                }
-                                Arc::new(ng)
-                            })
-                        });
-                        regen.pages.fetch_add(pages, Ordering::SeqCst);
-                        regen
-                            .nanos
-                            .fetch_add(t0.elapsed().as_nanos() as u64, Ordering::SeqCst);
-                        regen.done.fetch_add(1, Ordering::SeqCst);
-                        metrics::counter!("hydramem_client_regenerations_total").increment(1);
-                        tracing::info!(range, split = j, %target, pages, elapsed = ?t0.elapsed(), moved = job.from.is_some(), "slab regenerated");
-                    }
-                    Err(e) => {
-                        regen.failed.fetch_add(1, Ordering::SeqCst);
-                        tracing::warn!(range, split = j, %target, error = %e, "slab regeneration failed; the range stays degraded until a retry succeeds");
-                    }
-                }
-                ended.lock().push((job, ok));
-            });
-        if spawned.is_err() {
-            self.regen.failed.fetch_add(1, Ordering::SeqCst);
-            self.ended.lock().push((job, false));
-        }
+        sources
     }
 
     /// Mapped ranges with a member on a node that is down (not yet repaired) or a split still
