@@ -48,27 +48,10 @@ impl RemoteMemory {
             .as_ref()
             .expect("only coded reads check codewords");
         let target = (l.k + 2 * l.delta() + 1).min(l.width);
-        let version = first.version;
         // SAFETY: `page` (the one the read's slot was acquired for) is not touched from here
         // until `op.close()` below; only the posting of split reads happens in between.
         unsafe { op.reopen() };
-        {
-            let op: &slots::Op<'_> = op;
-            // Replies that came while the slot was closed for the check were dropped: ask
-            // those splits again (a reply that still comes lands once, first claim wins).
-            post_more(op, 0, first.before.outstanding());
-            self.wait_polling_from(op, first.start, Instant::now(), |p| {
-                let got = op.of_version(p.landed, l.width, version).count_ones() as usize;
-                if got >= target {
-                    return Some(());
-                }
-                let pending = p.outstanding().count_ones() as usize;
-                if got + pending < target && post_more(op, target - got - pending, 0) > 0 {
-                    return None;
-                }
-                (pending == 0).then_some(())
-            });
-        }
+        self.gather_more(op, &first, target, post_more);
         let p = op.close();
         self.count_reads(
             op,
@@ -78,6 +61,7 @@ impl RemoteMemory {
         if fresh_corrupt != 0 {
             self.count_corrupt(op, fresh_corrupt, first.addr, wire::CorruptCause::Checksum);
         }
+        let version = first.version;
         let mask = op.of_version(p.landed, l.width, version);
         let newer = (0..l.width).any(|j| p.landed & (1 << j) != 0 && op.version_of(j) > version);
         let s = l.split_len;
@@ -126,31 +110,41 @@ impl RemoteMemory {
             Err(e) => {
                 page.fill(0);
                 self.stats.corrupt_detected.fetch_add(1, Ordering::Relaxed);
-                let why = match e {
-                    _ if !l.corrects() => {
-                        "Detection mode does not correct, and the splits it could read do not \
-                         single out the corrupted one"
-                            .to_string()
-                    }
-                    correct::Uncorrectable::TooFew { received } => format!(
-                        "Only {received} splits of this version could be read, too few to find the corrupted ones"
-                    ),
-                    correct::Uncorrectable::TooManyErrors { received, best } => format!(
-                        "At most {best} of the {received} splits read agree on one page: more were corrupted than correction mode can correct"
-                    ),
-                    correct::Uncorrectable::TooManyTrials => {
-                        "The search for the corrupted splits gave up".to_string()
-                    }
-                };
                 Err(IoError::Corrupt {
                     addr: first.addr,
                     range: first.range as u64,
                     splits: mask.count_ones() as usize,
                     nodes,
-                    why,
+                    why: uncorrectable(l.corrects(), e),
                 })
             }
         }
+    }
+
+    /// The second look's reads: asks again the splits whose replies came while the slot was
+    /// closed for the first look (they were dropped), then more, until `target` splits of the
+    /// first look's version landed or none is left to ask (or the read's deadline).
+    fn gather_more(
+        &self,
+        op: &slots::Op<'_>,
+        first: &Look,
+        target: usize,
+        post_more: &mut dyn FnMut(&slots::Op<'_>, usize, u32) -> usize,
+    ) {
+        let width = self.layout.width;
+        // A reply that still comes lands once: the first claim wins.
+        post_more(op, 0, first.before.outstanding());
+        self.wait_polling_from(op, first.start, Instant::now(), |p| {
+            let got = op.of_version(p.landed, width, first.version).count_ones() as usize;
+            if got >= target {
+                return Some(());
+            }
+            let pending = p.outstanding().count_ones() as usize;
+            if got + pending < target && post_more(op, target - got - pending, 0) > 0 {
+                return None;
+            }
+            (pending == 0).then_some(())
+        });
     }
 
     /// Corruption detection, after [`Self::finish_read`] put the page together from k of the
@@ -174,5 +168,25 @@ impl RemoteMemory {
             let at = p * s..(p + 1) * s;
             mask & (1 << (k + p)) == 0 || check[at.clone()] == parity[at]
         })
+    }
+}
+
+/// Why a second look could not single out the corrupted splits (`corrects`: the mode is
+/// correction), for the error a user sees.
+fn uncorrectable(corrects: bool, e: correct::Uncorrectable) -> String {
+    match e {
+        _ if !corrects => "Detection mode does not correct, and the splits it could read do not \
+                           single out the corrupted one"
+            .to_string(),
+        correct::Uncorrectable::TooFew { received } => format!(
+            "Only {received} splits of this version could be read, too few to find the corrupted ones"
+        ),
+        correct::Uncorrectable::TooManyErrors { received, best } => format!(
+            "At most {best} of the {received} splits read agree on one page: more were corrupted \
+             than correction mode can correct"
+        ),
+        correct::Uncorrectable::TooManyTrials => {
+            "The search for the corrupted splits gave up".to_string()
+        }
     }
 }
