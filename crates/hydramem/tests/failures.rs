@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use hydramem::bench::fill_page;
 use hydramem::client::{ClientConfig, RemoteMemory};
+use hydramem::wire::{Op, Status};
 use hydramem::PAGE_SIZE;
 
 use common::{HYDRA, SLAB};
@@ -270,5 +271,37 @@ fn a_straggling_node_does_not_hold_writes_and_its_splits_catch_up() {
     for j in [0, 7] {
         c.kill(group.nodes[j] as usize).unwrap();
     }
+    check(&mem, &last);
+}
+
+#[test]
+fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
+    let mut c = common::cluster(12, SLAB, 64);
+    let pages = 256;
+    let mut config = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
+    config.audit_interval = Duration::from_millis(200);
+    let mem = RemoteMemory::connect(c.cluster(), config).unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let g = mem.group_of(0).unwrap();
+    // A peer holding the client's identity frees the slab of parity split 9 behind the
+    // client's back, as a node drops a reclaimed slab at its deadline; the node stays up.
+    let (node, slab) = (g.nodes[9], g.slabs[9]);
+    let mut raw = common::Raw::connect(c.cluster().nodes[node as usize].addr);
+    raw.hello(mem.owner());
+    assert_eq!(raw.call(Op::Free, &slab.to_le_bytes()).0.status, Status::Ok);
+    // Reads ask k + Δ = 9 splits, never split 9, so they go on as before and would never
+    // notice; the audit does, and the split is regenerated on another slab.
+    check(&mem, &last);
+    common::wait_regenerated(&mem, 1);
+    let g2 = mem.group_of(0).unwrap();
+    assert!(
+        (g2.nodes[9], g2.slabs[9]) != (node, slab),
+        "split 9 still on the freed slab"
+    );
+    // Redundancy is whole again: with two more members of the group lost, every page still
+    // reads back exactly (without the repair, 7 splits of 10 would be left, under k = 8).
+    c.kill(g2.nodes[0] as usize).unwrap();
+    c.kill(g2.nodes[1] as usize).unwrap();
     check(&mem, &last);
 }

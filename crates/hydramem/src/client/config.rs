@@ -84,6 +84,10 @@ pub struct ClientConfig {
     /// more garbage and moves fewer pages ([`crate::span::compact::Thresholds`]). Other
     /// schemes ignore it.
     pub span_max_cost: Option<f64>,
+    /// How often maintenance asks each node which of this client's slabs it still holds
+    /// ([`RemoteMemory::audit`](super::RemoteMemory)), so that a split whose slab a node no
+    /// longer has is repaired even while only read.
+    pub audit_interval: Duration,
 }
 
 impl ClientConfig {
@@ -109,6 +113,7 @@ impl ClientConfig {
             error_window: 1000,
             ablation: Ablation::default(),
             span_max_cost: None,
+            audit_interval: Duration::from_secs(10),
         }
     }
 }

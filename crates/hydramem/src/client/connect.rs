@@ -155,6 +155,7 @@ impl RemoteMemory {
             .collect();
         let views = node_views(&transport, &held.loads, &domains.of, &health);
         let seed = config.seed.unwrap_or_else(rand::random);
+        let audit_after = Instant::now() + config.audit_interval;
         let policy = cluster.placement_policy(config.placement_l);
         let placer = Placer::new(policy, layout.width, &views, seed)
             .map_err(|source| ClientError::Placement { range: 0, source })?;
@@ -190,6 +191,7 @@ impl RemoteMemory {
             ended: Arc::new(Mutex::new(Vec::new())),
             retry: Mutex::new((Instant::now(), Vec::new())),
             repair_after: Mutex::new(Instant::now()),
+            audit_after: Mutex::new(audit_after),
         });
         metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
         start_maintenance(&mem)?;

@@ -53,6 +53,17 @@ impl RemoteMemory {
             }
         }
         self.unstick();
+        let audit_due = {
+            let mut next = self.audit_after.lock();
+            let due = *next <= now;
+            if due {
+                *next = now + self.config.audit_interval;
+            }
+            due
+        };
+        if audit_due {
+            self.audit();
+        }
         self.resend_lagging();
         self.check_health();
         self.refresh_loads();
@@ -166,6 +177,57 @@ impl RemoteMemory {
                 .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
                 .map(|j| (range, j))
         })
+    }
+
+    /// Asks every node that is up and holds splits of ours which of our slabs it still holds
+    /// (LIST), and repairs the splits whose slab it no longer has: a reclaimed slab dropped at
+    /// its deadline, a slab freed by a peer holding our identity, a node that restarted
+    /// between two heartbeats. A read asks k + Δ splits, never every parity split, and a
+    /// write notices a gone slab only when it fails, so without this a range that is only
+    /// read could stay one failure closer to loss for as long as it is read. Runs every
+    /// [`ClientConfig::audit_interval`](super::ClientConfig); costs one LIST per node.
+    pub(super) fn audit(&self) {
+        for node in 0..self.transport.nodes() as u16 {
+            if !self.transport.is_up(node) {
+                continue;
+            }
+            // Ours before the node's answer: a slab allocated meanwhile is in the answer but
+            // not here; one freed meanwhile (a move) is found in no range by `remap`.
+            let ours = self.splits_on(node);
+            if ours.is_empty() {
+                continue;
+            }
+            let held: std::collections::HashSet<u32> = match self.transport.call(
+                node,
+                Op::List,
+                &[],
+            ) {
+                Ok(b) => match wire::parse_list(&b) {
+                    Ok(l) => l.into_iter().map(|l| l.slab).collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %protocol(&*self.transport, node, e), "bad LIST reply");
+                        continue;
+                    }
+                },
+                Err(e) => {
+                    tracing::debug!(node, error = %e, "cannot audit the node's slabs now");
+                    continue;
+                }
+            };
+            for (range, j, slab) in ours.into_iter().filter(|s| !held.contains(&s.2)) {
+                metrics::counter!("hydramem_client_slabs_gone_total").increment(1);
+                tracing::warn!(
+                    node,
+                    slab,
+                    range,
+                    split = j,
+                    "a memory node no longer holds a slab of ours: regenerating it elsewhere"
+                );
+                if let Err(e) = self.remap(range, j, node, MoveReason::Gone { slab }) {
+                    tracing::warn!(node, slab, range, split = j, error = %e, "cannot repair the gone slab yet; the next audit retries");
+                }
+            }
+        }
     }
 
     /// Reclaimed slabs we could not move whose node dropped them meanwhile (it no longer

@@ -143,6 +143,8 @@ pub struct RemoteMemory {
     retry: Mutex<(Instant, Vec<RegenJob>)>,
     /// No repair before this instant (after one found no replacement node).
     repair_after: Mutex<Instant>,
+    /// The next audit of the slabs the nodes hold ([`ClientConfig::audit_interval`]).
+    audit_after: Mutex<Instant>,
     /// Write splits left behind by a straggling node, resent in the background.
     lagging: lagging::Lagging,
     /// Owners polling for their operations now (at most [`ClientConfig::pollers`]).

@@ -43,6 +43,21 @@ pub(super) enum MoveReason {
     /// Its node returns too many corrupted splits (above the SlabRegenerationLimit): regenerate
     /// by decoding from the other splits, never from it, and free the old slab.
     Corrupt,
+    /// Its node is up but no longer holds the slab (an audit found it gone): as `Lost`, if
+    /// the split is still on that slab.
+    Gone {
+        /// The slab found gone.
+        slab: u32,
+    },
+}
+
+impl MoveReason {
+    /// Whether the old slab is unreadable and its node is not to blame for it (`Lost`,
+    /// `Gone`): the split is decoded from the others, and the node itself may take it again
+    /// when no other can.
+    fn lost(self) -> bool {
+        matches!(self, MoveReason::Lost | MoveReason::Gone { .. })
+    }
 }
 
 /// Counts of background slab regenerations.
@@ -135,7 +150,7 @@ impl RemoteMemory {
         if g.nodes[j] != lost {
             return Ok(g);
         }
-        if let MoveReason::Reclaimed { slab } = why {
+        if let MoveReason::Reclaimed { slab } | MoveReason::Gone { slab } = why {
             if g.slabs[j] != slab {
                 return Ok(g);
             }
@@ -143,11 +158,7 @@ impl RemoteMemory {
         let reclaimed = matches!(why, MoveReason::Reclaimed { .. });
         let l = &self.layout;
         // A node that reclaims a slab, or corrupts it, is never its replacement.
-        let mut excluded: Vec<u16> = if why != MoveReason::Lost {
-            vec![lost]
-        } else {
-            Vec::new()
-        };
+        let mut excluded: Vec<u16> = if !why.lost() { vec![lost] } else { Vec::new() };
         loop {
             let chosen = self.replacement(&mut pl, (&g, range, j), lost, why, &excluded)?;
             let tag = layout::tag(l.code(), range as u32, j as u8);
@@ -230,7 +241,7 @@ impl RemoteMemory {
             pl.placer
                 .replace(&views, &members, lost as usize)
                 .or_else(|e| {
-                    if views[lost as usize].available && why == MoveReason::Lost {
+                    if views[lost as usize].available && why.lost() {
                         Ok(lost as usize)
                     } else {
                         Err(e)
