@@ -276,9 +276,16 @@ impl Node {
             None => SlabMemory::new(self.slab_bytes()?).map_err(mapping_failed)?,
         };
         let slab = Slab::new(owner, tag, u64::from(split_len), memory).map_err(mapping_failed)?;
-        let id = *next;
-        *next = next.wrapping_add(1);
-        self.slabs.write().insert(id, Arc::new(slab));
+        let mut slabs = self.slabs.write();
+        // Ids count up from a random start and wrap; past the wrap, one still in use is
+        // skipped (at most `max_slabs` are), so an id never names two slabs.
+        let mut id = *next;
+        while slabs.contains_key(&id) {
+            id = id.wrapping_add(1);
+        }
+        *next = id.wrapping_add(1);
+        slabs.insert(id, Arc::new(slab));
+        drop(slabs);
         metrics::counter!("hydramem_node_slabs_allocated_total").increment(1);
         tracing::debug!(slab = id, ?owner, tag, "slab allocated");
         Ok(id)
@@ -753,6 +760,25 @@ mod tests {
         assert_eq!(n.alloc(a, 2, 512), Err(Status::NoCapacity));
         n.free(&a, s0).unwrap();
         n.alloc(a, 2, 512).unwrap();
+    }
+
+    #[test]
+    fn slab_ids_skip_those_in_use_when_they_wrap() {
+        let n = node(4);
+        let a = ClientId::random();
+        *n.alloc.lock() = u32::MAX;
+        let last = n.alloc(a, 0, 512).unwrap();
+        let first = n.alloc(a, 1, 512).unwrap();
+        assert_eq!((last, first), (u32::MAX, 0));
+        n.slab(&a, first).unwrap().write(0, &[9; 512], 1).unwrap();
+        // The counter comes round to ids still held: they are skipped, the slabs kept.
+        *n.alloc.lock() = u32::MAX;
+        let next = n.alloc(a, 2, 512).unwrap();
+        assert_eq!(next, 1);
+        let mut b = [0u8; 512];
+        n.slab(&a, first).unwrap().read(0, &mut b).unwrap();
+        assert_eq!(b, [9; 512], "slab 0 was not replaced");
+        assert_eq!(n.list(&a).len(), 3);
     }
 
     #[test]
