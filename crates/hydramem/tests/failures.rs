@@ -13,8 +13,9 @@ use hydramem::bench::fill_page;
 use hydramem::client::{ClientConfig, RemoteMemory};
 use hydramem::wire::{Op, Status};
 use hydramem::PAGE_SIZE;
+use hydramem_isal::Codec;
 
-use common::{HYDRA, SLAB};
+use common::{Raw, HYDRA, SLAB};
 
 fn write_round(mem: &RemoteMemory, pages: u64, v: u64, last: &mut HashMap<u64, u64>) {
     let mut page = [0u8; PAGE_SIZE];
@@ -303,5 +304,84 @@ fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
     // reads back exactly (without the repair, 7 splits of 10 would be left, under k = 8).
     c.kill(g2.nodes[0] as usize).unwrap();
     c.kill(g2.nodes[1] as usize).unwrap();
+    check(&mem, &last);
+}
+
+#[test]
+fn a_split_two_slabs_claim_is_regenerated_whole_when_its_identity_reconnects() {
+    let mut c = common::cluster(12, SLAB, 64);
+    let pages = 256;
+    let cfg = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
+    let mut last = HashMap::new();
+    let g = {
+        let mem = RemoteMemory::connect(c.cluster(), cfg.clone()).unwrap();
+        write_round(&mem, pages, 1, &mut last);
+        mem.group_of(0).unwrap()
+    };
+    // What a move cut short by the process's end leaves: a second slab for split j on a node
+    // outside the group, which got the writes made after the switch (here one: the last page
+    // again, one version on, to the other splits' own slabs and to the second one) and not
+    // yet the copy of the others. The split is the one on the lowest node and the second
+    // slab on the highest, so that it is listed last: taking the last one found, a
+    // reconnecting client would read split j from a slab that lacks every other page.
+    let j = (0..10).min_by_key(|&j| g.nodes[j]).unwrap();
+    let spare = (0..12u16)
+        .rev()
+        .find(|n| !g.nodes[..10].contains(n))
+        .unwrap();
+    let split_len = PAGE_SIZE / 8;
+    let raw = |node: u16| {
+        let mut r = Raw::connect(c.cluster().nodes[node as usize].addr);
+        r.hello(cfg.client_id);
+        r
+    };
+    let mut own = raw(g.nodes[j]);
+    let tag = own
+        .list()
+        .iter()
+        .find(|l| l.slab == g.slabs[j])
+        .expect("the split's slab is listed")
+        .tag;
+    let p = pages - 1;
+    let at = p * split_len as u64;
+    let version = own.read_stamped(g.slabs[j], at, split_len as u32).2;
+    let second = raw(spare).alloc_tagged(tag, split_len as u32);
+    let mut page = [0u8; PAGE_SIZE];
+    fill_page(&mut page, 5, p, last[&p]);
+    let mut splits: Vec<Vec<u8>> = page.chunks(split_len).map(<[u8]>::to_vec).collect();
+    let (mut p0, mut p1) = (vec![0; split_len], vec![0; split_len]);
+    let data: Vec<&[u8]> = splits.iter().map(Vec::as_slice).collect();
+    Codec::new(8, 2)
+        .unwrap()
+        .encode(&data, &mut [&mut p0, &mut p1])
+        .unwrap();
+    splits.extend([p0, p1]);
+    for (i, split) in splits.iter().enumerate() {
+        let (node, slab) = if i == j {
+            (spare, second)
+        } else {
+            (g.nodes[i], g.slabs[i])
+        };
+        let crc = hydramem::integrity::split_crc(split, 0, p, i, version + 1);
+        assert_eq!(
+            raw(node).write_stamped(slab, at, split, version + 1, crc),
+            Status::Ok
+        );
+    }
+    // The reconnecting client keeps the slab with the newest write, regenerates it whole,
+    // and frees the other.
+    let mem = RemoteMemory::connect(c.cluster(), cfg).unwrap();
+    common::wait_regenerated(&mem, 1);
+    let g2 = mem.group_of(0).unwrap();
+    assert_eq!((g2.nodes[j], g2.slabs[j]), (spare, second));
+    wait_until("the other slab is freed", || {
+        !own.list().iter().any(|l| l.slab == g.slabs[j])
+    });
+    check(&mem, &last);
+    // With two more members of the group lost, every page still reads back exactly: the
+    // kept slab holds every page.
+    let others: Vec<u16> = (0..10).filter(|&i| i != j).map(|i| g2.nodes[i]).collect();
+    c.kill(others[0] as usize).unwrap();
+    c.kill(others[1] as usize).unwrap();
     check(&mem, &last);
 }

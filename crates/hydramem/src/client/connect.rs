@@ -20,7 +20,7 @@ use super::health::NodeHealth;
 use super::layout::MAX_WIDTH;
 use super::maintain::MAINTENANCE_INTERVAL;
 use super::ranges::{node_views, Domains, Placement};
-use super::repair::RegenCounters;
+use super::repair::{RegenCounters, RegenJob};
 use super::slots::{self, Slots};
 use super::tcp::TcpTransport;
 use super::transport::{Completions, HelloOutcome};
@@ -75,6 +75,50 @@ struct Held {
     found: HashMap<u32, Group>,
     /// The newest page version stored anywhere for this identity.
     newest: u64,
+    /// The newest version stored in the slab `found` holds for each (range, split).
+    newest_of: HashMap<(u32, u8), u64>,
+    /// Splits two slabs claimed (a move or a repair the last process with this identity did
+    /// not finish): `found` holds the one with the newest write, to be regenerated whole.
+    doubled: Vec<(u32, u8)>,
+    /// The slabs that lost to another for their split: freed once the client runs.
+    extra: Vec<(u16, u32)>,
+}
+
+impl Held {
+    /// Takes `slab` on `node` (its newest write `newest`) as split `split` of `range`. When
+    /// another slab claims that split already, the one with the newer write is kept — both
+    /// may be incomplete (a move's copy or a regeneration cut short), so the kept one is
+    /// regenerated whole — and the other is freed.
+    fn adopt(&mut self, range: u32, split: u8, (node, slab, newest): (u16, u32, u64)) {
+        let g = self.found.entry(range).or_insert(Group {
+            nodes: [slots::NO_NODE; MAX_WIDTH],
+            slabs: [0; MAX_WIDTH],
+            fresh: 0,
+        });
+        let j = split as usize;
+        if g.nodes[j] != slots::NO_NODE {
+            let theirs = self.newest_of.get(&(range, split)).copied().unwrap_or(0);
+            tracing::warn!(
+                range,
+                split,
+                slabs = ?[(g.nodes[j], g.slabs[j]), (node, slab)],
+                "two slabs of this identity hold one split (a move or repair the last process \
+                 did not finish): keeping the one with the newest write, regenerating it whole, \
+                 freeing the other"
+            );
+            if !self.doubled.contains(&(range, split)) {
+                self.doubled.push((range, split));
+            }
+            if newest <= theirs {
+                self.extra.push((node, slab));
+                return;
+            }
+            self.extra.push((g.nodes[j], g.slabs[j]));
+        }
+        g.nodes[j] = node;
+        g.slabs[j] = slab;
+        self.newest_of.insert((range, split), newest);
+    }
 }
 
 impl RemoteMemory {
@@ -136,7 +180,11 @@ impl RemoteMemory {
         let ranges = empty_ranges(&config, &layout)?;
         let held = find_held(&transport, &config, &layout, ranges.len())?;
         let recovered = held.found.len();
-        for (range, g) in held.found {
+        for (range, mut g) in held.found {
+            for &(_, split) in held.doubled.iter().filter(|d| d.0 == range) {
+                // Read last until regenerated.
+                g.fresh |= 1 << split;
+            }
             ranges[range as usize].store(Some(Arc::new(g)));
         }
         seed_clock_note(held.newest);
@@ -182,7 +230,7 @@ impl RemoteMemory {
             any_suspect: AtomicBool::new(false),
             piece_ns: AtomicU64::new(0),
             corrupt_reports: Mutex::new(Vec::new()),
-            orphans: Mutex::new(Vec::new()),
+            orphans: Mutex::new(held.extra),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
             lagging: Default::default(),
@@ -194,6 +242,20 @@ impl RemoteMemory {
             audit_after: Mutex::new(audit_after),
         });
         metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
+        for (range, split) in held.doubled {
+            let range = range as usize;
+            if let Some(g) = mem.ranges[range].load_full() {
+                let j = split as usize;
+                let job = RegenJob {
+                    range,
+                    split: j,
+                    node: g.nodes[j],
+                    slab: g.slabs[j],
+                    from: None,
+                };
+                mem.regenerate(job, &g);
+            }
+        }
         start_maintenance(&mem)?;
         Ok(mem)
     }
@@ -301,16 +363,19 @@ fn find_held(
         loads: vec![0; transport.nodes()],
         found: HashMap::new(),
         newest: 0,
+        newest_of: HashMap::new(),
+        doubled: Vec::new(),
+        extra: Vec::new(),
     };
     let mut beyond: Option<u32> = None;
-    for (i, load) in held.loads.iter_mut().enumerate() {
+    for i in 0..held.loads.len() {
         let Ok(node) = u16::try_from(i) else { break };
         if !transport.is_up(node) {
             continue;
         }
         let stats = wire::Stats::parse(&transport.call(node, Op::Stats, &[])?)
             .map_err(|e| protocol(transport, node, e))?;
-        *load = stats.slabs.len() as u64;
+        held.loads[i] = stats.slabs.len() as u64;
         let list = wire::parse_list(&transport.call(node, Op::List, &[])?)
             .map_err(|e| protocol(transport, node, e))?;
         for wire::Listed { slab, tag, newest } in list {
@@ -331,13 +396,7 @@ fn find_held(
             if range as usize >= n_ranges {
                 beyond = beyond.max(Some(range));
             } else if (split as usize) < layout.width {
-                let g = held.found.entry(range).or_insert(Group {
-                    nodes: [slots::NO_NODE; MAX_WIDTH],
-                    slabs: [0; MAX_WIDTH],
-                    fresh: 0,
-                });
-                g.nodes[split as usize] = node;
-                g.slabs[split as usize] = slab;
+                held.adopt(range, split, (node, slab, newest));
             }
         }
     }

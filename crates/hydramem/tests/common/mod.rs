@@ -188,10 +188,22 @@ impl Raw {
 
     /// Allocates a slab for splits of `split_len` bytes.
     pub fn alloc(&mut self, split_len: u32) -> u32 {
-        let body = [&1u64.to_le_bytes()[..], &split_len.to_le_bytes()].concat();
+        self.alloc_tagged(1, split_len)
+    }
+
+    /// Allocates a slab with tag `tag` for splits of `split_len` bytes.
+    pub fn alloc_tagged(&mut self, tag: u64, split_len: u32) -> u32 {
+        let body = [&tag.to_le_bytes()[..], &split_len.to_le_bytes()].concat();
         let (h, body) = self.call(Op::Alloc, &body);
         assert_eq!(h.status, Status::Ok);
         u32::from_le_bytes(body.try_into().unwrap())
+    }
+
+    /// The slabs the node holds for this connection's identity (LIST).
+    pub fn list(&mut self) -> Vec<wire::Listed> {
+        let (h, body) = self.call(Op::List, &[]);
+        assert_eq!(h.status, Status::Ok);
+        wire::parse_list(&body).unwrap()
     }
 
     /// One WRITEV entry of `version` (checksum 0); returns its status.
