@@ -425,3 +425,37 @@ fn start_maintenance(mem: &Arc<RemoteMemory>) -> Result<(), ClientError> {
         })?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held() -> Held {
+        Held {
+            loads: vec![0; 4],
+            found: HashMap::new(),
+            newest: 0,
+            newest_of: HashMap::new(),
+            doubled: Vec::new(),
+            extra: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn of_two_slabs_for_one_split_the_newest_is_kept_and_the_other_freed() {
+        let mut h = held();
+        h.adopt(0, 1, (2, 20, 5));
+        h.adopt(0, 2, (3, 30, 9));
+        assert!(h.doubled.is_empty() && h.extra.is_empty());
+        // Newer: replaces the first, which is freed.
+        h.adopt(0, 1, (1, 10, 7));
+        // Older, then as new: the kept one stays.
+        h.adopt(0, 1, (3, 31, 6));
+        h.adopt(0, 1, (0, 40, 7));
+        let g = &h.found[&0];
+        assert_eq!((g.nodes[1], g.slabs[1]), (1, 10));
+        assert_eq!((g.nodes[2], g.slabs[2]), (3, 30));
+        assert_eq!(h.doubled, vec![(0, 1)], "one entry per split");
+        assert_eq!(h.extra, vec![(2, 20), (3, 31), (0, 40)]);
+    }
+}
