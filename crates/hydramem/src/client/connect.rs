@@ -78,17 +78,20 @@ struct Held {
     /// The newest version stored in the slab `found` holds for each (range, split).
     newest_of: HashMap<(u32, u8), u64>,
     /// Splits two slabs claimed (a move or a repair the last process with this identity did
-    /// not finish): `found` holds the one with the newest write, to be regenerated whole.
-    doubled: Vec<(u32, u8)>,
-    /// The slabs that lost to another for their split: freed once the client runs.
+    /// not finish), with the slab that lost: `found` holds the one with the newest write, to
+    /// be regenerated whole by copying the other into it, which is freed once that is done.
+    doubled: Vec<(u32, u8, (u16, u32))>,
+    /// Slabs that lost to two others for their split: freed once the client runs.
     extra: Vec<(u16, u32)>,
 }
 
 impl Held {
     /// Takes `slab` on `node` (its newest write `newest`) as split `split` of `range`. When
-    /// another slab claims that split already, the one with the newer write is kept — both
-    /// may be incomplete (a move's copy or a regeneration cut short), so the kept one is
-    /// regenerated whole — and the other is freed.
+    /// another slab claims that split already, the one with the newer write is kept and the
+    /// other is the source it is regenerated from: each may lack what the other has (the old
+    /// slab the writes after the switch, the new one the pages not yet copied or decoded),
+    /// and copying one into the other through the node's version check keeps the newer of
+    /// every page.
     fn adopt(&mut self, range: u32, split: u8, (node, slab, newest): (u16, u32, u64)) {
         let g = self.found.entry(range).or_insert(Group {
             nodes: [slots::NO_NODE; MAX_WIDTH],
@@ -103,17 +106,24 @@ impl Held {
                 split,
                 slabs = ?[(g.nodes[j], g.slabs[j]), (node, slab)],
                 "two slabs of this identity hold one split (a move or repair the last process \
-                 did not finish): keeping the one with the newest write, regenerating it whole, \
-                 freeing the other"
+                 did not finish): keeping the one with the newest write, copying the other into \
+                 it, then freeing the other"
             );
-            if !self.doubled.contains(&(range, split)) {
-                self.doubled.push((range, split));
+            let replace = newest > theirs;
+            let lost = if replace {
+                (g.nodes[j], g.slabs[j])
+            } else {
+                (node, slab)
+            };
+            if self.doubled.iter().any(|d| (d.0, d.1) == (range, split)) {
+                // A third claim: one source is enough.
+                self.extra.push(lost);
+            } else {
+                self.doubled.push((range, split, lost));
             }
-            if newest <= theirs {
-                self.extra.push((node, slab));
+            if !replace {
                 return;
             }
-            self.extra.push((g.nodes[j], g.slabs[j]));
         }
         g.nodes[j] = node;
         g.slabs[j] = slab;
@@ -181,7 +191,7 @@ impl RemoteMemory {
         let held = find_held(&transport, &config, &layout, ranges.len())?;
         let recovered = held.found.len();
         for (range, mut g) in held.found {
-            for &(_, split) in held.doubled.iter().filter(|d| d.0 == range) {
+            for &(_, split, _) in held.doubled.iter().filter(|d| d.0 == range) {
                 // Read last until regenerated.
                 g.fresh |= 1 << split;
             }
@@ -242,16 +252,18 @@ impl RemoteMemory {
             audit_after: Mutex::new(audit_after),
         });
         metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
-        for (range, split) in held.doubled {
+        for (range, split, other) in held.doubled {
             let range = range as usize;
             if let Some(g) = mem.ranges[range].load_full() {
                 let j = split as usize;
+                // As a move's: copied from the other slab (decoded only if that fails), which
+                // is freed once the regeneration is done.
                 let job = RegenJob {
                     range,
                     split: j,
                     node: g.nodes[j],
                     slab: g.slabs[j],
-                    from: None,
+                    from: Some(other),
                 };
                 mem.regenerate(job, &g);
             }
@@ -455,7 +467,7 @@ mod tests {
         let g = &h.found[&0];
         assert_eq!((g.nodes[1], g.slabs[1]), (1, 10));
         assert_eq!((g.nodes[2], g.slabs[2]), (3, 30));
-        assert_eq!(h.doubled, vec![(0, 1)], "one entry per split");
-        assert_eq!(h.extra, vec![(2, 20), (3, 31), (0, 40)]);
+        assert_eq!(h.doubled, vec![(0, 1, (2, 20))], "one entry per split");
+        assert_eq!(h.extra, vec![(3, 31), (0, 40)]);
     }
 }
