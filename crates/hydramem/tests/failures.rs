@@ -291,8 +291,9 @@ fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
     let mut raw = common::Raw::connect(c.cluster().nodes[node as usize].addr);
     raw.hello(mem.owner());
     assert_eq!(raw.call(Op::Free, &slab.to_le_bytes()).0.status, Status::Ok);
-    // Reads ask k + Δ = 9 splits, never split 9, so they go on as before and would never
-    // notice; the audit does, and the split is regenerated on another slab.
+    // Reads go on as before: one that asks split 9 reads around the node's answer that the
+    // slab is gone, and repairs nothing. The audit notices, and the split is regenerated on
+    // another slab.
     check(&mem, &last);
     common::wait_regenerated(&mem, 1);
     let g2 = mem.group_of(0).unwrap();

@@ -77,21 +77,21 @@ struct Held {
     newest: u64,
     /// The newest version stored in the slab `found` holds for each (range, split).
     newest_of: HashMap<(u32, u8), u64>,
-    /// Splits two slabs claimed (a move or a repair the last process with this identity did
-    /// not finish), with the slab that lost: `found` holds the one with the newest write, to
-    /// be regenerated whole by copying the other into it, which is freed once that is done.
-    doubled: Vec<(u32, u8, (u16, u32))>,
-    /// Slabs that lost to two others for their split: freed once the client runs.
-    extra: Vec<(u16, u32)>,
+    /// Slabs that lost their split's claim to another (a move or a repair the last process
+    /// with this identity did not finish): (range, split, (node, slab)). `found` holds the
+    /// winner, to be regenerated whole from the split's group; the losers are kept until
+    /// that succeeds.
+    superseded: Vec<(u32, u8, (u16, u32))>,
 }
 
 impl Held {
     /// Takes `slab` on `node` (its newest write `newest`) as split `split` of `range`. When
-    /// another slab claims that split already, the one with the newer write is kept and the
-    /// other is the source it is regenerated from: each may lack what the other has (the old
-    /// slab the writes after the switch, the new one the pages not yet copied or decoded),
-    /// and copying one into the other through the node's version check keeps the newer of
-    /// every page.
+    /// another slab claims that split already, the one with the newer write is kept (the
+    /// first one listed on a tie) and the other is superseded. Neither is known to be
+    /// complete — the old slab lacks the writes after the switch, the new one the pages not
+    /// yet copied or decoded, and either may miss a write left behind by a straggler — so the
+    /// kept one is regenerated from the split's group, whose k members hold every page's
+    /// newest version, through the node's version check, which keeps the newer of each page.
     fn adopt(&mut self, range: u32, split: u8, (node, slab, newest): (u16, u32, u64)) {
         let g = self.found.entry(range).or_insert(Group {
             nodes: [slots::NO_NODE; MAX_WIDTH],
@@ -106,28 +106,27 @@ impl Held {
                 split,
                 slabs = ?[(g.nodes[j], g.slabs[j]), (node, slab)],
                 "two slabs of this identity hold one split (a move or repair the last process \
-                 did not finish): keeping the one with the newest write, copying the other into \
-                 it, then freeing the other"
+                 did not finish): keeping the one with the newest write and regenerating it; \
+                 the other is freed once that is done"
             );
-            let replace = newest > theirs;
-            let lost = if replace {
-                (g.nodes[j], g.slabs[j])
-            } else {
-                (node, slab)
-            };
-            if self.doubled.iter().any(|d| (d.0, d.1) == (range, split)) {
-                // A third claim: one source is enough.
-                self.extra.push(lost);
-            } else {
-                self.doubled.push((range, split, lost));
-            }
-            if !replace {
+            if newest <= theirs {
+                self.superseded.push((range, split, (node, slab)));
                 return;
             }
+            self.superseded
+                .push((range, split, (g.nodes[j], g.slabs[j])));
         }
         g.nodes[j] = node;
         g.slabs[j] = slab;
         self.newest_of.insert((range, split), newest);
+    }
+
+    /// The splits that more than one slab claimed, each once.
+    fn doubled(&self) -> Vec<(u32, u8)> {
+        let mut d: Vec<(u32, u8)> = self.superseded.iter().map(|&(r, j, _)| (r, j)).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
     }
 }
 
@@ -190,8 +189,9 @@ impl RemoteMemory {
         let ranges = empty_ranges(&config, &layout)?;
         let held = find_held(&transport, &config, &layout, ranges.len())?;
         let recovered = held.found.len();
+        let doubled = held.doubled();
         for (range, mut g) in held.found {
-            for &(_, split, _) in held.doubled.iter().filter(|d| d.0 == range) {
+            for &(_, split) in doubled.iter().filter(|d| d.0 == range) {
                 // Read last until regenerated.
                 g.fresh |= 1 << split;
             }
@@ -240,7 +240,7 @@ impl RemoteMemory {
             any_suspect: AtomicBool::new(false),
             piece_ns: AtomicU64::new(0),
             corrupt_reports: Mutex::new(Vec::new()),
-            orphans: Mutex::new(held.extra),
+            orphans: Mutex::new(Vec::new()),
             regen: Arc::new(RegenCounters::default()),
             moving: Mutex::new(Vec::new()),
             lagging: Default::default(),
@@ -250,20 +250,25 @@ impl RemoteMemory {
             retry: Mutex::new((Instant::now(), Vec::new())),
             repair_after: Mutex::new(Instant::now()),
             audit_after: Mutex::new(audit_after),
+            audit_running: AtomicBool::new(false),
+            superseded: Mutex::new(
+                held.superseded
+                    .iter()
+                    .map(|&(r, j, (n, s))| (r as usize, j as usize, n, s))
+                    .collect(),
+            ),
         });
         metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
-        for (range, split, other) in held.doubled {
+        for (range, split) in doubled {
             let range = range as usize;
             if let Some(g) = mem.ranges[range].load_full() {
                 let j = split as usize;
-                // As a move's: copied from the other slab (decoded only if that fails), which
-                // is freed once the regeneration is done.
                 let job = RegenJob {
                     range,
                     split: j,
                     node: g.nodes[j],
                     slab: g.slabs[j],
-                    from: Some(other),
+                    from: None,
                 };
                 mem.regenerate(job, &g);
             }
@@ -376,8 +381,7 @@ fn find_held(
         found: HashMap::new(),
         newest: 0,
         newest_of: HashMap::new(),
-        doubled: Vec::new(),
-        extra: Vec::new(),
+        superseded: Vec::new(),
     };
     let mut beyond: Option<u32> = None;
     for i in 0..held.loads.len() {
@@ -431,11 +435,40 @@ fn start_maintenance(mem: &Arc<RemoteMemory>) -> Result<(), ClientError> {
         .spawn(move || loop {
             std::thread::sleep(MAINTENANCE_INTERVAL);
             match weak.upgrade() {
-                Some(mem) => mem.maintain(),
+                Some(mem) => {
+                    mem.maintain();
+                    if mem.audit_due() {
+                        start_audit(&mem);
+                    }
+                }
                 None => return,
             }
         })?;
     Ok(())
+}
+
+/// Runs an audit of every node's slabs on a thread of its own, holding the client only while
+/// it asks one node (a client dropped meanwhile ends it).
+fn start_audit(mem: &Arc<RemoteMemory>) {
+    let weak = Arc::downgrade(mem);
+    let nodes = mem.transport.nodes();
+    let spawned = std::thread::Builder::new()
+        .name("hm-audit".into())
+        .spawn(move || {
+            for node in 0..nodes {
+                let (Some(mem), Ok(node)) = (weak.upgrade(), u16::try_from(node)) else {
+                    return;
+                };
+                mem.audit_node(node);
+            }
+            if let Some(mem) = weak.upgrade() {
+                mem.audit_done();
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(error = %e, "cannot start the audit of the nodes' slabs; retrying later");
+        mem.audit_done();
+    }
 }
 
 #[cfg(test)]
@@ -448,18 +481,17 @@ mod tests {
             found: HashMap::new(),
             newest: 0,
             newest_of: HashMap::new(),
-            doubled: Vec::new(),
-            extra: Vec::new(),
+            superseded: Vec::new(),
         }
     }
 
     #[test]
-    fn of_two_slabs_for_one_split_the_newest_is_kept_and_the_other_freed() {
+    fn of_two_slabs_for_one_split_the_newest_is_kept_and_the_others_superseded() {
         let mut h = held();
         h.adopt(0, 1, (2, 20, 5));
         h.adopt(0, 2, (3, 30, 9));
-        assert!(h.doubled.is_empty() && h.extra.is_empty());
-        // Newer: replaces the first, which is freed.
+        assert!(h.superseded.is_empty());
+        // Newer: replaces the first, which is superseded.
         h.adopt(0, 1, (1, 10, 7));
         // Older, then as new: the kept one stays.
         h.adopt(0, 1, (3, 31, 6));
@@ -467,7 +499,10 @@ mod tests {
         let g = &h.found[&0];
         assert_eq!((g.nodes[1], g.slabs[1]), (1, 10));
         assert_eq!((g.nodes[2], g.slabs[2]), (3, 30));
-        assert_eq!(h.doubled, vec![(0, 1, (2, 20))], "one entry per split");
-        assert_eq!(h.extra, vec![(3, 31), (0, 40)]);
+        assert_eq!(
+            h.superseded,
+            vec![(0, 1, (2, 20)), (0, 1, (3, 31)), (0, 1, (0, 40))]
+        );
+        assert_eq!(h.doubled(), vec![(0, 1)], "one regeneration per split");
     }
 }

@@ -85,6 +85,15 @@ pub enum ClientError {
         /// The nodes that refused for lack of capacity.
         full: String,
     },
+    /// A repair was asked for a range whose memory was released meanwhile (the client is
+    /// ending): there is nothing left to repair.
+    #[error(
+        "address range {range} is no longer mapped (its memory was released): nothing to repair"
+    )]
+    Unmapped {
+        /// The range.
+        range: u64,
+    },
     /// A node refused or failed a control request.
     #[error(transparent)]
     Transport(#[from] TransportError),

@@ -9,7 +9,7 @@ use super::error::protocol;
 use super::repair::{MoveReason, REPAIR_RETRY};
 use super::slots::{self};
 use super::transport::TransportError;
-use super::RemoteMemory;
+use super::{Group, RemoteMemory};
 use crate::wire::{self, Op};
 
 /// How often the maintenance thread repairs ranges and releases stale slabs.
@@ -53,17 +53,6 @@ impl RemoteMemory {
             }
         }
         self.unstick();
-        let audit_due = {
-            let mut next = self.audit_after.lock();
-            let due = *next <= now;
-            if due {
-                *next = now + self.config.audit_interval;
-            }
-            due
-        };
-        if audit_due {
-            self.audit();
-        }
         self.resend_lagging();
         self.check_health();
         self.refresh_loads();
@@ -89,7 +78,14 @@ impl RemoteMemory {
             }
         };
         for c in list {
-            if self.moving.lock().contains(&(node, c.slab)) {
+            if self.moving.lock().contains(&(node, c.slab))
+                || self
+                    .superseded
+                    .lock()
+                    .iter()
+                    .any(|&(_, _, n, s)| (n, s) == (node, c.slab))
+            {
+                // Taken care of by a move under way, or kept until its split is regenerated.
                 continue;
             }
             let at = self.locate_slab(node, c.slab);
@@ -179,52 +175,77 @@ impl RemoteMemory {
         })
     }
 
-    /// Asks every node that is up and holds splits of ours which of our slabs it still holds
-    /// (LIST), and repairs the splits whose slab it no longer has: a reclaimed slab dropped at
-    /// its deadline, a slab freed by a peer holding our identity, a node that restarted
-    /// between two heartbeats. A read asks k + Δ splits, never every parity split, and a
-    /// write notices a gone slab only when it fails, so without this a range that is only
-    /// read could stay one failure closer to loss for as long as it is read. Runs every
-    /// [`ClientConfig::audit_interval`](super::ClientConfig); costs one LIST per node.
-    pub(super) fn audit(&self) {
-        for node in 0..self.transport.nodes() as u16 {
-            if !self.transport.is_up(node) {
-                continue;
-            }
-            // Ours before the node's answer: a slab allocated meanwhile is in the answer but
-            // not here; one freed meanwhile (a move) is found in no range by `remap`.
-            let ours = self.splits_on(node);
-            if ours.is_empty() {
-                continue;
-            }
-            let held: std::collections::HashSet<u32> = match self.transport.call(
-                node,
-                Op::List,
-                &[],
-            ) {
-                Ok(b) => match wire::parse_list(&b) {
-                    Ok(l) => l.into_iter().map(|l| l.slab).collect(),
-                    Err(e) => {
-                        tracing::warn!(error = %protocol(&*self.transport, node, e), "bad LIST reply");
-                        continue;
-                    }
-                },
+    /// Whether an audit of the slabs the nodes hold is due now (every
+    /// [`ClientConfig::audit_interval`](super::ClientConfig)) and none is running; if so, it
+    /// counts as started: the caller runs [`RemoteMemory::audit_node`] for every node, on a
+    /// thread of its own, then [`RemoteMemory::audit_done`].
+    pub(super) fn audit_due(&self) -> bool {
+        let now = Instant::now();
+        let mut next = self.audit_after.lock();
+        if *next > now || self.audit_running.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        *next = now + self.config.audit_interval;
+        true
+    }
+
+    /// The audit that [`RemoteMemory::audit_due`] started has ended.
+    pub(super) fn audit_done(&self) {
+        self.audit_running.store(false, Ordering::Release);
+    }
+
+    /// The audit of one node: if it is up and holds splits of ours, asks it which of our
+    /// slabs it still holds (LIST) and repairs the splits whose slab it no longer has — a
+    /// reclaimed slab dropped at its deadline, a slab freed by a peer holding our identity, a
+    /// node that restarted between two heartbeats. Nothing else notices while a range is
+    /// only read: a read reads around a split whose node answers that the slab is gone, and
+    /// a write notices only when it fails. So without this a range that is only read could
+    /// stay one failure closer to loss for as long as it is read. Runs on a thread of its own
+    /// (a node slow to answer LIST delays no repair); costs one LIST per node per interval.
+    pub(super) fn audit_node(&self, node: u16) {
+        if !self.transport.is_up(node) {
+            return;
+        }
+        // Ours before the node's answer: a slab allocated meanwhile is in the answer but not
+        // here; one freed meanwhile (a move) is no longer its split's, checked below.
+        let ours = self.splits_on(node);
+        if ours.is_empty() {
+            return;
+        }
+        let held: std::collections::HashSet<u32> = match self.transport.call(node, Op::List, &[]) {
+            Ok(b) => match wire::parse_list(&b) {
+                Ok(l) => l.into_iter().map(|l| l.slab).collect(),
                 Err(e) => {
-                    tracing::debug!(node, error = %e, "cannot audit the node's slabs now");
-                    continue;
+                    tracing::warn!(error = %protocol(&*self.transport, node, e), "bad LIST reply");
+                    return;
                 }
-            };
-            for (range, j, slab) in ours.into_iter().filter(|s| !held.contains(&s.2)) {
-                metrics::counter!("hydramem_client_slabs_gone_total").increment(1);
-                tracing::warn!(
-                    node,
-                    slab,
-                    range,
-                    split = j,
-                    "a memory node no longer holds a slab of ours: regenerating it elsewhere"
-                );
-                if let Err(e) = self.remap(range, j, node, MoveReason::Gone { slab }) {
-                    tracing::warn!(node, slab, range, split = j, error = %e, "cannot repair the gone slab yet; the next audit retries");
+            },
+            Err(e) => {
+                tracing::debug!(node, error = %e, "cannot audit the node's slabs now");
+                return;
+            }
+        };
+        for (range, j, slab) in ours.into_iter().filter(|s| !held.contains(&s.2)) {
+            // A split a write moved meanwhile left its old slab freed on purpose: only a
+            // split still on the slab is a gone one (`remap` checks again, under its lock).
+            let still = |g: &Group| g.nodes[j] == node && g.slabs[j] == slab;
+            if !self.ranges[range].load().as_deref().is_some_and(still) {
+                continue;
+            }
+            match self.remap(range, j, node, MoveReason::Gone { slab }) {
+                Ok(g) if !still(&g) => {
+                    metrics::counter!("hydramem_client_slabs_gone_total").increment(1);
+                    tracing::warn!(
+                        node,
+                        slab,
+                        range,
+                        split = j,
+                        "a memory node no longer held a slab of ours: regenerating it elsewhere"
+                    );
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(node, slab, range, split = j, error = %e, "a memory node no longer holds a slab of ours and it cannot be repaired yet; the next audit retries");
                 }
             }
         }
@@ -257,6 +278,28 @@ impl RemoteMemory {
         }
     }
 
+    /// Frees the slabs that lost split `split` of `range` to another when this identity
+    /// reconnected ([`RemoteMemory::superseded`](super::RemoteMemory)): a regeneration of the
+    /// split succeeded, so the split is whole without them.
+    fn release_superseded(&self, range: usize, split: usize) {
+        let done: Vec<(u16, u32)> = {
+            let mut sup = self.superseded.lock();
+            let (done, kept) = sup
+                .drain(..)
+                .partition(|&(r, j, _, _)| (r, j) == (range, split));
+            *sup = kept;
+            done.into_iter().map(|(_, _, n, s)| (n, s)).collect()
+        };
+        for (node, slab) in done {
+            match self.transport.free(node, slab) {
+                Ok(_) | Err(TransportError::Refused { .. }) => {
+                    tracing::info!(node, slab, range, split, "superseded slab released")
+                }
+                Err(_) => self.orphans.lock().push((node, slab)),
+            }
+        }
+    }
+
     /// Acts on regenerations that ended: a finished move frees the slab it replaced; a failed
     /// regeneration is retried while its slab is still the range's.
     pub(super) fn regenerations_ended(&self) {
@@ -279,6 +322,7 @@ impl RemoteMemory {
                     }
                     self.moving.lock().retain(|m| *m != (node, slab));
                 }
+                self.release_superseded(job.range, job.split);
             } else {
                 self.retry.lock().1.push(job);
             }

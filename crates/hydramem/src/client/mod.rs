@@ -145,6 +145,12 @@ pub struct RemoteMemory {
     repair_after: Mutex<Instant>,
     /// The next audit of the slabs the nodes hold ([`ClientConfig::audit_interval`]).
     audit_after: Mutex<Instant>,
+    /// An audit is running (on its thread).
+    audit_running: AtomicBool,
+    /// (range, split, node, slab): slabs that lost a split's claim to another when this
+    /// identity reconnected. Each may hold pages the kept one lacks, so it is kept — never
+    /// moved, never freed as a leftover — until a regeneration of that split succeeds.
+    superseded: Mutex<Vec<(usize, usize, u16, u32)>>,
     /// Write splits left behind by a straggling node, resent in the background.
     lagging: lagging::Lagging,
     /// Owners polling for their operations now (at most [`ClientConfig::pollers`]).

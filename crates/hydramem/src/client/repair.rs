@@ -144,9 +144,12 @@ impl RemoteMemory {
         why: MoveReason,
     ) -> Result<Arc<Group>, ClientError> {
         let mut pl = self.placement.lock();
+        // A range released meanwhile (the client ending) has nothing left to repair.
         let g = self.ranges[range]
             .load_full()
-            .expect("only mapped ranges are remapped");
+            .ok_or(ClientError::Unmapped {
+                range: range as u64,
+            })?;
         if g.nodes[j] != lost {
             return Ok(g);
         }
