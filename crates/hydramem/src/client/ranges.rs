@@ -287,6 +287,14 @@ impl RemoteMemory {
                 }
             }
         }
+        // And the slabs kept only until their split was regenerated (best effort: they hold
+        // nothing the ranges need).
+        let superseded = std::mem::take(&mut *self.superseded.lock());
+        for (_, _, node, slab) in superseded {
+            if self.transport.is_up(node) && self.transport.free(node, slab).is_ok() {
+                pl.loads[node as usize] = pl.loads[node as usize].saturating_sub(1);
+            }
+        }
         Ok(())
     }
 }
