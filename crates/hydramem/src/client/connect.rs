@@ -78,10 +78,10 @@ struct Held {
     /// The newest version stored in the slab `found` holds for each (range, split).
     newest_of: HashMap<(u32, u8), u64>,
     /// Slabs that lost their split's claim to another (a move or a repair the last process
-    /// with this identity did not finish): (range, split, (node, slab)). `found` holds the
-    /// winner, to be regenerated whole from the split's group; the losers are kept until
-    /// that succeeds.
-    superseded: Vec<(u32, u8, (u16, u32))>,
+    /// with this identity did not finish): (range, split, node, slab), as
+    /// [`RemoteMemory::superseded`] keeps them. `found` holds the winner, to be regenerated
+    /// whole from the split's group; the losers are kept until that succeeds.
+    superseded: Vec<(usize, usize, u16, u32)>,
 }
 
 impl Held {
@@ -98,7 +98,7 @@ impl Held {
             slabs: [0; MAX_WIDTH],
             fresh: 0,
         });
-        let j = split as usize;
+        let (r, j) = (range as usize, split as usize);
         if g.nodes[j] != slots::NO_NODE {
             let theirs = self.newest_of.get(&(range, split)).copied().unwrap_or(0);
             tracing::warn!(
@@ -110,11 +110,10 @@ impl Held {
                  the other is freed once that is done"
             );
             if newest <= theirs {
-                self.superseded.push((range, split, (node, slab)));
+                self.superseded.push((r, j, node, slab));
                 return;
             }
-            self.superseded
-                .push((range, split, (g.nodes[j], g.slabs[j])));
+            self.superseded.push((r, j, g.nodes[j], g.slabs[j]));
         }
         g.nodes[j] = node;
         g.slabs[j] = slab;
@@ -122,8 +121,9 @@ impl Held {
     }
 
     /// The splits that more than one slab claimed, each once.
-    fn doubled(&self) -> Vec<(u32, u8)> {
-        let mut d: Vec<(u32, u8)> = self.superseded.iter().map(|&(r, j, _)| (r, j)).collect();
+    fn doubled(&self) -> Vec<(usize, usize)> {
+        let mut d: Vec<(usize, usize)> =
+            self.superseded.iter().map(|&(r, j, _, _)| (r, j)).collect();
         d.sort_unstable();
         d.dedup();
         d
@@ -191,7 +191,7 @@ impl RemoteMemory {
         let recovered = held.found.len();
         let doubled = held.doubled();
         for (range, mut g) in held.found {
-            for &(_, split) in doubled.iter().filter(|d| d.0 == range) {
+            for &(_, split) in doubled.iter().filter(|d| d.0 == range as usize) {
                 // Read last until regenerated.
                 g.fresh |= 1 << split;
             }
@@ -251,18 +251,11 @@ impl RemoteMemory {
             repair_after: Mutex::new(Instant::now()),
             audit_after: Mutex::new(audit_after),
             audit_running: AtomicBool::new(false),
-            superseded: Mutex::new(
-                held.superseded
-                    .iter()
-                    .map(|&(r, j, (n, s))| (r as usize, j as usize, n, s))
-                    .collect(),
-            ),
+            superseded: Mutex::new(held.superseded),
         });
         metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
-        for (range, split) in doubled {
-            let range = range as usize;
+        for (range, j) in doubled {
             if let Some(g) = mem.ranges[range].load_full() {
-                let j = split as usize;
                 let job = RegenJob {
                     range,
                     split: j,
@@ -501,7 +494,7 @@ mod tests {
         assert_eq!((g.nodes[2], g.slabs[2]), (3, 30));
         assert_eq!(
             h.superseded,
-            vec![(0, 1, (2, 20)), (0, 1, (3, 31)), (0, 1, (0, 40))]
+            vec![(0, 1, 2, 20), (0, 1, 3, 31), (0, 1, 0, 40)]
         );
         assert_eq!(h.doubled(), vec![(0, 1)], "one regeneration per split");
     }

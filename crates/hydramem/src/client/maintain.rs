@@ -138,12 +138,7 @@ impl RemoteMemory {
         // Slabs the new process already holds for us were allocated after the restart (a
         // repair may place a split on it before this round sees the restart): only the others
         // are lost. If the node cannot be asked, all of them are treated as lost.
-        let held: Vec<u32> = match self.transport.call(node, Op::List, &[]) {
-            Ok(b) => wire::parse_list(&b)
-                .map(|l| l.into_iter().map(|l| l.slab).collect())
-                .unwrap_or_default(),
-            Err(_) => Vec::new(),
-        };
+        let held = self.listed_slabs(node).unwrap_or_default();
         let lost: Vec<(u16, u32)> = self
             .splits_on(node)
             .into_iter()
@@ -173,6 +168,34 @@ impl RemoteMemory {
                 .find(|&j| g.nodes[j] == node && g.slabs[j] == slab)
                 .map(|j| (range, j))
         })
+    }
+
+    /// The slabs `node` holds for us (LIST); `None` if it cannot say now (logged).
+    fn listed_slabs(&self, node: u16) -> Option<std::collections::HashSet<u32>> {
+        match self.transport.call(node, Op::List, &[]) {
+            Ok(b) => match wire::parse_list(&b) {
+                Ok(l) => Some(l.into_iter().map(|l| l.slab).collect()),
+                Err(e) => {
+                    tracing::warn!(error = %protocol(&*self.transport, node, e), "bad LIST reply");
+                    None
+                }
+            },
+            Err(e) => {
+                tracing::debug!(node, error = %e, "cannot list the node's slabs now");
+                None
+            }
+        }
+    }
+
+    /// Frees `slab` on `node`, no longer needed by range `range` (`what` it was, for the log),
+    /// or, if the node cannot be asked now, remembers it to free once the node answers.
+    fn release(&self, node: u16, slab: u32, range: usize, what: &'static str) {
+        match self.transport.free(node, slab) {
+            Ok(_) | Err(TransportError::Refused { .. }) => {
+                tracing::info!(node, slab, range, "{what} slab released")
+            }
+            Err(_) => self.orphans.lock().push((node, slab)),
+        }
     }
 
     /// Whether an audit of the slabs the nodes hold is due now (every
@@ -212,18 +235,8 @@ impl RemoteMemory {
         if ours.is_empty() {
             return;
         }
-        let held: std::collections::HashSet<u32> = match self.transport.call(node, Op::List, &[]) {
-            Ok(b) => match wire::parse_list(&b) {
-                Ok(l) => l.into_iter().map(|l| l.slab).collect(),
-                Err(e) => {
-                    tracing::warn!(error = %protocol(&*self.transport, node, e), "bad LIST reply");
-                    return;
-                }
-            },
-            Err(e) => {
-                tracing::debug!(node, error = %e, "cannot audit the node's slabs now");
-                return;
-            }
+        let Some(held) = self.listed_slabs(node) else {
+            return;
         };
         for (range, j, slab) in ours.into_iter().filter(|s| !held.contains(&s.2)) {
             // A split a write moved meanwhile left its old slab freed on purpose: only a
@@ -291,12 +304,7 @@ impl RemoteMemory {
             done.into_iter().map(|(_, _, n, s)| (n, s)).collect()
         };
         for (node, slab) in done {
-            match self.transport.free(node, slab) {
-                Ok(_) | Err(TransportError::Refused { .. }) => {
-                    tracing::info!(node, slab, range, split, "superseded slab released")
-                }
-                Err(_) => self.orphans.lock().push((node, slab)),
-            }
+            self.release(node, slab, range, "superseded");
         }
     }
 
@@ -313,13 +321,7 @@ impl RemoteMemory {
         for (job, ok) in ended {
             if ok {
                 if let Some((node, slab)) = job.from {
-                    match self.transport.free(node, slab) {
-                        Ok(_) | Err(TransportError::Refused { .. }) => {
-                            tracing::info!(node, slab, range = job.range, "moved slab released")
-                        }
-                        // Its node went away meanwhile: free it when it is back.
-                        Err(_) => self.orphans.lock().push((node, slab)),
-                    }
+                    self.release(node, slab, job.range, "moved");
                     self.moving.lock().retain(|m| *m != (node, slab));
                 }
                 self.release_superseded(job.range, job.split);
