@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # An identity kept with --client-id is never reconnected smaller than its data (that would
 # strand the slabs beyond the new end on the nodes for good), and `hydramem free` releases
-# all of it, after which the identity starts afresh at any size.
+# all of it, after which the identity starts afresh at any size. While an export runs, its
+# identity is its own: `free` and a second export with it are refused.
 set -euo pipefail
 . "$(dirname "$0")/lib/nbd.sh"
 need_nbdsh
@@ -9,6 +10,23 @@ id=00112233445566778899aabbccddeeff
 # 8+2 over 4 MiB slabs: address ranges of 32 MiB, so 96 MiB is three of them.
 start_export 96MiB --client-id "$id"
 "${NBDSH[@]}" -u "$URI" -c 'h.pwrite(b"last", (96 << 20) - 4); h.pwrite(b"first", 0)'
+
+# While the export runs, the identity is its own: `free` and a second export with the same
+# --client-id are refused, and nothing of the first changes.
+if "$BIN" free --cluster "$dir/cluster.toml" --client-id "$id" >"$dir/busy.out" 2>"$dir/busy.err"; then
+  echo "FAIL: free released the identity of a running export"
+  exit 1
+fi
+cat "$dir/busy.err"
+grep -q 'is in use by a running process' "$dir/busy.err" || { echo "FAIL: free does not say the identity is in use"; exit 1; }
+if "$BIN" nbd --cluster "$dir/cluster.toml" --size 96MiB --socket "$dir/second.sock" --client-id "$id" \
+  --log warn >"$dir/second.out" 2>"$dir/second.err"; then
+  echo "FAIL: a second export served an identity in use"
+  exit 1
+fi
+cat "$dir/second.err"
+grep -q 'another process holds this client identity' "$dir/second.err" || { echo "FAIL: the second export does not say why"; exit 1; }
+"${NBDSH[@]}" -u "$URI" -c 'assert h.pread(5, 0) == b"first"; assert h.pread(4, (96 << 20) - 4) == b"last"'
 kill -TERM "$nbd_pid"
 wait "$nbd_pid" || { echo "FAIL: exit status on SIGTERM"; exit 1; }
 nbd_pid=""

@@ -15,12 +15,12 @@
 //!   secret a kept identity is reattached with — never leaves the client, so a node, or
 //!   whoever reads its traffic or its status, learns no identity it could present.
 //!
-//! The handshake (protocol 7, bytes in `wire`): the client sends HELLO with its owner handle,
-//! flags and a fresh nonce; a node with a key answers with its own fresh nonce and its proof
+//! The handshake (protocol 8, bytes in `wire`): the client sends HELLO with its owner handle,
+//! flags, a fresh nonce and its process's instance; a node with a key answers with its own fresh nonce and its proof
 //! ([`node_proof`]: it knows the node credential), which the client checks *before* it proves
 //! anything; the client then sends AUTH with its proof ([`client_proof`]), and only then is the
-//! connection's identity set. Both proofs cover both nonces, the owner handle, the flags and
-//! the node id, so no part can be swapped. A node without a key answers HELLO as before
+//! connection's identity set. Both proofs cover both nonces, the owner handle, the flags, the
+//! instance and the node id, so no part can be swapped. A node without a key answers HELLO as before
 //! protocol 7 and says so ([`AUTH_NONE`]); a client with a key refuses such a node, and a
 //! client without a key refuses a node that asks for one — never a silent downgrade.
 //!
@@ -222,6 +222,8 @@ pub struct Transcript {
     pub client_nonce: [u8; NONCE_LEN],
     /// The node's nonce.
     pub node_nonce: [u8; NONCE_LEN],
+    /// The HELLO's instance (the process speaking for the identity).
+    pub instance: u64,
 }
 
 impl Transcript {
@@ -235,6 +237,7 @@ impl Transcript {
                 &self.flags.to_le_bytes(),
                 &self.client_nonce,
                 &self.node_nonce,
+                &self.instance.to_le_bytes(),
             ],
         )
     }
@@ -248,8 +251,8 @@ impl Transcript {
     }
 }
 
-const NODE_PROOF: &[u8] = b"hydramem node proof v1";
-const CLIENT_PROOF: &[u8] = b"hydramem client proof v1";
+const NODE_PROOF: &[u8] = b"hydramem node proof v2";
+const CLIENT_PROOF: &[u8] = b"hydramem client proof v2";
 
 /// The node's proof in its HELLO reply.
 pub fn node_proof(cred: &NodeCredential, t: &Transcript) -> [u8; PROOF_LEN] {
@@ -300,6 +303,7 @@ pub fn respond(
                 flags: hello.flags,
                 client_nonce: hello.nonce,
                 node_nonce: reply.nonce,
+                instance: hello.instance,
             };
             if !node_proof_ok(&cred, &t, &reply.proof) {
                 return Err(format!(
@@ -349,6 +353,7 @@ mod tests {
             flags: 0,
             client_nonce: [1; NONCE_LEN],
             node_nonce: [2; NONCE_LEN],
+            instance: 4,
         }
     }
 
@@ -380,6 +385,7 @@ mod tests {
                 node_nonce: [3; NONCE_LEN],
                 ..t
             },
+            Transcript { instance: 5, ..t },
         ];
         for c in changed {
             assert!(!client_proof_ok(&cred, &c, &p), "{c:?}");

@@ -776,6 +776,17 @@ fn run_free(a: FreeArgs) -> Result<()> {
         nodes.len() - failed.len(),
         nodes.len()
     );
+    if nodes
+        .iter()
+        .any(|n| n.result.as_ref().is_err_and(|e| e.in_use()))
+    {
+        bail!(
+            "identity {:08x} is in use by a running process (its nodes refuse another while its connections are open): stop the process that uses this --client-id, then run `hydramem free` again",
+            hydramem::rpc::Greeting::client(&id, 0, cluster.key.as_ref())
+                .owner
+                .fingerprint(),
+        );
+    }
     if !failed.is_empty() {
         bail!(
             "node(s) {} could not be asked; a node that restarts holds nothing, but one that was only unreachable keeps this identity's slabs: run `hydramem free` again once it answers",

@@ -10,8 +10,9 @@
 //! Invariants: a node is reported released only when every slab it listed was freed; a node
 //! that cannot be reached is reported with the reason, and the others are still released (a
 //! node that restarts holds nothing of anyone, so a dead node's share is gone already, but a
-//! paused or partitioned one keeps it until this is run again). Releasing an identity that a
-//! client is still using destroys that client's data: stop the client first.
+//! paused or partitioned one keeps it until this is run again). An identity that a client
+//! still uses is not released: its nodes refuse this connection while the client's are open
+//! ([`ReleaseError::in_use`]), so stop the client first.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -47,8 +48,16 @@ pub enum ReleaseError {
     },
 }
 
+impl ReleaseError {
+    /// Whether the node refused because a running process holds the identity there.
+    pub fn in_use(&self) -> bool {
+        matches!(self, ReleaseError::List(e) if e.in_use())
+    }
+}
+
 /// Frees every slab `client` holds on every node of `cluster`, each node within `timeout`.
 pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<NodeRelease> {
+    let grace = std::time::Instant::now() + crate::rpc::IN_USE_GRACE;
     cluster
         .nodes
         .iter()
@@ -61,14 +70,24 @@ pub fn release(cluster: &Cluster, client: ClientId, timeout: Duration) -> Vec<No
                     .with_tls(cluster.tls.as_ref())
                     .to_node(n.id),
                 timeout,
+                grace,
             ),
         })
         .collect()
 }
 
-/// Frees the identity's slabs on the node at `addr`; returns how many.
-fn release_on(addr: SocketAddr, g: &Greeting, timeout: Duration) -> Result<u64, ReleaseError> {
-    let mut c = Connection::open(addr, Some(g), timeout, timeout)?;
+/// Frees the identity's slabs on the node at `addr`; returns how many. A node that says
+/// another process holds the identity is asked again until `grace`
+/// ([`crate::rpc::patiently`]): the process whose memory this releases may have just exited.
+fn release_on(
+    addr: SocketAddr,
+    g: &Greeting,
+    timeout: Duration,
+    grace: std::time::Instant,
+) -> Result<u64, ReleaseError> {
+    let mut c = crate::rpc::patiently(grace, RpcError::in_use, || {
+        Connection::open(addr, Some(g), timeout, timeout)
+    })?;
     let list = c.call(Op::List, &[], wire::parse_list)?;
     for slab in list.iter().map(|l| l.slab) {
         let mut body = Vec::new();

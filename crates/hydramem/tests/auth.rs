@@ -140,6 +140,7 @@ fn hello_body(flags: u32) -> Vec<u8> {
         client: ClientId([3; 16]),
         flags,
         nonce: [4; hydramem::auth::NONCE_LEN],
+        instance: 1,
     }
     .put(&mut b);
     b
@@ -305,4 +306,22 @@ fn a_keyed_cluster_regenerates_a_lost_slab_node_to_node() {
     )
     .unwrap();
     common::regenerate_and_read_back(&mut c, &mem, pages);
+}
+
+#[test]
+fn with_a_key_a_second_process_is_refused_the_identity_at_auth_and_told_why() {
+    // The refusal of a held identity comes at AUTH on a keyed node: it must read as an
+    // identity in use, not as a key mismatch.
+    let (_d, path, key) = key_file();
+    let c = start(1, Some(path), &[]);
+    let addr = c.cluster().nodes[0].addr;
+    let id = ClientId::random();
+    let holder = Greeting::client(&id, 0, Some(&key)).with_instance(1);
+    let _held = Connection::open(addr, Some(&holder), WAIT, WAIT).unwrap();
+    let second = Greeting::client(&id, 0, Some(&key)).with_instance(2);
+    let e = Connection::open(addr, Some(&second), WAIT, WAIT).unwrap_err();
+    assert!(e.in_use(), "{e}");
+    assert!(e.to_string().contains("in use by another process"), "{e}");
+    // Its own second connection is welcome.
+    Connection::open(addr, Some(&holder), WAIT, WAIT).unwrap();
 }

@@ -6,7 +6,9 @@
 //! - a version no write can pass: a clear error, never a silent loss;
 //! - a node that answers with another operation's cookies, or heartbeats it was never sent:
 //!   dropped and counted, nothing lands, the node is judged failed;
-//! - requests that used to panic a node, leak its connection or blow up its memory.
+//! - requests that used to panic a node, leak its connection or blow up its memory;
+//! - a second process with a running client's identity: refused by every node until the
+//!   client is gone, never writing into its slabs.
 
 mod common;
 
@@ -548,4 +550,46 @@ fn regen_is_checked_against_the_slab_and_the_membership_before_it_allocates_or_c
     let (h, reply) = raw.call(Op::Regen, &body);
     assert_eq!(h.status, Status::Ok);
     assert_eq!(reply, 0u64.to_le_bytes());
+}
+
+/// A second process that uses a running client's identity (a `--client-id` started twice by
+/// mistake) would take the client's splits for its own and write into them. Every node
+/// refuses it while the client's connections are open, and the client's data is untouched;
+/// once the client is gone, the identity is the next process's.
+#[test]
+fn a_second_process_with_a_running_clients_identity_is_refused_until_the_client_is_gone() {
+    let c = common::cluster(4, SLAB, 8);
+    let id = ClientId::random();
+    let rep = Resilience::Replication { copies: 2 };
+    let mem = RemoteMemory::connect(c.cluster(), config(rep, id)).unwrap();
+    mem.write_page(0, &page(1)).unwrap();
+    let other = hydramem::rpc::process_instance() ^ 1;
+    for n in &c.cluster().nodes {
+        let mut raw = Raw::connect(n.addr);
+        assert_eq!(raw.hello_as(id, other), Status::IdentityInUse, "{}", n.addr);
+        // ... and closed that connection.
+        raw.s
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        assert_eq!(raw.s.read(&mut [0u8; 1]).unwrap(), 0, "{}", n.addr);
+    }
+    // A client of that other process is refused with the way out.
+    let mut second = config(rep, id);
+    second.instance = other;
+    let e = RemoteMemory::connect(c.cluster(), second.clone())
+        .err()
+        .expect("refused");
+    let text = e.to_string();
+    assert!(
+        text.contains("another process holds this client identity") && text.contains("--client-id"),
+        "{text}"
+    );
+    let mut got = [0u8; 4096];
+    mem.read_page(0, &mut got).unwrap();
+    assert_eq!(got, page(1));
+    // The client is gone: the next process takes the identity and finds the data.
+    drop(mem);
+    let next = RemoteMemory::connect(c.cluster(), second).unwrap();
+    next.read_page(0, &mut got).unwrap();
+    assert_eq!(got, page(1), "the identity's data, for its next process");
 }

@@ -100,6 +100,8 @@ fn an_identity_beyond_its_connections_is_refused_and_other_identities_are_not() 
         client: id,
         flags: 0,
         nonce: [0; hydramem::auth::NONCE_LEN],
+        // The same process as the two held (another would be refused IDENTITY_IN_USE).
+        instance: hydramem::rpc::process_instance(),
     }
     .put(&mut b);
     let (h, _) = third.call(Op::Hello, &b);

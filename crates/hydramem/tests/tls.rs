@@ -80,6 +80,7 @@ fn a_plain_peer_and_a_member_of_another_ca_get_nothing() {
         client: hydramem::wire::ClientId([1; 16]),
         flags: 0,
         nonce: [0; hydramem::auth::NONCE_LEN],
+        instance: 1,
     }
     .put(&mut hello);
     let mut frame = Vec::new();

@@ -88,6 +88,10 @@ pub struct ClientConfig {
     /// ([`RemoteMemory::audit`](super::RemoteMemory)), so that a split whose slab a node no
     /// longer has is repaired even while only read.
     pub audit_interval: Duration,
+    /// The process this client speaks for its identity as ([`crate::rpc::process_instance`]
+    /// by default): nodes refuse an identity to a second instance while the first one's
+    /// connections are open. A test sets another to play a second process.
+    pub instance: u64,
 }
 
 impl ClientConfig {
@@ -114,6 +118,7 @@ impl ClientConfig {
             ablation: Ablation::default(),
             span_max_cost: None,
             audit_interval: Duration::from_secs(10),
+            instance: crate::rpc::process_instance(),
         }
     }
 }

@@ -174,7 +174,8 @@ impl RemoteMemory {
             Arc::new(Slots::new(layout, config.max_in_flight).with_checksums(config.checksums));
         let flags = if config.kept { wire::HELLO_KEPT } else { 0 };
         let greeting = Greeting::client(&config.client_id, flags, cluster.key.as_ref())
-            .with_tls(cluster.tls.as_ref());
+            .with_tls(cluster.tls.as_ref())
+            .with_instance(config.instance);
         let owner = greeting.owner;
         let (transport, outcomes) = open(greeting, slots.clone())?;
         if outcomes.len() != cluster.nodes.len() || transport.nodes() != cluster.nodes.len() {
@@ -318,6 +319,12 @@ fn check_outcomes(
                 })
             }
             Ok(_) => {}
+            Err(e) if e.in_use => {
+                return Err(ClientError::IdentityInUse {
+                    node: i,
+                    addr: addr(),
+                })
+            }
             Err(e) => down.push(format!("node {i} at {}: {e}", addr())),
         }
     }

@@ -34,6 +34,20 @@ pub enum ClientError {
         /// Which are down and why.
         down: String,
     },
+    /// A node says another process holds this client's identity (its connections there are
+    /// open): two processes must never write into one identity's slabs.
+    #[error(
+        "node {node} at {addr} says another process holds this client identity (its \
+         connections to the node are open): stop that process first, or give this one another \
+         --client-id (if that process's machine is gone, the node lets the identity go within \
+         30 s)"
+    )]
+    IdentityInUse {
+        /// The node, in the cluster file's order.
+        node: usize,
+        /// Its address.
+        addr: String,
+    },
     /// A node disagrees with the cluster file about the slab size.
     #[error("memory node {node} ({addr}) uses slabs of {node_slab} bytes but the cluster file says {file_slab}; fix the cluster file or restart the node with --slab-size {file_slab}")]
     SlabSize {

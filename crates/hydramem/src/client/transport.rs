@@ -124,7 +124,23 @@ pub fn deliver(
 
 /// The outcome of opening a transport's connection to one node: the node's HELLO reply, or
 /// why it is unreachable (the node is then down, and the client decides whether enough are up).
-pub type HelloOutcome = Result<wire::HelloReply, String>;
+pub type HelloOutcome = Result<wire::HelloReply, HelloFailure>;
+
+/// Why a node could not be greeted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelloFailure {
+    /// What failed, as the transport saw it.
+    pub reason: String,
+    /// The node refused the identity: another process holds it there
+    /// ([`wire::Status::IdentityInUse`]).
+    pub in_use: bool,
+}
+
+impl std::fmt::Display for HelloFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.reason)
+    }
+}
 
 /// Errors of the transport.
 #[derive(Debug, thiserror::Error)]

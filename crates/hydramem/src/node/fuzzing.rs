@@ -197,6 +197,13 @@ fn request(
                 client: ids[who as usize],
                 flags: u32::from(b.u8() == 0xFF),
                 nonce: [b.u8(); crate::auth::NONCE_LEN],
+                // Each identity's own process, and now and then another one (a HELLO again
+                // with another instance ends the connection).
+                instance: if b.u8() == 0xFF {
+                    b.u64()
+                } else {
+                    u64::from(who) + 1
+                },
             }
             .put(&mut body);
             Op::Hello

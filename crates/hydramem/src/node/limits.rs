@@ -7,7 +7,10 @@
 //! every few seconds (slow-loris). With them: connections beyond [`ConnLimits::max_connections`]
 //! are closed at accept; a connection not identified within [`ConnLimits::handshake`] is closed;
 //! a frame whose bytes do not all arrive within [`ConnLimits::frame`] of its first closes its
-//! connection; buffers shrink back after a frame larger than [`KEEP_BUFFER`].
+//! connection; buffers shrink back after a frame larger than [`KEEP_BUFFER`]; a connection
+//! whose peer's machine vanished (powered off, cut off: no FIN, no RST) is closed by TCP
+//! keepalive ([`keep_alive`]) within [`KEEPALIVE_DEAD`], which gives back the identity it held
+//! (see [`super::tenants`]) and starts its lease.
 //!
 //! Invariants: a [`FrameReader`] reads exactly the bytes asked or fails, and its deadlines are
 //! checked at least every [`TICK`] while it waits (the socket's read timeout, set once); an
@@ -26,6 +29,28 @@ pub const TICK: Duration = Duration::from_secs(1);
 
 /// A connection's buffers shrink back to this after a larger frame.
 pub const KEEP_BUFFER: usize = 256 << 10;
+
+/// Keepalive: a connection silent this long is probed ...
+pub const KEEPALIVE_IDLE: Duration = Duration::from_secs(15);
+/// ... every this long ...
+pub const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(5);
+/// ... and closed after this many probes without an answer.
+pub const KEEPALIVE_PROBES: u32 = 3;
+/// The longest a vanished peer's connection stays open: 30 s.
+pub const KEEPALIVE_DEAD: Duration = Duration::from_secs(15 + 5 * 3);
+
+/// Turns on TCP keepalive for an accepted connection ([`KEEPALIVE_IDLE`], probes every
+/// [`KEEPALIVE_INTERVAL`], [`KEEPALIVE_PROBES`] of them). A live client heartbeats every
+/// 100 ms, so only a peer that is gone is ever probed; the kernel answers probes for a
+/// process that is only stopped (SIGSTOP), whose connections stay, as they must: it may
+/// resume and write.
+pub fn keep_alive(stream: &TcpStream) -> io::Result<()> {
+    let params = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_IDLE)
+        .with_interval(KEEPALIVE_INTERVAL)
+        .with_retries(KEEPALIVE_PROBES);
+    socket2::SockRef::from(stream).set_tcp_keepalive(&params)
+}
 
 /// The node's bounds on connections.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -193,6 +218,24 @@ mod tests {
             handshake: Duration::from_millis(1500),
             frame: Duration::from_millis(1500),
         }
+    }
+
+    #[test]
+    fn accepted_connections_probe_a_vanished_peer_within_thirty_seconds() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _client = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        let sock = socket2::SockRef::from(&accepted);
+        assert!(!sock.keepalive().unwrap(), "off until asked");
+        keep_alive(&accepted).unwrap();
+        assert!(sock.keepalive().unwrap());
+        assert_eq!(sock.tcp_keepalive_time().unwrap(), KEEPALIVE_IDLE);
+        assert_eq!(sock.tcp_keepalive_interval().unwrap(), KEEPALIVE_INTERVAL);
+        assert_eq!(sock.tcp_keepalive_retries().unwrap(), KEEPALIVE_PROBES);
+        assert_eq!(
+            KEEPALIVE_IDLE + KEEPALIVE_INTERVAL * KEEPALIVE_PROBES,
+            KEEPALIVE_DEAD
+        );
     }
 
     #[test]

@@ -705,14 +705,18 @@ impl Node {
         accepted
     }
 
-    /// A connection of `owner` is identified (not an observer's); `kept` if it said so.
-    /// False if the identity holds as many connections as it may (nothing counted then).
-    pub(crate) fn client_connected(&self, owner: ClientId, kept: bool) -> bool {
-        let admitted = self.tenants.connected(owner, kept);
-        if admitted {
-            self.clients.fetch_add(1, Ordering::Relaxed);
-        }
-        admitted
+    /// A connection of `owner`'s `instance` is identified (not an observer's); `kept` if it
+    /// said so. Refused if the identity holds as many connections as it may, or another
+    /// instance holds it (nothing counted then).
+    pub(crate) fn client_connected(
+        &self,
+        owner: ClientId,
+        kept: bool,
+        instance: u64,
+    ) -> Result<(), tenants::Refusal> {
+        self.tenants.connected(owner, kept, instance)?;
+        self.clients.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
     /// That connection closed.
@@ -733,22 +737,28 @@ pub fn resident_bytes() -> u64 {
     pages * page.max(0) as u64
 }
 
+/// A node of the unit tests: id 3, room for `slabs` slabs of 64 KiB, no key, no faults.
+#[cfg(test)]
+pub(crate) fn test_node(slabs: u64) -> Arc<Node> {
+    Node::new(NodeConfig {
+        id: 3,
+        capacity: slabs * 65536,
+        slab_size: 65536,
+        allow_faults: false,
+        membership: None,
+        key: None,
+        tls: None,
+        tenancy: Default::default(),
+    })
+    .unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn node(slabs: u64) -> Arc<Node> {
-        Node::new(NodeConfig {
-            id: 3,
-            capacity: slabs * 65536,
-            slab_size: 65536,
-            allow_faults: false,
-            membership: None,
-            key: None,
-            tls: None,
-            tenancy: Default::default(),
-        })
-        .unwrap()
+        test_node(slabs)
     }
 
     #[test]

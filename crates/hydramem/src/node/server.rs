@@ -76,6 +76,10 @@ pub fn run(
             continue;
         }
         let _ = stream.set_nodelay(true);
+        if let Err(e) = limits::keep_alive(&stream) {
+            // The connection works without; only a vanished peer's would then stay open.
+            tracing::debug!(?peer, error = %e, "cannot turn on TCP keepalive");
+        }
         let key = shutdown.register(&stream);
         let node = node.clone();
         let sd = shutdown.clone();

@@ -18,6 +18,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::tenants::Refusal;
 use super::{Faults, Landing, Node, RunView};
 use crate::auth::{self, Transcript, AUTH_HMAC, AUTH_NONE};
 use crate::wire::{
@@ -44,6 +45,8 @@ pub struct Session {
     observer: bool,
     operator: bool,
     counted: bool,
+    /// The instance said in HELLO (the process speaking for the identity).
+    instance: u64,
     /// With a key: the HELLO whose AUTH is awaited, as both proofs cover it.
     pending: Option<(Transcript, wire::Hello)>,
 }
@@ -65,6 +68,7 @@ impl Session {
             observer: false,
             operator: false,
             counted: false,
+            instance: 0,
             pending: None,
         }
     }
@@ -126,7 +130,7 @@ impl Session {
                     reply_status(out, h, Status::BadRequest)?;
                 }
             },
-            Request::Regen(req) => match super::regen::serve(&node, &client, &req) {
+            Request::Regen(req) => match super::regen::serve(&node, &client, self.instance, &req) {
                 Ok(pages) => {
                     let fb = ok(out, h);
                     wire::put_regen_reply(out, pages);
@@ -240,19 +244,22 @@ impl Session {
                 flags: hello.flags,
                 client_nonce: hello.nonce,
                 node_nonce: auth::nonce(),
+                instance: hello.instance,
             };
             reply.auth = AUTH_HMAC;
             reply.nonce = t.node_nonce;
             reply.proof = auth::node_proof(cred, &t);
             self.pending = Some((t, hello));
         } else {
-            if self.client.is_some() && self.client != Some(hello.client) {
+            if self.client.is_some()
+                && (self.client != Some(hello.client) || self.instance != hello.instance)
+            {
                 return Err(WireError::Invalid(
-                    "HELLO with a different identity on one connection",
+                    "HELLO with a different identity or instance on one connection",
                 ));
             }
-            if !self.identify(hello) {
-                reply_status(out, h, Status::OverQuota)?;
+            if let Err(st) = self.identify(hello) {
+                reply_status(out, h, st)?;
                 return Ok(After::Close);
             }
         }
@@ -275,13 +282,13 @@ impl Session {
             (Some(cred), Some((t, hello))) if auth::client_proof_ok(cred, &t, proof) => Some(hello),
             _ => None,
         };
-        match verified {
-            Some(hello) if self.identify(hello) => {
+        match verified.map(|hello| self.identify(hello)) {
+            Some(Ok(())) => {
                 reply_status(out, h, Status::Ok)?;
                 Ok(After::Reply)
             }
-            Some(_) => {
-                reply_status(out, h, Status::OverQuota)?;
+            Some(Err(st)) => {
+                reply_status(out, h, st)?;
                 Ok(After::Close)
             }
             None => {
@@ -297,30 +304,46 @@ impl Session {
     }
 
     /// The connection is `hello`'s identity from now on — unless the identity holds as many
-    /// connections as it may on this node (false: the connection stays unidentified).
-    fn identify(&mut self, hello: wire::Hello) -> bool {
+    /// connections as it may on this node, or another process holds it: then the status to
+    /// refuse it with (the connection stays unidentified, and is closed).
+    fn identify(&mut self, hello: wire::Hello) -> Result<(), Status> {
         let observer = hello.flags & HELLO_OBSERVER != 0;
         if !observer && !self.counted {
-            if !self
+            let kept = hello.flags & HELLO_KEPT != 0;
+            match self
                 .node
-                .client_connected(hello.client, hello.flags & HELLO_KEPT != 0)
+                .client_connected(hello.client, kept, hello.instance)
             {
-                metrics::counter!("hydramem_node_identity_connections_refused_total").increment(1);
-                tracing::warn!(
-                    client = ?hello.client,
-                    max = self.node.tenants.config().max_connections,
-                    "refusing a connection: its identity holds --max-connections-per-identity \
-                     already; closing it"
-                );
-                return false;
+                Ok(()) => self.counted = true,
+                Err(Refusal::TooManyConnections) => {
+                    metrics::counter!("hydramem_node_identity_connections_refused_total")
+                        .increment(1);
+                    tracing::warn!(
+                        client = ?hello.client,
+                        max = self.node.tenants.config().max_connections,
+                        "refusing a connection: its identity holds --max-connections-per-identity \
+                         already; closing it"
+                    );
+                    return Err(Status::OverQuota);
+                }
+                Err(Refusal::InUse { connections }) => {
+                    metrics::counter!("hydramem_node_identity_in_use_refused_total").increment(1);
+                    tracing::warn!(
+                        client = ?hello.client,
+                        connections,
+                        "refusing a connection: another process holds its identity here (its \
+                         connections are open); closing it"
+                    );
+                    return Err(Status::IdentityInUse);
+                }
             }
-            self.counted = true;
         }
         self.observer = observer;
         self.operator = hello.flags & HELLO_OPERATOR != 0;
         self.client = Some(hello.client);
+        self.instance = hello.instance;
         tracing::debug!(client = ?hello.client, observer = self.observer, "hello");
-        true
+        Ok(())
     }
 
     /// Applies a FAULT request; `Forbidden` unless the node allows fault injection.
@@ -504,5 +527,72 @@ fn inject_read_faults(
         if corrupt && Faults::hits(&f.corrupt_replies, slab) {
             super::flip_random_bit(served.data_mut(out, i));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::HEADER_LEN;
+
+    fn node() -> Arc<Node> {
+        crate::node::test_node(4)
+    }
+
+    /// HELLO on `s` as `client` and `instance`: the reply's status and what the connection
+    /// must do, or the protocol violation.
+    fn hello(
+        s: &mut Session,
+        client: ClientId,
+        instance: u64,
+    ) -> Result<(Status, After), WireError> {
+        let mut frame = Vec::new();
+        let fb = FrameBuilder::begin(&mut frame, wire::Op::Hello, false, Status::Ok, 1);
+        wire::Hello {
+            client,
+            flags: HELLO_KEPT,
+            nonce: [0; auth::NONCE_LEN],
+            instance,
+        }
+        .put(&mut frame);
+        fb.finish(&mut frame).unwrap();
+        let h = Header::parse(frame[..HEADER_LEN].try_into().unwrap()).unwrap();
+        let mut out = Vec::new();
+        let after = s.handle(&h, &frame[HEADER_LEN..], &mut out)?;
+        let rh = Header::parse(out[..HEADER_LEN].try_into().unwrap()).unwrap();
+        Ok((rh.status, after))
+    }
+
+    #[test]
+    fn an_identity_is_refused_to_a_second_process_while_the_first_holds_it() {
+        let n = node();
+        let id = ClientId([3; 16]);
+        let mut first = Session::new(n.clone());
+        assert_eq!(hello(&mut first, id, 7), Ok((Status::Ok, After::Reply)));
+        let mut again = Session::new(n.clone());
+        assert_eq!(
+            hello(&mut again, id, 7),
+            Ok((Status::Ok, After::Reply)),
+            "its own reconnection"
+        );
+        let mut second = Session::new(n.clone());
+        assert_eq!(
+            hello(&mut second, id, 8),
+            Ok((Status::IdentityInUse, After::Close))
+        );
+        assert_eq!(
+            second.client(),
+            None,
+            "the refused connection stays unidentified"
+        );
+        // A connection cannot change its instance once identified.
+        assert!(hello(&mut first, id, 8).is_err());
+        drop((first, again));
+        let mut second = Session::new(n);
+        assert_eq!(
+            hello(&mut second, id, 8),
+            Ok((Status::Ok, After::Reply)),
+            "the holder is gone"
+        );
     }
 }

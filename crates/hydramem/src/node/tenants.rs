@@ -9,7 +9,17 @@
 //! be squatted by identities that never return. A client that reconnects before then finds its
 //! slabs as it left them.
 //!
-//! Invariants: an identity is tracked while it has a connection open or a lease running, and
+//! An identity is *held* by one process at a time: every connection says its process's
+//! instance in HELLO, and while an identity has connections open, a connection of another
+//! instance is refused ([`Refusal::InUse`]). Two processes that write into one identity's
+//! slabs (a second `--client-id` started by mistake, `hydramem release` run against a client
+//! still running) would each take the other's splits for their own; this way the second is
+//! told so at once. Once the holder's last connection closes, any instance may take the
+//! identity (a restart, or a client on another machine); a holder whose machine vanished
+//! without closing its connections loses them to TCP keepalive ([`super::server`]).
+//!
+//! Invariants: the connections open for an identity are all of one instance; an identity is
+//! tracked while it has a connection open or a lease running, and
 //! forgotten when its lease expires, so the table is bounded by the connections plus the
 //! identities that disconnected within one lease; [`Tenants::expired`] reports each expiry
 //! once; the quota is checked and the slab inserted under the node's allocation lock, so an
@@ -54,9 +64,23 @@ impl Default for TenancyConfig {
 #[derive(Debug, Clone, Copy)]
 struct Tenant {
     connections: u32,
+    /// The instance whose connections are open (meaningful while `connections > 0`).
+    holder: u64,
     kept: bool,
     /// When the last connection closed (`None` while one is open).
     idle_since: Option<Instant>,
+}
+
+/// Why a connection was not admitted for its identity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The identity holds as many connections as it may on this node.
+    TooManyConnections,
+    /// Another instance (process) holds the identity with this many connections open.
+    InUse {
+        /// Its connections open here.
+        connections: u32,
+    },
 }
 
 /// The identities of one node (see the module doc).
@@ -80,23 +104,31 @@ impl Tenants {
         &self.config
     }
 
-    /// A connection of `owner` opened (it renews the lease); `kept` if it said so. False, and
-    /// nothing changed, if the identity holds as many connections as it may.
-    pub fn connected(&self, owner: ClientId, kept: bool) -> bool {
+    /// A connection of `owner` opened by `instance` (it renews the lease); `kept` if it said
+    /// so. Refused, and nothing changed, if the identity holds as many connections as it may,
+    /// or if another instance's connections hold it.
+    pub fn connected(&self, owner: ClientId, kept: bool, instance: u64) -> Result<(), Refusal> {
         let mut map = self.map.lock();
         let t = map.entry(owner).or_insert(Tenant {
             connections: 0,
+            holder: instance,
             kept,
             idle_since: None,
         });
+        if t.connections > 0 && t.holder != instance {
+            return Err(Refusal::InUse {
+                connections: t.connections,
+            });
+        }
         let max = self.config.max_connections;
         if max > 0 && t.connections >= max {
-            return false;
+            return Err(Refusal::TooManyConnections);
         }
         t.connections += 1;
+        t.holder = instance;
         t.kept |= kept;
         t.idle_since = None;
-        true
+        Ok(())
     }
 
     /// A connection of `owner` closed at `now`; the lease runs from the last one.
@@ -154,9 +186,9 @@ mod tests {
         });
         let (a, k) = (ClientId([1; 16]), ClientId([2; 16]));
         let t0 = Instant::now();
-        assert!(tenants.connected(a, false));
-        assert!(tenants.connected(a, false));
-        assert!(tenants.connected(k, true));
+        assert!(tenants.connected(a, false, 1).is_ok());
+        assert!(tenants.connected(a, false, 1).is_ok());
+        assert!(tenants.connected(k, true, 1).is_ok());
         tenants.disconnected(a, t0);
         // One connection of `a` is still open: no lease runs.
         assert!(tenants.expired(t0 + Duration::from_secs(50)).is_empty());
@@ -170,7 +202,7 @@ mod tests {
         // Reported once, then forgotten.
         assert!(tenants.expired(t0 + Duration::from_secs(61)).is_empty());
         // A reconnection renews the kept identity's lease.
-        tenants.connected(k, false);
+        tenants.connected(k, false, 2).unwrap();
         tenants.disconnected(k, t0 + Duration::from_secs(140));
         assert!(tenants.expired(t0 + Duration::from_secs(200)).is_empty());
         assert_eq!(tenants.expired(t0 + Duration::from_secs(240)).len(), 1);
@@ -184,15 +216,60 @@ mod tests {
             ..TenancyConfig::default()
         });
         let (a, b) = (ClientId([1; 16]), ClientId([2; 16]));
-        assert!(tenants.connected(a, false));
-        assert!(tenants.connected(a, false));
-        assert!(!tenants.connected(a, false), "a third connection of a");
-        assert!(tenants.connected(b, false), "b has its own allowance");
+        assert!(tenants.connected(a, false, 1).is_ok());
+        assert!(tenants.connected(a, false, 1).is_ok());
+        assert_eq!(
+            tenants.connected(a, false, 1),
+            Err(Refusal::TooManyConnections),
+            "a third connection of a"
+        );
+        assert!(
+            tenants.connected(b, false, 1).is_ok(),
+            "b has its own allowance"
+        );
         tenants.disconnected(a, Instant::now());
         assert!(
-            tenants.connected(a, false),
+            tenants.connected(a, false, 1).is_ok(),
             "a connection freed is one more"
         );
         assert_eq!(tenants.counts(), (2, 2));
+    }
+
+    #[test]
+    fn an_identity_is_held_by_one_instance_until_its_last_connection_closes() {
+        let tenants = Tenants::new(TenancyConfig::default());
+        let (a, b) = (ClientId([1; 16]), ClientId([2; 16]));
+        let t0 = Instant::now();
+        assert!(tenants.connected(a, true, 7).is_ok());
+        assert!(
+            tenants.connected(a, true, 7).is_ok(),
+            "the holder's reconnection"
+        );
+        assert_eq!(
+            tenants.connected(a, true, 8),
+            Err(Refusal::InUse { connections: 2 }),
+            "a second process with the same identity"
+        );
+        assert!(
+            tenants.connected(b, true, 8).is_ok(),
+            "another identity is another matter"
+        );
+        // A refusal changed nothing: one close leaves one connection of the holder.
+        tenants.disconnected(a, t0);
+        assert_eq!(
+            tenants.connected(a, false, 8),
+            Err(Refusal::InUse { connections: 1 })
+        );
+        tenants.disconnected(a, t0);
+        // The holder is gone: the next process takes the identity, slabs and lease alike.
+        assert!(tenants.connected(a, true, 8).is_ok());
+        assert_eq!(
+            tenants.connected(a, true, 7),
+            Err(Refusal::InUse { connections: 1 }),
+            "the old holder, back too late"
+        );
+        assert!(tenants
+            .expired(t0 + Duration::from_secs(30 * 24 * 3600))
+            .is_empty());
     }
 }

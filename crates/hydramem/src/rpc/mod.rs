@@ -122,6 +122,38 @@ impl RpcError {
             _ => None,
         }
     }
+
+    /// Whether the node refused the identity because another process holds it there.
+    pub fn in_use(&self) -> bool {
+        self.refused() == Some(Status::IdentityInUse)
+    }
+}
+
+/// How long a process that starts to use an identity keeps asking a node that says another
+/// process holds it: a predecessor that just exited (a restart, or `hydramem run`'s program
+/// whose memory it then releases) may still have connections closing there.
+pub const IN_USE_GRACE: Duration = Duration::from_secs(3);
+
+/// `attempt`, made again until `until` (pauses from 10 ms, doubling to 250 ms) while it fails
+/// in a way `in_use` says is the identity held by another process; then its last outcome.
+/// One deadline for all the nodes of one start ([`IN_USE_GRACE`] from it), so that a process
+/// that really holds the identity costs the start that grace once, not once per node.
+pub fn patiently<T, E>(
+    until: std::time::Instant,
+    in_use: impl Fn(&E) -> bool,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> Result<T, E> {
+    let mut pause = Duration::from_millis(10);
+    loop {
+        match attempt() {
+            Err(e) if in_use(&e) && std::time::Instant::now() + pause < until => {
+                tracing::debug!("identity still held by another process at a node; asking again");
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(250));
+            }
+            other => return other,
+        }
+    }
 }
 
 /// A node's address for an error message.
@@ -294,6 +326,19 @@ pub struct Greeting {
     pub node_id: Option<u32>,
     /// TLS for the connection, if the cluster uses it (see [`crate::tls`]).
     pub tls: Option<Tls>,
+    /// The process speaking for the identity ([`process_instance`] unless a test plays
+    /// another process): a node refuses the identity to a second instance while the first
+    /// one's connections are open.
+    pub instance: u64,
+}
+
+/// This process's instance: drawn at random the first time it is asked for, then the same
+/// for the process's life (and for a child it forks, which shares its memory's identity).
+/// Every connection this process opens for an identity says it in HELLO, so that a node can
+/// tell a second process using the same identity from a reconnection of the first.
+pub fn process_instance() -> u64 {
+    static INSTANCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *INSTANCE.get_or_init(|| rand::random::<u64>().max(1))
 }
 
 impl Greeting {
@@ -305,7 +350,14 @@ impl Greeting {
             key: key.cloned(),
             node_id: None,
             tls: None,
+            instance: process_instance(),
         }
+    }
+
+    /// The same, as instance `instance` (a test playing a second process).
+    pub fn with_instance(mut self, instance: u64) -> Greeting {
+        self.instance = instance;
+        self
     }
 
     /// The same over TLS with `tls`, if given.
@@ -334,6 +386,7 @@ impl Greeting {
             client: self.owner,
             flags: self.flags,
             nonce: auth::nonce(),
+            instance: self.instance,
         }
     }
 
@@ -377,7 +430,10 @@ pub fn greet(
         wire::put_auth(&mut body, &proof);
         match exchange(stream, peer, Op::Auth, &body) {
             Ok(_) => {}
-            Err(RpcError::Refused { .. }) => {
+            Err(RpcError::Refused {
+                status: Status::Unauthenticated,
+                ..
+            }) => {
                 return Err(refuse(
                     "it refused this end's proof of the cluster key: the two hold different \
                      keys"

@@ -79,6 +79,10 @@ pub struct Hello {
     pub flags: u32,
     /// The client's fresh nonce for the node's proof.
     pub nonce: [u8; NONCE_LEN],
+    /// The process that speaks for the identity (random, fixed for a process's life): while
+    /// connections of one process hold an identity on a node, HELLOs of the identity from
+    /// another are refused ([`Status::IdentityInUse`](super::Status::IdentityInUse)).
+    pub instance: u64,
 }
 
 impl Hello {
@@ -87,6 +91,7 @@ impl Hello {
         out.extend_from_slice(&self.client.0);
         out.extend_from_slice(&self.flags.to_le_bytes());
         out.extend_from_slice(&self.nonce);
+        out.extend_from_slice(&self.instance.to_le_bytes());
     }
     /// Parses the body.
     pub fn parse(body: &[u8]) -> Result<Hello, WireError> {
@@ -94,6 +99,7 @@ impl Hello {
         let client = ClientId(r.bytes(16)?.try_into().expect("16"));
         let flags = r.u32()?;
         let nonce = r.bytes(NONCE_LEN)?.try_into().expect("NONCE_LEN");
+        let instance = r.u64()?;
         r.end()?;
         if flags & !HELLO_FLAGS != 0 {
             return Err(WireError::Invalid("HELLO with unknown flags"));
@@ -102,6 +108,7 @@ impl Hello {
             client,
             flags,
             nonce,
+            instance,
         })
     }
 }
@@ -593,16 +600,23 @@ mod tests {
             client: ClientId([1; 16]),
             flags: HELLO_KEPT | HELLO_OPERATOR,
             nonce: [2; NONCE_LEN],
+            instance: 0x0908,
         };
         let mut out = Vec::new();
         h.put(&mut out);
-        assert_eq!(out.len(), 16 + 4 + 16);
-        assert_eq!((out[0], out[16], out[20], out[35]), (1, 6, 2, 2));
+        assert_eq!(out.len(), 16 + 4 + 16 + 8);
+        assert_eq!(
+            (out[0], out[16], out[20], out[35], out[36], out[37]),
+            (1, 6, 2, 2, 8, 9)
+        );
         assert_eq!(Hello::parse(&out).unwrap(), h);
         // Unknown flags and short or long bodies are refused.
+        let mut long = out.clone();
+        long.push(0);
+        assert!(Hello::parse(&long).is_err());
         out[16] = 8;
         assert!(Hello::parse(&out).is_err());
-        assert!(Hello::parse(&out[..35]).is_err());
+        assert!(Hello::parse(&out[..43]).is_err());
         let r = HelloReply {
             node_id: 3,
             slab_size: 4096,

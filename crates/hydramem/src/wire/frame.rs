@@ -15,7 +15,7 @@ use super::MAX_ENTRIES;
 /// The four magic bytes that open every frame.
 pub const MAGIC: [u8; 4] = *b"HYDM";
 /// The protocol version this build speaks.
-pub const VERSION: u8 = 7;
+pub const VERSION: u8 = 8;
 /// Length of the fixed frame header.
 pub const HEADER_LEN: usize = 20;
 /// Largest body a peer may send: large enough for a vectored write of 512 pages, small enough
@@ -159,11 +159,14 @@ pub enum Status {
     Unauthenticated = 9,
     /// The caller's identity already holds as many slabs on this node as its quota allows.
     OverQuota = 10,
+    /// HELLO named an identity that another process holds on this node (its connections are
+    /// open); the node closes the connection.
+    IdentityInUse = 11,
 }
 
 impl Status {
     /// Every status, for exhaustive tests.
-    pub const ALL: [Status; 11] = [
+    pub const ALL: [Status; 12] = [
         Status::Ok,
         Status::BadRequest,
         Status::NoSuchSlab,
@@ -175,6 +178,7 @@ impl Status {
         Status::Stale,
         Status::Unauthenticated,
         Status::OverQuota,
+        Status::IdentityInUse,
     ];
 
     fn from_u16(v: u16) -> Option<Status> {
@@ -208,6 +212,11 @@ impl fmt::Display for Status {
             Status::OverQuota => {
                 "this identity holds as many slabs (or connections) on the node as its quota \
                  allows"
+            }
+            Status::IdentityInUse => {
+                "this identity is in use by another process, whose connections to the node are \
+                 open: stop that process first (a node lets go of a vanished machine's \
+                 connections within 30 s), or use another --client-id"
             }
         };
         f.write_str(s)
@@ -400,7 +409,7 @@ mod tests {
         };
         let b = h.encode();
         assert_eq!(&b[0..4], b"HYDM");
-        assert_eq!(b[4], 7);
+        assert_eq!(b[4], 8);
         assert_eq!(b[5], 0x91);
         assert_eq!(&b[6..8], &[2, 0]);
         assert_eq!(&b[8..16], &[8, 7, 6, 5, 4, 3, 2, 1]);

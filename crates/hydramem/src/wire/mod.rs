@@ -14,7 +14,7 @@
 //! | offset | size | field      | meaning                                                   |
 //! |--------|------|------------|-----------------------------------------------------------|
 //! | 0      | 4    | magic      | `48 59 44 4D` ("HYDM")                                    |
-//! | 4      | 1    | version    | protocol version, currently 7; a mismatch closes the link |
+//! | 4      | 1    | version    | protocol version, currently 8; a mismatch closes the link |
 //! | 5      | 1    | op         | operation (table below); bit 7 set on replies             |
 //! | 6      | 2    | status     | 0 in requests; frame-level [`Status`] in replies          |
 //! | 8      | 8    | request id | chosen by the client, echoed in the reply                 |
@@ -24,7 +24,7 @@
 //!
 //! | op   | name    | request body                                   | reply body (status OK)                         |
 //! |------|---------|------------------------------------------------|------------------------------------------------|
-//! | 0x01 | HELLO   | owner (16), flags u32, nonce (16)              | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64, auth u32, nonce (16), proof (32) |
+//! | 0x01 | HELLO   | owner (16), flags u32, nonce (16), instance u64 | node id u32, slab_size u64, capacity u64, max_body u32, incarnation u64, auth u32, nonce (16), proof (32) |
 //! | 0x02 | PING    | empty                                          | empty, or a notice (8 bytes, see [`Notice`])   |
 //! | 0x03 | ALLOC   | tag u64, split_len u32 (1..=64 KiB)            | slab u32                                       |
 //! | 0x04 | FREE    | slab u32                                       | empty                                          |
@@ -79,6 +79,10 @@
 //! identity that allocated them; the node answers [`Status::NoSuchSlab`] for a slab that does
 //! not exist and for one that belongs to someone else alike, so ownership cannot be probed.
 //! An identity may hold at most the node's quota of slabs ([`Status::OverQuota`]).
+//! HELLO also names the *instance*, a random number a process draws once: while connections
+//! of one instance hold an identity on a node, a HELLO of that identity from another instance
+//! is answered [`Status::IdentityInUse`] and its connection closed, so that two processes
+//! never write into one identity's slabs (docs/architecture.md, "Who holds an identity").
 
 //! A frame whose magic, version, op or length is wrong, or whose body does not parse, is a
 //! protocol violation: the node logs the reason and closes that one connection.

@@ -174,16 +174,24 @@ impl Raw {
         (h, body)
     }
 
+    /// HELLO as `client`, as this process (which the test's clients are too: a raw peer
+    /// with a client's identity is that client's own process to the nodes).
     pub fn hello(&mut self, client: ClientId) {
+        let st = self.hello_as(client, hydramem::rpc::process_instance());
+        assert_eq!(st, Status::Ok);
+    }
+
+    /// HELLO as `client` and `instance`; the status the node answered.
+    pub fn hello_as(&mut self, client: ClientId, instance: u64) -> Status {
         let mut b = Vec::new();
         Hello {
             client,
             flags: 0,
             nonce: [0; hydramem::auth::NONCE_LEN],
+            instance,
         }
         .put(&mut b);
-        let (h, _) = self.call(Op::Hello, &b);
-        assert_eq!(h.status, Status::Ok);
+        self.call(Op::Hello, &b).0.status
     }
 
     /// Allocates a slab for splits of `split_len` bytes.

@@ -223,7 +223,7 @@ pub struct TcpTransport {
     monitor: Option<JoinHandle<()>>,
 }
 
-pub use super::transport::HelloOutcome;
+pub use super::transport::{HelloFailure, HelloOutcome};
 
 impl TcpTransport {
     /// Connects to every node (its id in the cluster file and its address) and says HELLO.
@@ -244,8 +244,9 @@ impl TcpTransport {
         let conns: Box<[OnceLock<Conn>]> = (0..capacity).map(|_| OnceLock::new()).collect();
         let mut outcomes = Vec::with_capacity(nodes.len());
         let rx: Box<[Mutex<Option<Rx>>]> = (0..capacity).map(|_| Mutex::new(None)).collect();
+        let grace = Instant::now() + crate::rpc::IN_USE_GRACE;
         for (i, &(id, addr)) in nodes.iter().enumerate() {
-            match handshake(addr, id, &greeting, options) {
+            match handshake_at_start(addr, id, &greeting, options, grace) {
                 Ok((wire, reply)) => {
                     let wire = Arc::new(wire);
                     let mut m = mio::net::TcpStream::from_std(wire.sock.try_clone()?);
@@ -256,9 +257,17 @@ impl TcpTransport {
                     outcomes.push(Ok(reply));
                 }
                 Err(e) => {
-                    tracing::warn!(node = i, %addr, error = %e, "memory node unreachable");
+                    if in_use(&e) {
+                        // The caller stops with an error that says so.
+                        tracing::debug!(node = i, %addr, error = %e, "identity held by another process");
+                    } else {
+                        tracing::warn!(node = i, %addr, error = %e, "memory node unreachable");
+                    }
                     let _ = conns[i].set(Conn::new(id, addr, None));
-                    outcomes.push(Err(e.to_string()));
+                    outcomes.push(Err(HelloFailure {
+                        reason: e.to_string(),
+                        in_use: in_use(&e),
+                    }));
                 }
             }
         }
@@ -325,6 +334,25 @@ impl Drop for TcpTransport {
     }
 }
 
+/// [`handshake`], asked again until `until` while the node says the identity is in use (a
+/// restart right after its predecessor exited), then given up with that refusal.
+fn handshake_at_start(
+    addr: SocketAddr,
+    id: u32,
+    greeting: &Greeting,
+    o: TcpOptions,
+    until: Instant,
+) -> io::Result<(Wire, HelloReply)> {
+    crate::rpc::patiently(until, in_use, || handshake(addr, id, greeting, o))
+}
+
+/// Whether a handshake failed because the node said another process holds the identity.
+fn in_use(e: &io::Error) -> bool {
+    e.get_ref()
+        .and_then(|e| e.downcast_ref::<crate::rpc::RpcError>())
+        .is_some_and(crate::rpc::RpcError::in_use)
+}
+
 /// Connects and greets the node on a blocking socket (TLS first if the greeting has it, then
 /// [`crate::rpc::greet`]: HELLO, and with a cluster key both proofs), then switches to
 /// non-blocking. The node must answer as node `id` (the cluster file's id for that address),
@@ -353,6 +381,9 @@ fn handshake(
     };
     Ok((wire, reply))
 }
+
+/// Reconnections refused because another process holds the identity (logged sampled).
+static IN_USE_REFUSED: crate::sampled::Sampled = crate::sampled::Sampled::new(100);
 
 /// A connection's socket and, with TLS, its session, which senders and the receiver take in
 /// turn (see the module doc).
@@ -702,6 +733,16 @@ impl Shared {
         let Some(c) = self.slot(node) else { return };
         let (wire, reply) = match handshake(c.addr, c.id, &self.greeting, self.options) {
             Ok(x) => x,
+            Err(e) if in_use(&e) => {
+                // While this client was cut off from the node, another process took its
+                // identity there: the node stays down for this one (it reads and repairs
+                // around it), and the operator must hear of it.
+                metrics::counter!("hydramem_client_identity_in_use_total").increment(1);
+                if let Some(times) = IN_USE_REFUSED.hit() {
+                    tracing::error!(node, addr = %c.addr, times, "the node says another process holds this client's identity: two processes are using one --client-id; stop one of them");
+                }
+                return;
+            }
             Err(e) => {
                 tracing::debug!(node, error = %e, "memory node still down");
                 return;
@@ -876,4 +917,83 @@ fn write_some(c: &Conn, buf: &[u8]) -> io::Result<(usize, bool)> {
         .load_full()
         .ok_or_else(|| io::Error::other("not connected"))?
         .send(buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{ClientId, HEADER_LEN};
+    use std::net::TcpListener;
+
+    /// A node that answers the first `refusals` HELLOs IDENTITY_IN_USE (and closes), and the
+    /// next one as node 1; returns how many HELLOs it saw.
+    fn node_held_for(refusals: usize) -> (SocketAddr, JoinHandle<usize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let thread = std::thread::spawn(move || {
+            for seen in 1.. {
+                let (mut s, _) = listener.accept().unwrap();
+                let mut head = [0u8; HEADER_LEN];
+                s.read_exact(&mut head).unwrap();
+                let h = Header::parse(&head).unwrap();
+                let mut body = vec![0u8; h.body_len as usize];
+                s.read_exact(&mut body).unwrap();
+                let hello = wire::Hello::parse(&body).unwrap();
+                assert_eq!(
+                    hello.instance, 42,
+                    "every attempt says the process's instance"
+                );
+                let mut out = Vec::new();
+                if seen <= refusals {
+                    FrameBuilder::begin(&mut out, Op::Hello, true, Status::IdentityInUse, h.id)
+                        .finish(&mut out)
+                        .unwrap();
+                    s.write_all(&out).unwrap();
+                    continue;
+                }
+                let fb = FrameBuilder::begin(&mut out, Op::Hello, true, Status::Ok, h.id);
+                HelloReply {
+                    node_id: 1,
+                    slab_size: 1 << 20,
+                    capacity: 1 << 30,
+                    max_body: wire::MAX_BODY as u32,
+                    incarnation: 1,
+                    auth: crate::auth::AUTH_NONE,
+                    nonce: [0; crate::auth::NONCE_LEN],
+                    proof: [0; crate::auth::PROOF_LEN],
+                }
+                .put(&mut out);
+                fb.finish(&mut out).unwrap();
+                s.write_all(&out).unwrap();
+                return seen;
+            }
+            unreachable!()
+        });
+        (addr, thread)
+    }
+
+    fn greeting() -> Greeting {
+        Greeting::client(&ClientId([5; 16]), wire::HELLO_KEPT, None).with_instance(42)
+    }
+
+    #[test]
+    fn a_start_waits_out_a_predecessor_that_still_holds_the_identity() {
+        let (addr, node) = node_held_for(2);
+        let until = Instant::now() + crate::rpc::IN_USE_GRACE;
+        let (_, reply) = handshake_at_start(addr, 1, &greeting(), TcpOptions::default(), until)
+            .expect("admitted once the predecessor's connections closed");
+        assert_eq!(reply.node_id, 1);
+        assert_eq!(node.join().unwrap(), 3, "two refusals, then admitted");
+    }
+
+    #[test]
+    fn a_start_gives_up_with_the_refusal_when_the_holder_stays() {
+        let (addr, _node) = node_held_for(usize::MAX);
+        let until = Instant::now() + crate::rpc::IN_USE_GRACE;
+        let e = handshake_at_start(addr, 1, &greeting(), TcpOptions::default(), until)
+            .err()
+            .expect("refused");
+        assert!(in_use(&e), "{e}");
+        assert!(e.to_string().contains("in use by another process"), "{e}");
+    }
 }

@@ -85,19 +85,23 @@ impl RegenError {
 /// A REGEN checked against the target slab and the membership.
 struct Checked<'a> {
     req: &'a Regen,
+    /// The requester's instance: the node greets the sources as it (see [`serve`]).
+    instance: u64,
     slab: Arc<Slab>,
     /// The address of every source, in the request's order.
     addrs: Vec<SocketAddr>,
 }
 
-/// Serves a REGEN from `client`: checks it, rebuilds the slab, and returns the pages rebuilt
-/// or the status to refuse it with (the reason is logged).
-pub fn serve(node: &Node, client: &ClientId, req: &Regen) -> Result<u64, Status> {
+/// Serves a REGEN from `client`'s `instance`: checks it, rebuilds the slab, and returns the
+/// pages rebuilt or the status to refuse it with (the reason is logged). The node reads the
+/// sources as that identity and instance, so that they take its connections for the
+/// requester's own, not for another process's.
+pub fn serve(node: &Node, client: &ClientId, instance: u64, req: &Regen) -> Result<u64, Status> {
     if req.client != *client {
         tracing::warn!("REGEN for another identity refused");
         return Err(Status::NoSuchSlab);
     }
-    let checked = check(node, req).map_err(|e| {
+    let checked = check(node, req, instance).map_err(|e| {
         tracing::warn!(error = %e, slab = req.slab, "REGEN refused");
         e.status()
     })?;
@@ -121,7 +125,7 @@ pub fn serve(node: &Node, client: &ClientId, req: &Regen) -> Result<u64, Status>
 }
 
 /// Checks a request before anything is allocated or connected (see the module doc).
-fn check<'a>(node: &Node, req: &'a Regen) -> Result<Checked<'a>, RegenError> {
+fn check<'a>(node: &Node, req: &'a Regen, instance: u64) -> Result<Checked<'a>, RegenError> {
     let bad = |m: String| RegenError::Invalid(m);
     req.check_shape().map_err(|e| bad(e.to_string()))?;
     if req.sources.is_empty() {
@@ -186,7 +190,12 @@ fn check<'a>(node: &Node, req: &'a Regen) -> Result<Checked<'a>, RegenError> {
                 })
         })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Checked { req, slab, addrs })
+    Ok(Checked {
+        req,
+        instance,
+        slab,
+        addrs,
+    })
 }
 
 /// Rebuilds the target slab; returns the number of pages rebuilt. Counted in the node's
@@ -257,7 +266,7 @@ fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     // group instead of always loading its first k.
     decoding.shuffle(&mut rand::rng());
     let codec = Codec::new(k, req.r as usize).map_err(|e| RegenError::Invalid(e.to_string()))?;
-    let mut p = Pipeline::start(req, node.config(), decoding, k)?;
+    let mut p = Pipeline::start(req, checked.instance, node.config(), decoding, k)?;
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
     while let Some(c) = p.next_chunk()? {
@@ -277,7 +286,7 @@ fn copy_from(
     addr: SocketAddr,
 ) -> Result<u64, RegenError> {
     let req = checked.req;
-    let mut p = Pipeline::start(req, node.config(), vec![(c, addr)], 1)?;
+    let mut p = Pipeline::start(req, checked.instance, node.config(), vec![(c, addr)], 1)?;
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
     while let Some(c) = p.next_chunk()? {

@@ -42,6 +42,8 @@ pub fn chunk_slots(split_len: u32) -> u64 {
 /// The sources of one regeneration (see the module doc).
 pub struct Pipeline<'a> {
     req: &'a Regen,
+    /// The requester's instance, said to the sources.
+    instance: u64,
     /// The node's configuration: its cluster key, which it proves to its sources, and its
     /// TLS, which it connects to them with.
     config: &'a crate::node::NodeConfig,
@@ -62,6 +64,7 @@ impl<'a> Pipeline<'a> {
     /// Connects `want` sources among `named`, in order, and asks each the first chunks.
     pub fn start(
         req: &'a Regen,
+        instance: u64,
         config: &'a crate::node::NodeConfig,
         named: Vec<(&'a RegenSource, SocketAddr)>,
         want: usize,
@@ -70,6 +73,7 @@ impl<'a> Pipeline<'a> {
         spare.reverse();
         let mut p = Pipeline {
             req,
+            instance,
             config,
             active: Vec::with_capacity(want),
             spare,
@@ -173,7 +177,7 @@ impl<'a> Pipeline<'a> {
         }
         let mut last = String::from("none named");
         while let Some((s, addr)) = self.spare.pop() {
-            match Source::connect(s, addr, self.req, self.config) {
+            match Source::connect(s, addr, self.req, self.instance, self.config) {
                 Ok(src) => return Ok(src),
                 Err(e) => {
                     tracing::warn!(error = %e, "regeneration source unreachable; using the others");
@@ -189,7 +193,7 @@ impl<'a> Pipeline<'a> {
     /// dropped; afterwards every extra source's [`Source::fetched`] is that chunk.
     pub fn fetch_extra(&mut self, first: u64, n: u64) {
         while let Some((s, addr)) = self.spare.pop() {
-            match Source::connect(s, addr, self.req, self.config) {
+            match Source::connect(s, addr, self.req, self.instance, self.config) {
                 Ok(src) => self.extra.push(src),
                 Err(e) => tracing::warn!(error = %e, "regeneration source unreachable"),
             }

@@ -44,13 +44,14 @@ pub(super) struct Source {
 }
 
 impl Source {
-    /// Connects and says HELLO as the request's client. A source that does not greet within a
+    /// Connects and says HELLO as the request's client and its `instance`. A source that does not greet within a
     /// second is given up (a stalled node must not hold a regeneration up when other splits
     /// can serve); data replies may take up to ten.
     pub fn connect(
         s: &RegenSource,
         addr: SocketAddr,
         req: &Regen,
+        instance: u64,
         config: &crate::node::NodeConfig,
     ) -> Result<Source, String> {
         let greet = Duration::from_secs(1);
@@ -62,6 +63,7 @@ impl Source {
             key: config.key.clone(),
             node_id: Some(s.node),
             tls: config.tls.clone(),
+            instance,
         };
         let stream = crate::rpc::Connection::open(addr, Some(&hello), greet, greet)
             .map_err(|e| format!("node {}: {e}", s.node))?
