@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use hydramem::bench::fill_page;
-use hydramem::client::{ClientConfig, RemoteMemory};
+use hydramem::client::{layout, ClientConfig, RemoteMemory};
 use hydramem::wire::{Op, Status};
 use hydramem::PAGE_SIZE;
 use hydramem_isal::Codec;
@@ -305,6 +305,51 @@ fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
     // reads back exactly (without the repair, 7 splits of 10 would be left, under k = 8).
     c.kill(g2.nodes[0] as usize).unwrap();
     c.kill(g2.nodes[1] as usize).unwrap();
+    check(&mem, &last);
+}
+
+#[test]
+fn a_slab_of_ours_that_nothing_uses_is_freed_and_the_others_are_kept() {
+    let c = common::cluster(12, SLAB, 64);
+    let pages = 256;
+    let mut config = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
+    config.audit_interval = Duration::from_millis(200);
+    let mem = RemoteMemory::connect(c.cluster(), config).unwrap();
+    let mut last = HashMap::new();
+    write_round(&mem, pages, 1, &mut last);
+    let g = mem.group_of(0).unwrap();
+    // What an ALLOC whose reply was lost leaves on a node: a slab of the client's layout for
+    // a split it placed elsewhere. Beside it a slab whose tag is not this layout's (another
+    // version's, say), which is not the client's to judge.
+    let node = g.nodes[3];
+    let mut raw = common::Raw::connect(c.cluster().nodes[node as usize].addr);
+    raw.hello(mem.owner());
+    let split_len = (PAGE_SIZE / 8) as u32;
+    let leaked = raw.alloc_tagged(layout::tag(mem.layout().code(), 0, 3), split_len);
+    let foreign = raw.alloc_tagged(7, split_len);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while raw.list().iter().any(|l| l.slab == leaked) {
+        assert!(Instant::now() < deadline, "the unused slab was never freed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed: Vec<u32> = raw.list().iter().map(|l| l.slab).collect();
+    assert!(
+        listed.contains(&foreign),
+        "a slab of another layout was freed"
+    );
+    // Every slab the range uses (the pages fill one) is still held, and reads come back
+    // exact, with nothing regenerated.
+    let now = mem.group_of(0).unwrap();
+    assert_eq!((now.nodes, now.slabs), (g.nodes, g.slabs));
+    for j in 0..10 {
+        let mut r = common::Raw::connect(c.cluster().nodes[g.nodes[j] as usize].addr);
+        r.hello(mem.owner());
+        assert!(
+            r.list().iter().any(|l| l.slab == g.slabs[j]),
+            "split {j} lost its slab"
+        );
+    }
+    assert_eq!(mem.regenerations().0, 0, "nothing in use was touched");
     check(&mem, &last);
 }
 

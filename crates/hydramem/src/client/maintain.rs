@@ -9,7 +9,7 @@ use super::error::protocol;
 use super::repair::{MoveReason, REPAIR_RETRY};
 use super::slots::{self};
 use super::transport::TransportError;
-use super::{Group, RemoteMemory};
+use super::{layout, Group, RemoteMemory};
 use crate::wire::{self, Op};
 
 /// How often the maintenance thread repairs ranges and releases stale slabs.
@@ -172,9 +172,15 @@ impl RemoteMemory {
 
     /// The slabs `node` holds for us (LIST); `None` if it cannot say now (logged).
     fn listed_slabs(&self, node: u16) -> Option<std::collections::HashSet<u32>> {
+        Some(self.listed(node)?.into_iter().map(|l| l.slab).collect())
+    }
+
+    /// The slabs of ours `node` holds, with their tags (LIST); `None`, logged, if it cannot
+    /// be asked now or answers nonsense.
+    fn listed(&self, node: u16) -> Option<Vec<wire::Listed>> {
         match self.transport.call(node, Op::List, &[]) {
             Ok(b) => match wire::parse_list(&b) {
-                Ok(l) => Some(l.into_iter().map(|l| l.slab).collect()),
+                Ok(l) => Some(l),
                 Err(e) => {
                     tracing::warn!(error = %protocol(&*self.transport, node, e), "bad LIST reply");
                     None
@@ -217,14 +223,15 @@ impl RemoteMemory {
         self.audit_running.store(false, Ordering::Release);
     }
 
-    /// The audit of one node: if it is up and holds splits of ours, asks it which of our
-    /// slabs it still holds (LIST) and repairs the splits whose slab it no longer has — a
-    /// reclaimed slab dropped at its deadline, a slab freed by a peer holding our identity, a
-    /// node that restarted between two heartbeats. Nothing else notices while a range is
-    /// only read: a read reads around a split whose node answers that the slab is gone, and
-    /// a write notices only when it fails. So without this a range that is only read could
-    /// stay one failure closer to loss for as long as it is read. Runs on a thread of its own
-    /// (a node slow to answer LIST delays no repair); costs one LIST per node per interval.
+    /// The audit of one node, if it is up: asks it which of our slabs it holds (LIST), repairs
+    /// the splits whose slab it no longer has — a reclaimed slab dropped at its deadline, a
+    /// slab freed by a peer holding our identity, a node that restarted between two
+    /// heartbeats — and frees the slabs it holds that nothing of ours uses ([`Self::sweep`]).
+    /// Nothing else notices either while a range is only read: a read reads around a split
+    /// whose node answers that the slab is gone, and a write notices only when it fails. So
+    /// without this a range that is only read could stay one failure closer to loss for as
+    /// long as it is read. Runs on a thread of its own (a node slow to answer LIST delays no
+    /// repair); costs one LIST per node per interval.
     pub(super) fn audit_node(&self, node: u16) {
         if !self.transport.is_up(node) {
             return;
@@ -232,12 +239,10 @@ impl RemoteMemory {
         // Ours before the node's answer: a slab allocated meanwhile is in the answer but not
         // here; one freed meanwhile (a move) is no longer its split's, checked below.
         let ours = self.splits_on(node);
-        if ours.is_empty() {
-            return;
-        }
-        let Some(held) = self.listed_slabs(node) else {
+        let Some(listed) = self.listed(node) else {
             return;
         };
+        let held: std::collections::HashSet<u32> = listed.iter().map(|l| l.slab).collect();
         for (range, j, slab) in ours.into_iter().filter(|s| !held.contains(&s.2)) {
             // A split a write moved meanwhile left its old slab freed on purpose: only a
             // split still on the slab is a gone one (`remap` checks again, under its lock).
@@ -259,6 +264,75 @@ impl RemoteMemory {
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(node, slab, range, split = j, error = %e, "a memory node no longer holds a slab of ours and it cannot be repaired yet; the next audit retries");
+                }
+            }
+        }
+        self.sweep(node, &listed);
+    }
+
+    /// Frees the slabs of `listed` (what `node` said it holds of ours) that carry this
+    /// client's layout in their tag and that no range, move under way, superseded claim or
+    /// pending free names: an ALLOC whose reply was lost (the node allocated, the client timed
+    /// out and placed the split elsewhere), or the leftovers of a process of this identity
+    /// that ended in the middle of a mapping. Each held a slab of the node's memory until the
+    /// identity was freed.
+    ///
+    /// Safe because the nodes let one process at a time hold an identity
+    /// ([`crate::node::tenants`]), so a slab of ours is this process's to place, and because
+    /// every ALLOC is made, and its slab put into its range, under the placement lock, which
+    /// this takes after the LIST: a slab the LIST named that nothing names under the lock was
+    /// not allocated by a mapping or a repair still under way. A slab whose tag is not this
+    /// layout's is never touched (a connect with another layout's slabs is refused, and tags
+    /// this version cannot read are someone else's business).
+    fn sweep(&self, node: u16, listed: &[wire::Listed]) {
+        let code = self.layout.code();
+        let ours: Vec<u32> = listed
+            .iter()
+            .filter(|l| layout::untag(l.tag).is_some_and(|(c, _, _)| c == code))
+            .map(|l| l.slab)
+            .collect();
+        if ours.is_empty() {
+            return;
+        }
+        let unused: Vec<u32> = {
+            let _placing = self.placement.lock();
+            let mut used: std::collections::HashSet<u32> =
+                self.splits_on(node).into_iter().map(|s| s.2).collect();
+            used.extend(
+                self.moving
+                    .lock()
+                    .iter()
+                    .filter(|m| m.0 == node)
+                    .map(|m| m.1),
+            );
+            used.extend(
+                self.superseded
+                    .lock()
+                    .iter()
+                    .filter(|s| s.2 == node)
+                    .map(|s| s.3),
+            );
+            used.extend(
+                self.orphans
+                    .lock()
+                    .iter()
+                    .filter(|o| o.0 == node)
+                    .map(|o| o.1),
+            );
+            ours.into_iter().filter(|s| !used.contains(s)).collect()
+        };
+        for slab in unused {
+            match self.transport.free(node, slab) {
+                Ok(_) => {
+                    metrics::counter!("hydramem_client_slabs_swept_total").increment(1);
+                    tracing::warn!(
+                        node,
+                        slab,
+                        "freed a slab of ours that nothing used (an allocation whose reply was lost, or left by an earlier process of this identity)"
+                    );
+                }
+                Err(e) => {
+                    tracing::debug!(node, slab, error = %e, "cannot free an unused slab now; the next audit retries")
                 }
             }
         }

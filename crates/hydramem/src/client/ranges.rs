@@ -213,7 +213,11 @@ impl RemoteMemory {
                     // Give back what this attempt took, avoid the refusing node, try again.
                     for j in 0..l.width {
                         if g.nodes[j] != slots::NO_NODE {
-                            let _ = self.transport.free(g.nodes[j], g.slabs[j]);
+                            match self.transport.free(g.nodes[j], g.slabs[j]) {
+                                Ok(_) | Err(TransportError::Refused { .. }) => {}
+                                // Freed once the node answers (`release_orphans`).
+                                Err(_) => self.orphans.lock().push((g.nodes[j], g.slabs[j])),
+                            }
                             pl.loads[g.nodes[j] as usize] -= 1;
                         }
                     }
