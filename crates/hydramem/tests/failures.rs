@@ -275,15 +275,24 @@ fn a_straggling_node_does_not_hold_writes_and_its_splits_catch_up() {
     check(&mem, &last);
 }
 
-#[test]
-fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
-    let mut c = common::cluster(12, SLAB, 64);
+/// A client of `c` whose audit runs every 200 ms, with 256 pages written (one range); what
+/// it wrote.
+fn audited(
+    c: &hydramem::embedded::EmbeddedCluster,
+) -> (std::sync::Arc<RemoteMemory>, HashMap<u64, u64>) {
     let pages = 256;
     let mut config = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
     config.audit_interval = Duration::from_millis(200);
     let mem = RemoteMemory::connect(c.cluster(), config).unwrap();
     let mut last = HashMap::new();
     write_round(&mem, pages, 1, &mut last);
+    (mem, last)
+}
+
+#[test]
+fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
+    let mut c = common::cluster(12, SLAB, 64);
+    let (mem, last) = audited(&c);
     let g = mem.group_of(0).unwrap();
     // A peer holding the client's identity frees the slab of parity split 9 behind the
     // client's back, as a node drops a reclaimed slab at its deadline; the node stays up.
@@ -311,12 +320,7 @@ fn a_slab_its_node_no_longer_holds_is_regenerated_while_pages_are_only_read() {
 #[test]
 fn a_slab_of_ours_that_nothing_uses_is_freed_and_the_others_are_kept() {
     let c = common::cluster(12, SLAB, 64);
-    let pages = 256;
-    let mut config = ClientConfig::new(HYDRA, pages * PAGE_SIZE as u64);
-    config.audit_interval = Duration::from_millis(200);
-    let mem = RemoteMemory::connect(c.cluster(), config).unwrap();
-    let mut last = HashMap::new();
-    write_round(&mem, pages, 1, &mut last);
+    let (mem, last) = audited(&c);
     let g = mem.group_of(0).unwrap();
     // What an ALLOC whose reply was lost leaves on a node: a slab of the client's layout for
     // a split it placed elsewhere. Beside it a slab whose tag is not this layout's (another
