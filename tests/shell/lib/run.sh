@@ -65,7 +65,7 @@ start_numpy() {
     --local-memory "${local}MiB" "$@" -- /usr/bin/python3 tests/shell/lib/numpy_pages.py "$mib" \
     >"$dir/run.out" 2>&1 &
   run_pid=$!
-  wait_until 120 grep -q '^waiting' "$dir/run.out" || fail "the program did not fill its array"
+  wait_until 120 grep -qs '^waiting' "$dir/run.out" || fail "the program did not fill its array"
   program_pid=$(pgrep -P "$run_pid")
   wait_until 60 resident_under $((local + 8)) || fail "the program's memory did not go out"
 }
