@@ -22,4 +22,21 @@ child=$(sed -n 's/^child //p' "$dir/run.out")
 [ "$(grep -E '^(filled|updated)' "$dir/run.out")" = "$plain" ] ||
   fail "the parent's array differs from the plain run's"
 check_paged "python3/numpy with a fork (rep2)"
+
+# A child that outlives the program (a daemon's fork) does not keep the program's remote
+# memory: it closes the pager's connections it inherited, so the nodes let `hydramem run`
+# release the program's identity as soon as the program ends.
+unset FORK_CHECK
+export FORK_LINGER="$dir/linger"
+rm -f "$dir/go"
+start_numpy rep2 64 48
+touch "$dir/go"
+wait "$run_pid" || fail "the program with a lingering child exited with $?"
+child_pid=$(pgrep -f 'numpy_pages.py 64' || true)
+[ -n "$child_pid" ] || fail "the lingering child is gone before the check"
+if grep -q 'did not release' "$dir/run.out"; then
+  fail "the program's memory was kept while its child lived: $(grep 'did not release' "$dir/run.out" | head -n 1)"
+fi
+check_paged "python3/numpy with a child that outlives it (rep2)"
+touch "$dir/linger"
 echo "PASS run_fork"

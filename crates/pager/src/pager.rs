@@ -560,6 +560,15 @@ impl Pager {
         crate::hooks::set_pager_thread(was);
     }
 
+    /// The file descriptors of the store's connections to the nodes (none before
+    /// `connected`): a forked child closes them (see `start::after_fork_child`).
+    pub fn sockets(&self) -> Vec<std::os::fd::RawFd> {
+        self.store
+            .get()
+            .map(|(_, front)| front.mem().sockets())
+            .unwrap_or_default()
+    }
+
     /// After a fork, in the parent: evictions go on.
     pub fn after_fork(&self) {
         self.shared.lock().paused = false;

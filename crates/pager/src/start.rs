@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -195,9 +195,23 @@ fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd, opened: Opened) {
     evictor.run();
 }
 
+/// Most connections of the pager a forked child closes (one per node).
+const MAX_SOCKETS: usize = 4096;
+/// The pager's connections to the nodes at the last fork, noted by the parent before it
+/// forks for the child to close (plain atomics: the child must not take a lock a thread of
+/// the parent may have held at the fork).
+static SOCKETS: [AtomicI32; MAX_SOCKETS] = [const { AtomicI32::new(-1) }; MAX_SOCKETS];
+/// How many of [`SOCKETS`] are noted.
+static SOCKETS_NOTED: AtomicUsize = AtomicUsize::new(0);
+
 extern "C" fn before_fork() {
     if let Some(p) = running() {
         p.before_fork();
+        let fds = p.sockets();
+        for (slot, fd) in SOCKETS.iter().zip(&fds) {
+            slot.store(*fd, Ordering::Relaxed);
+        }
+        SOCKETS_NOTED.store(fds.len().min(MAX_SOCKETS), Ordering::Release);
     }
 }
 
@@ -209,6 +223,20 @@ extern "C" fn after_fork_parent() {
 
 extern "C" fn after_fork_child() {
     DISABLED.store(true, Ordering::Relaxed);
+    // The child goes on without the pager, but with a copy of every connection of its
+    // client: while one is open, the nodes count the parent's identity as held, and
+    // `hydramem run` could not release the parent's memory once the parent ends while the
+    // child lives on (a daemon's fork).
+    let noted = SOCKETS_NOTED.swap(0, Ordering::Acquire);
+    for slot in &SOCKETS[..noted] {
+        let fd = slot.load(Ordering::Relaxed);
+        // SAFETY: `fd` is a connection the pager's client had open when the parent forked,
+        // inherited by this child. Nothing in the child uses or drops that client: the
+        // pager is disabled here (no thread of it runs in a child, its exit handler returns
+        // at once, and its statics are never dropped), so closing the descriptor under it
+        // cannot close one that something else of the child opened later.
+        unsafe { libc::close(fd) };
+    }
 }
 
 extern "C" fn at_exit() {

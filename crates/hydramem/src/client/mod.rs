@@ -175,6 +175,15 @@ impl RemoteMemory {
         self.owner
     }
 
+    /// The file descriptors of this client's connections to the nodes now. A process that
+    /// forks a child that goes on without the client (`hydramem run`'s pager does) must close
+    /// them in the child: while the child keeps a copy of one open, the nodes count this
+    /// process's identity as held (docs/architecture.md, "Who holds an identity"), and a
+    /// release of its memory after the process ends is refused.
+    pub fn sockets(&self) -> Vec<std::os::fd::RawFd> {
+        self.transport.sockets()
+    }
+
     /// Size of the address space in bytes.
     pub fn size(&self) -> u64 {
         self.config.size

@@ -256,6 +256,12 @@ pub trait Transport: Send + Sync {
     /// The membership says `node` left (its lease expired): verify it now rather than at the
     /// next unanswered heartbeat. It is declared failed only if verification fails.
     fn suspect(&self, _node: u16) {}
+    /// The file descriptors of the connections open now (none for a transport without
+    /// sockets): what a forked child must close, since while a copy of one is open the nodes
+    /// count this process's identity as held.
+    fn sockets(&self) -> Vec<std::os::fd::RawFd> {
+        Vec::new()
+    }
     /// Whether the node is currently connected.
     fn is_up(&self, node: u16) -> bool;
     /// What the node said in its last heartbeat reply: slabs of ours it reclaimed, and whether

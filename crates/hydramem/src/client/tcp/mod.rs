@@ -867,6 +867,20 @@ impl Transport for TcpTransport {
         Ok(node)
     }
 
+    fn sockets(&self) -> Vec<std::os::fd::RawFd> {
+        use std::os::fd::AsRawFd;
+        let sh = &self.shared;
+        // Each connection's socket, and the duplicate the receiver reads on (registered or
+        // waiting to be).
+        let mut fds: Vec<_> = (sh.conns.iter().filter_map(OnceLock::get))
+            .filter_map(|c| c.stream.load_full())
+            .map(|w| w.sock.as_raw_fd())
+            .collect();
+        fds.extend(sh.rx.iter().filter_map(|rx| rx.lock().as_ref().map(Rx::fd)));
+        fds.extend(sh.new_streams.lock().iter().map(|(_, m, _)| m.as_raw_fd()));
+        fds
+    }
+
     fn suspect(&self, node: u16) {
         if let Some(c) = self.shared.slot(node) {
             c.left.store(true, Ordering::Release);

@@ -37,6 +37,12 @@ pub(super) struct Rx {
 }
 
 impl Rx {
+    /// The descriptor the receiver reads on (a duplicate of the connection's own).
+    pub(super) fn fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        self.stream.as_raw_fd()
+    }
+
     pub(super) fn new(stream: mio::net::TcpStream, wire: Arc<Wire>) -> Rx {
         Rx {
             stream,
