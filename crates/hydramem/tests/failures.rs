@@ -323,13 +323,18 @@ fn a_slab_of_ours_that_nothing_uses_is_freed_and_the_others_are_kept() {
     let (mem, last) = audited(&c);
     let g = mem.group_of(0).unwrap();
     // What an ALLOC whose reply was lost leaves on a node: a slab of the client's layout for
-    // a split it placed elsewhere. Beside it a slab whose tag is not this layout's (another
-    // version's, say), which is not the client's to judge.
+    // a split it placed elsewhere, never written. Beside it a slab of the layout that holds a
+    // write (what a node that was down when the client connected brings back: it may be the
+    // only copy of its pages), and one whose tag is not this layout's (another version's,
+    // say), which is not the client's to judge.
     let node = g.nodes[3];
     let mut raw = common::Raw::connect(c.cluster().nodes[node as usize].addr);
     raw.hello(mem.owner());
     let split_len = (PAGE_SIZE / 8) as u32;
     let leaked = raw.alloc_tagged(layout::tag(mem.layout().code(), 0, 3), split_len);
+    let written = raw.alloc_tagged(layout::tag(mem.layout().code(), 0, 4), split_len);
+    let data = vec![9u8; split_len as usize];
+    assert_eq!(raw.write_split(written, 0, &data, 1), Status::Ok);
     let foreign = raw.alloc_tagged(7, split_len);
     let deadline = Instant::now() + Duration::from_secs(20);
     while raw.list().iter().any(|l| l.slab == leaked) {
@@ -340,6 +345,10 @@ fn a_slab_of_ours_that_nothing_uses_is_freed_and_the_others_are_kept() {
     assert!(
         listed.contains(&foreign),
         "a slab of another layout was freed"
+    );
+    assert!(
+        listed.contains(&written),
+        "a slab holding a write was freed"
     );
     // Every slab the range uses (the pages fill one) is still held, and reads come back
     // exact, with nothing regenerated.

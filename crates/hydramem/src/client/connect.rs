@@ -253,6 +253,7 @@ impl RemoteMemory {
             audit_after: Mutex::new(audit_after),
             audit_running: AtomicBool::new(false),
             superseded: Mutex::new(held.superseded),
+            unused_seen: Mutex::new(Vec::new()),
         });
         metrics::gauge!("hydramem_client_nodes").set(mem.transport.nodes() as f64);
         for (range, j) in doubled {

@@ -225,8 +225,9 @@ impl RemoteMemory {
 
     /// The audit of one node, if it is up: asks it which of our slabs it holds (LIST), repairs
     /// the splits whose slab it no longer has — a reclaimed slab dropped at its deadline, a
-    /// slab freed by a peer holding our identity, a node that restarted between two
-    /// heartbeats — and frees the slabs it holds that nothing of ours uses ([`Self::sweep`]).
+    /// slab another process with our identity freed while we were cut off from the node, a
+    /// node that restarted between two heartbeats — and frees the never-written slabs it holds
+    /// that nothing of ours uses ([`Self::sweep`]).
     /// Nothing else notices either while a range is only read: a read reads around a split
     /// whose node answers that the slab is gone, and a write notices only when it fails. So
     /// without this a range that is only read could stay one failure closer to loss for as
@@ -270,69 +271,64 @@ impl RemoteMemory {
         self.sweep(node, &listed);
     }
 
-    /// Frees the slabs of `listed` (what `node` said it holds of ours) that carry this
-    /// client's layout in their tag and that no range, move under way, superseded claim or
-    /// pending free names: an ALLOC whose reply was lost (the node allocated, the client timed
-    /// out and placed the split elsewhere), or the leftovers of a process of this identity
-    /// that ended in the middle of a mapping. Each held a slab of the node's memory until the
-    /// identity was freed.
+    /// Frees the slabs of `listed` (what `node` said it holds of ours) that no write ever
+    /// reached, that carry this client's layout in their tag, and that no range, move under
+    /// way, superseded claim or pending free named at this audit and at the one before: an
+    /// ALLOC whose reply was lost (the node allocated, the client timed out and placed the
+    /// split elsewhere). Each held a slab of the node's memory until the identity was freed.
     ///
-    /// Safe because the nodes let one process at a time hold an identity
-    /// ([`crate::node::tenants`]), so a slab of ours is this process's to place, and because
-    /// every ALLOC is made, and its slab put into its range, under the placement lock, which
-    /// this takes after the LIST: a slab the LIST named that nothing names under the lock was
-    /// not allocated by a mapping or a repair still under way. A slab whose tag is not this
-    /// layout's is never touched (a connect with another layout's slabs is refused, and tags
-    /// this version cannot read are someone else's business).
+    /// Safe because such a slab holds no byte of anyone's: a slab with a write in it is never
+    /// freed here, even if nothing names it (a node that was down when this client connected
+    /// comes back with slabs it never adopted, which may be the only copy of their pages).
+    /// Nothing else of this identity can be placing it: the nodes let one process hold an
+    /// identity at a time ([`crate::node::tenants`]), and every ALLOC is made, and its slab
+    /// put into its range, under the placement lock, which this takes after the LIST, so a
+    /// slab the LIST named that nothing names under the lock was not allocated by a mapping or
+    /// a repair still under way. Two audits must find it unused, so that the last audit of a
+    /// client being dropped cannot take a slab its successor in the same process (the same
+    /// instance to the nodes) has just allocated. A slab whose tag is not this layout's is
+    /// never touched.
     fn sweep(&self, node: u16, listed: &[wire::Listed]) {
         let code = self.layout.code();
-        let ours: Vec<u32> = listed
+        let blank: Vec<u32> = listed
             .iter()
+            .filter(|l| l.newest == 0)
             .filter(|l| layout::untag(l.tag).is_some_and(|(c, _, _)| c == code))
             .map(|l| l.slab)
             .collect();
-        if ours.is_empty() {
-            return;
-        }
-        let unused: Vec<u32> = {
+        let unused: Vec<u32> = if blank.is_empty() {
+            Vec::new()
+        } else {
             let _placing = self.placement.lock();
             let mut used: std::collections::HashSet<u32> =
                 self.splits_on(node).into_iter().map(|s| s.2).collect();
-            used.extend(
-                self.moving
-                    .lock()
-                    .iter()
-                    .filter(|m| m.0 == node)
-                    .map(|m| m.1),
-            );
-            used.extend(
-                self.superseded
-                    .lock()
-                    .iter()
-                    .filter(|s| s.2 == node)
-                    .map(|s| s.3),
-            );
-            used.extend(
-                self.orphans
-                    .lock()
-                    .iter()
-                    .filter(|o| o.0 == node)
-                    .map(|o| o.1),
-            );
-            ours.into_iter().filter(|s| !used.contains(s)).collect()
+            let on_node = |&(n, s): &(u16, u32)| (n == node).then_some(s);
+            used.extend(self.moving.lock().iter().filter_map(on_node));
+            used.extend(self.orphans.lock().iter().filter_map(on_node));
+            let superseded = self.superseded.lock();
+            used.extend(superseded.iter().filter(|s| s.2 == node).map(|s| s.3));
+            blank.into_iter().filter(|s| !used.contains(s)).collect()
         };
-        for slab in unused {
+        let seen_before: Vec<u32> = {
+            let mut seen = self.unused_seen.lock();
+            let before = seen.iter().filter(|m| m.0 == node).map(|m| m.1).collect();
+            seen.retain(|m| m.0 != node);
+            seen.extend(unused.iter().map(|&s| (node, s)));
+            before
+        };
+        for slab in unused.into_iter().filter(|s| seen_before.contains(s)) {
+            self.unused_seen.lock().retain(|m| *m != (node, slab));
             match self.transport.free(node, slab) {
                 Ok(_) => {
                     metrics::counter!("hydramem_client_slabs_swept_total").increment(1);
                     tracing::warn!(
                         node,
                         slab,
-                        "freed a slab of ours that nothing used (an allocation whose reply was lost, or left by an earlier process of this identity)"
+                        "freed a slab of ours that was never written and that nothing used (an allocation whose reply was lost)"
                     );
                 }
                 Err(e) => {
-                    tracing::debug!(node, slab, error = %e, "cannot free an unused slab now; the next audit retries")
+                    tracing::debug!(node, slab, error = %e, "cannot free an unused slab now; the next audits retry")
                 }
             }
         }

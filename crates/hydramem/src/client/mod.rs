@@ -151,6 +151,9 @@ pub struct RemoteMemory {
     /// identity reconnected. Each may hold pages the kept one lacks, so it is kept — never
     /// moved, never freed as a leftover — until a regeneration of that split succeeds.
     superseded: Mutex<Vec<(usize, usize, u16, u32)>>,
+    /// (node, slab): slabs of ours, never written, that the last audit of their node found
+    /// nothing using; freed if the next audit finds the same (`maintain::sweep`).
+    unused_seen: Mutex<Vec<(u16, u32)>>,
     /// Write splits left behind by a straggling node, resent in the background.
     lagging: lagging::Lagging,
     /// Owners polling for their operations now (at most [`ClientConfig::pollers`]).
