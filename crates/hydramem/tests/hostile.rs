@@ -593,3 +593,60 @@ fn a_second_process_with_a_running_clients_identity_is_refused_until_the_client_
     next.read_page(0, &mut got).unwrap();
     assert_eq!(got, page(1), "the identity's data, for its next process");
 }
+
+/// `hydramem free` while a process holds the identity on one node only (it has no connection
+/// to the others just then): nothing is released anywhere, and every node says why.
+#[test]
+fn a_release_refused_by_one_node_releases_nothing_on_the_others() {
+    let c = common::cluster(3, SLAB, 8);
+    let id = ClientId::random();
+    let mut kept = Raw::connect(c.cluster().nodes[1].addr);
+    assert_eq!(kept.hello_as(id, 7), Status::Ok);
+    let slab = kept.alloc(512);
+    drop(kept);
+    let mut holder = Raw::connect(c.cluster().nodes[0].addr);
+    assert_eq!(holder.hello_as(id, 7), Status::Ok);
+    let report = hydramem::release::release(c.cluster(), id, Duration::from_secs(5));
+    assert!(
+        report
+            .iter()
+            .all(|n| n.result.as_ref().is_err_and(|e| e.in_use())),
+        "{report:?}"
+    );
+    assert!(report[0]
+        .result
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("in use by another process"));
+    assert!(report[1]
+        .result
+        .as_ref()
+        .unwrap_err()
+        .to_string()
+        .contains("another node says"));
+    // Node 1 still holds the slab (asked as the holding process, which is not refused).
+    let mut look = Raw::connect(c.cluster().nodes[1].addr);
+    assert_eq!(look.hello_as(id, 7), Status::Ok);
+    assert!(
+        look.list().iter().any(|l| l.slab == slab),
+        "released on a node that admitted it"
+    );
+    drop((holder, look));
+    // Once the holder has gone, the identity is released everywhere.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let report = hydramem::release::release(c.cluster(), id, Duration::from_secs(5));
+        if report.iter().all(|n| n.result.is_ok()) {
+            assert_eq!(
+                report
+                    .iter()
+                    .map(|n| *n.result.as_ref().unwrap())
+                    .sum::<u64>(),
+                1
+            );
+            break;
+        }
+        assert!(Instant::now() < deadline, "{report:?}");
+    }
+}
