@@ -235,6 +235,13 @@ fn release(cluster: &Cluster, ids: &[String]) {
         for n in hydramem::release::release(cluster, id, Duration::from_secs(5)) {
             match n.result {
                 Ok(k) => slabs += k,
+                Err(e) if e.in_use() => eprintln!(
+                    "hydramem run: node {} ({}) did not release identity {hex}: {e}; a process \
+                     that outlived the program still holds it: once it ends, its memory goes \
+                     back when the nodes' lease runs out, or at once with `hydramem free \
+                     --client-id {hex}`",
+                    n.id, n.addr
+                ),
                 Err(e) => eprintln!(
                     "hydramem run: node {} ({}) did not release identity {hex}: {e}; \
                      run `hydramem free --client-id {hex}` once it answers",

@@ -5,7 +5,7 @@
 
 use std::fs::File;
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 
@@ -195,23 +195,50 @@ fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd, opened: Opened) {
     evictor.run();
 }
 
-/// Most connections of the pager a forked child closes (one per node).
+/// Most connections of the pager a forked child closes (two descriptors per node).
 const MAX_SOCKETS: usize = 4096;
 /// The pager's connections to the nodes at the last fork, noted by the parent before it
-/// forks for the child to close (plain atomics: the child must not take a lock a thread of
-/// the parent may have held at the fork).
+/// forks for the child to close: each descriptor with the device and inode it named then
+/// (plain atomics: the child must not take a lock a thread of the parent may have held at
+/// the fork).
 static SOCKETS: [AtomicI32; MAX_SOCKETS] = [const { AtomicI32::new(-1) }; MAX_SOCKETS];
+static SOCKET_DEVS: [AtomicU64; MAX_SOCKETS] = [const { AtomicU64::new(0) }; MAX_SOCKETS];
+static SOCKET_INOS: [AtomicU64; MAX_SOCKETS] = [const { AtomicU64::new(0) }; MAX_SOCKETS];
 /// How many of [`SOCKETS`] are noted.
 static SOCKETS_NOTED: AtomicUsize = AtomicUsize::new(0);
+
+/// The device and inode `fd` names now, if it is open (async-signal-safe: a forked child
+/// calls it).
+fn file_of(fd: i32) -> Option<(u64, u64)> {
+    let mut st = std::mem::MaybeUninit::<libc::stat>::uninit();
+    // SAFETY: fstat writes a `stat` into the buffer it is given, which is large enough, and
+    // only reads `fd` (any value is allowed: a closed one fails with EBADF).
+    let r = unsafe { libc::fstat(fd, st.as_mut_ptr()) };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: fstat succeeded, so it filled the buffer.
+    let st = unsafe { st.assume_init() };
+    Some((st.st_dev, st.st_ino))
+}
 
 extern "C" fn before_fork() {
     if let Some(p) = running() {
         p.before_fork();
-        let fds = p.sockets();
-        for (slot, fd) in SOCKETS.iter().zip(&fds) {
-            slot.store(*fd, Ordering::Relaxed);
+        let mut n = 0;
+        for fd in p.sockets() {
+            let Some((dev, ino)) = file_of(fd) else {
+                continue;
+            };
+            if n == MAX_SOCKETS {
+                break;
+            }
+            SOCKETS[n].store(fd, Ordering::Relaxed);
+            SOCKET_DEVS[n].store(dev, Ordering::Relaxed);
+            SOCKET_INOS[n].store(ino, Ordering::Relaxed);
+            n += 1;
         }
-        SOCKETS_NOTED.store(fds.len().min(MAX_SOCKETS), Ordering::Release);
+        SOCKETS_NOTED.store(n, Ordering::Release);
     }
 }
 
@@ -228,13 +255,22 @@ extern "C" fn after_fork_child() {
     // `hydramem run` could not release the parent's memory once the parent ends while the
     // child lives on (a daemon's fork).
     let noted = SOCKETS_NOTED.swap(0, Ordering::Acquire);
-    for slot in &SOCKETS[..noted] {
-        let fd = slot.load(Ordering::Relaxed);
-        // SAFETY: `fd` is a connection the pager's client had open when the parent forked,
-        // inherited by this child. Nothing in the child uses or drops that client: the
-        // pager is disabled here (no thread of it runs in a child, its exit handler returns
-        // at once, and its statics are never dropped), so closing the descriptor under it
-        // cannot close one that something else of the child opened later.
+    for i in 0..noted {
+        let fd = SOCKETS[i].load(Ordering::Relaxed);
+        let noted_file = (
+            SOCKET_DEVS[i].load(Ordering::Relaxed),
+            SOCKET_INOS[i].load(Ordering::Relaxed),
+        );
+        // Between the note and the fork, the client may have closed a connection and
+        // another thread opened something under the same number: only the same socket goes.
+        if file_of(fd) != Some(noted_file) {
+            continue;
+        }
+        // SAFETY: `fd` still names the socket of the pager's client it named when the parent
+        // noted it (same device and inode), inherited by this child. Nothing in the child
+        // uses or drops that client: the pager is disabled here (no thread of it runs in a
+        // child, its exit handler returns at once, and its statics are never dropped), so
+        // nothing of the child reads, writes or closes this descriptor after this.
         unsafe { libc::close(fd) };
     }
 }

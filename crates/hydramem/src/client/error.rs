@@ -40,7 +40,8 @@ pub enum ClientError {
         "node {node} at {addr} says another process holds this client identity (its \
          connections to the node are open): stop that process first, or give this one another \
          --client-id (if that process's machine is gone, the node lets the identity go within \
-         30 s)"
+         30 s; if it just ended, its last repairs may hold the identity a little longer: try \
+         again)"
     )]
     IdentityInUse {
         /// The node, in the cluster file's order.

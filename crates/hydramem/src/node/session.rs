@@ -26,6 +26,11 @@ use crate::wire::{
     WriteReply, HELLO_KEPT, HELLO_OBSERVER, HELLO_OPERATOR, MAX_BODY,
 };
 
+/// Connections refused because their identity held its connections already, and because
+/// another process held it (their log lines are sampled).
+static OVER_CONNECTIONS: crate::sampled::Sampled = crate::sampled::Sampled::new(100);
+static IN_USE: crate::sampled::Sampled = crate::sampled::Sampled::new(100);
+
 /// What the connection must do after a request, besides sending the reply.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum After {
@@ -318,22 +323,29 @@ impl Session {
                 Err(Refusal::TooManyConnections) => {
                     metrics::counter!("hydramem_node_identity_connections_refused_total")
                         .increment(1);
-                    tracing::warn!(
-                        client = ?hello.client,
-                        max = self.node.tenants.config().max_connections,
-                        "refusing a connection: its identity holds --max-connections-per-identity \
-                         already; closing it"
-                    );
+                    if let Some(refused_so_far) = OVER_CONNECTIONS.hit() {
+                        tracing::warn!(
+                            client = ?hello.client,
+                            max = self.node.tenants.config().max_connections,
+                            refused_so_far,
+                            "refusing a connection: its identity holds \
+                             --max-connections-per-identity already; closing it"
+                        );
+                    }
                     return Err(Status::OverQuota);
                 }
                 Err(Refusal::InUse { connections }) => {
                     metrics::counter!("hydramem_node_identity_in_use_refused_total").increment(1);
-                    tracing::warn!(
-                        client = ?hello.client,
-                        connections,
-                        "refusing a connection: another process holds its identity here (its \
-                         connections are open); closing it"
-                    );
+                    // A refused process asks again for a few seconds: sampled, as floods are.
+                    if let Some(refused_so_far) = IN_USE.hit() {
+                        tracing::warn!(
+                            client = ?hello.client,
+                            connections,
+                            refused_so_far,
+                            "refusing a connection: another process holds its identity here \
+                             (its connections are open); closing it"
+                        );
+                    }
                     return Err(Status::IdentityInUse);
                 }
             }

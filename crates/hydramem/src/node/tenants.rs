@@ -12,11 +12,11 @@
 //! An identity is *held* by one process at a time: every connection says its process's
 //! instance in HELLO, and while an identity has connections open, a connection of another
 //! instance is refused ([`Refusal::InUse`]). Two processes that write into one identity's
-//! slabs (a second `--client-id` started by mistake, `hydramem release` run against a client
+//! slabs (a second `--client-id` started by mistake, `hydramem free` run against a client
 //! still running) would each take the other's splits for their own; this way the second is
 //! told so at once. Once the holder's last connection closes, any instance may take the
 //! identity (a restart, or a client on another machine); a holder whose machine vanished
-//! without closing its connections loses them to TCP keepalive ([`super::server`]).
+//! without closing its connections loses them to TCP keepalive ([`super::limits::keep_alive`]).
 //!
 //! Invariants: the connections open for an identity are all of one instance; an identity is
 //! tracked while it has a connection open or a lease running, and

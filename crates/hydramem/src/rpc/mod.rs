@@ -333,9 +333,10 @@ pub struct Greeting {
 }
 
 /// This process's instance: drawn at random the first time it is asked for, then the same
-/// for the process's life (and for a child it forks, which shares its memory's identity).
-/// Every connection this process opens for an identity says it in HELLO, so that a node can
-/// tell a second process using the same identity from a reconnection of the first.
+/// for the process's life. Every connection this process opens for an identity says it in
+/// HELLO, so that a node can tell a second process using the same identity from a
+/// reconnection of the first. (A forked child that goes on without the client must close
+/// the client's connections it inherited, as `hydramem run`'s pager does.)
 pub fn process_instance() -> u64 {
     static INSTANCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *INSTANCE.get_or_init(|| rand::random::<u64>().max(1))

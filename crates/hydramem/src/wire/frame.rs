@@ -215,8 +215,7 @@ impl fmt::Display for Status {
             }
             Status::IdentityInUse => {
                 "this identity is in use by another process, whose connections to the node are \
-                 open: stop that process first (a node lets go of a vanished machine's \
-                 connections within 30 s), or use another --client-id"
+                 open (a node lets go of a vanished machine's connections within 30 s)"
             }
         };
         f.write_str(s)

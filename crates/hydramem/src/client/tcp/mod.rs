@@ -859,6 +859,9 @@ impl Transport for TcpTransport {
                     tracing::warn!(node, id, %addr, "cannot share the new member's socket with the receiver: joined down");
                 }
             }
+            Err(e) if in_use(&e) => {
+                tracing::error!(node, id, %addr, "the new member says another process holds this client's identity: two processes are using one --client-id; joined down");
+            }
             Err(e) => {
                 tracing::warn!(node, id, %addr, error = %e, "new member unreachable: joined down");
             }
@@ -1001,13 +1004,16 @@ mod tests {
     }
 
     #[test]
-    fn a_start_gives_up_with_the_refusal_when_the_holder_stays() {
-        let (addr, _node) = node_held_for(usize::MAX);
-        let until = Instant::now() + crate::rpc::IN_USE_GRACE;
-        let e = handshake_at_start(addr, 1, &greeting(), TcpOptions::default(), until)
+    fn a_start_gives_up_with_the_refusal_once_its_grace_is_over() {
+        // The grace is over (another node of this start used it up): one attempt, refused.
+        let (addr, node) = node_held_for(1);
+        let e = handshake_at_start(addr, 1, &greeting(), TcpOptions::default(), Instant::now())
             .err()
             .expect("refused");
         assert!(in_use(&e), "{e}");
         assert!(e.to_string().contains("in use by another process"), "{e}");
+        // The holder has gone: the next attempt is admitted, and it was the second.
+        handshake(addr, 1, &greeting(), TcpOptions::default()).unwrap();
+        assert_eq!(node.join().unwrap(), 2);
     }
 }
