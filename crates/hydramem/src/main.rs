@@ -754,6 +754,9 @@ fn run_free(a: FreeArgs) -> Result<()> {
     let id = hydramem::wire::ClientId::from_hex(&a.client_id)
         .map_err(|e| anyhow::anyhow!("--client-id {:?}: {e}", a.client_id))?;
     let nodes = hydramem::release::release(&cluster, id, Duration::from_secs(5));
+    let fingerprint = hydramem::rpc::Greeting::client(&id, 0, cluster.key.as_ref())
+        .owner
+        .fingerprint();
     let (mut slabs, mut failed) = (0u64, Vec::new());
     for n in &nodes {
         match &n.result {
@@ -770,9 +773,7 @@ fn run_free(a: FreeArgs) -> Result<()> {
     println!(
         "released {slabs} slabs ({}) of identity {:08x} on {} of {} nodes",
         human(slabs * cluster.slab_size),
-        hydramem::rpc::Greeting::client(&id, 0, cluster.key.as_ref())
-            .owner
-            .fingerprint(),
+        fingerprint,
         nodes.len() - failed.len(),
         nodes.len()
     );
@@ -782,9 +783,7 @@ fn run_free(a: FreeArgs) -> Result<()> {
     {
         bail!(
             "identity {:08x} is in use by a running process (its nodes refuse another while its connections are open): stop the process that uses this --client-id, then run `hydramem free` again",
-            hydramem::rpc::Greeting::client(&id, 0, cluster.key.as_ref())
-                .owner
-                .fingerprint(),
+            fingerprint,
         );
     }
     if !failed.is_empty() {

@@ -309,15 +309,17 @@ impl RemoteMemory {
             used.extend(superseded.iter().filter(|s| s.2 == node).map(|s| s.3));
             blank.into_iter().filter(|s| !used.contains(s)).collect()
         };
-        let seen_before: Vec<u32> = {
+        // Found unused again: freed now. Found unused for the first time: remembered.
+        let again: Vec<u32> = {
             let mut seen = self.unused_seen.lock();
-            let before = seen.iter().filter(|m| m.0 == node).map(|m| m.1).collect();
+            let before: Vec<u32> = seen.iter().filter(|m| m.0 == node).map(|m| m.1).collect();
             seen.retain(|m| m.0 != node);
-            seen.extend(unused.iter().map(|&s| (node, s)));
-            before
+            let (again, first): (Vec<u32>, Vec<u32>) =
+                unused.into_iter().partition(|s| before.contains(s));
+            seen.extend(first.into_iter().map(|s| (node, s)));
+            again
         };
-        for slab in unused.into_iter().filter(|s| seen_before.contains(s)) {
-            self.unused_seen.lock().retain(|m| *m != (node, slab));
+        for slab in again {
             match self.transport.free(node, slab) {
                 Ok(_) => {
                     metrics::counter!("hydramem_client_slabs_swept_total").increment(1);

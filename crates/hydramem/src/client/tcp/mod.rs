@@ -257,7 +257,8 @@ impl TcpTransport {
                     outcomes.push(Ok(reply));
                 }
                 Err(e) => {
-                    if in_use(&e) {
+                    let in_use = in_use(&e);
+                    if in_use {
                         // The caller stops with an error that says so.
                         tracing::debug!(node = i, %addr, error = %e, "identity held by another process");
                     } else {
@@ -266,7 +267,7 @@ impl TcpTransport {
                     let _ = conns[i].set(Conn::new(id, addr, None));
                     outcomes.push(Err(HelloFailure {
                         reason: e.to_string(),
-                        in_use: in_use(&e),
+                        in_use,
                     }));
                 }
             }
