@@ -28,7 +28,6 @@ check_paged "python3/numpy with a fork (rep2)"
 # release the program's identity as soon as the program ends.
 unset FORK_CHECK
 export FORK_LINGER="$dir/linger"
-rm -f "$dir/go"
 start_numpy rep2 64 48
 touch "$dir/go"
 wait "$run_pid" || fail "the program with a lingering child exited with $?"

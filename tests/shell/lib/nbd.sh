@@ -6,6 +6,12 @@
 # The scripts run from the repository root, like every shell test (scripts/test).
 
 BIN=${HYDRAMEM_BIN:-target/release/hydramem}
+# A command that fails where the script checks nothing ends it (set -e): say which one, also
+# in a function (-E), so that no failure is silent. (Only where it ends the script: not under
+# set +e, nor inside a command substitution, whose output is a value.)
+set -E
+trap 'status=$?; [[ $- != *e* || $BASH_SUBSHELL -ne 0 ]] ||
+  echo "FAIL $(basename "$0" .sh): \`$BASH_COMMAND\` failed (status $status) in ${FUNCNAME[0]:-the script}, near line $LINENO"' ERR
 dir=$(mktemp -d)
 NODE_PIDS=()
 nbd_pid=""
@@ -126,6 +132,9 @@ start_export() {
 serve_again() {
   local size=$1
   shift
+  # Not the output of a server before (the shell truncates the file only once the server has
+  # started, which can be after the wait below has read it).
+  rm -f "$dir/nbd2.out" "$dir/nbd2.err"
   "$BIN" nbd --cluster "$dir/cluster.toml" --size "$size" --socket "$SOCK" --log warn "$@" \
     >"$dir/nbd2.out" 2>"$dir/nbd2.err" &
   nbd_pid=$!

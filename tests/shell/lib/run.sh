@@ -61,6 +61,9 @@ need_numpy() {
 start_numpy() {
   local scheme=$1 mib=$2 local=$3
   shift 3
+  # Not the output of a run before: the wait below must see this run's (the shell truncates
+  # the file only once the background process has started, which can be later).
+  rm -f "$dir/run.out" "$dir/go"
   GO_FILE="$dir/go" "$BIN" run --cluster "$dir/cluster.toml" --scheme "$scheme" \
     --local-memory "${local}MiB" "$@" -- /usr/bin/python3 tests/shell/lib/numpy_pages.py "$mib" \
     >"$dir/run.out" 2>&1 &
