@@ -444,3 +444,82 @@ fn a_split_two_slabs_claim_is_regenerated_whole_when_its_identity_reconnects() {
     c.kill(others[1] as usize).unwrap();
     check(&mem, &last);
 }
+
+/// A node regenerating a slab for a client that dies stops at the next chunk instead of
+/// pulling the whole slab for nobody, and the dead client's identity is free for its successor
+/// at once: the regeneration's connections no longer hold it on any node.
+#[test]
+fn a_regeneration_whose_requester_died_stops_and_frees_the_identity() {
+    use hydramem::wire::{Fault, Regen, RegenSource};
+    use std::io::Write;
+    const BIG: u64 = 16 << 20;
+    const SPLIT: u32 = 512;
+    let pages = BIG / u64::from(SPLIT);
+    let c = common::cluster_with(3, BIG, 2, &["--allow-fault-injection"]);
+    let id = hydramem::wire::ClientId::random();
+    let requester_instance = 0x5eed;
+    let mut raw = Raw::connect(c.cluster().nodes[0].addr);
+    assert_eq!(raw.hello_as(id, requester_instance), Status::Ok);
+    let target = raw.alloc(SPLIT);
+    let mut sources = Vec::new();
+    for n in 1..3 {
+        let mut r = Raw::connect(c.cluster().nodes[n].addr);
+        assert_eq!(r.hello_as(id, requester_instance), Status::Ok);
+        sources.push(RegenSource {
+            split: (n - 1) as u8,
+            copy: false,
+            slab: r.alloc(SPLIT),
+            node: c.cluster().nodes[n].id,
+        });
+    }
+    // Every source answers each chunk (1 MiB of splits) a second late: the whole slab would
+    // take 16 s.
+    for n in 1..3 {
+        c.inject(n, Fault::DelayReplies(1_000_000)).unwrap();
+    }
+    let req = Regen {
+        client: id,
+        k: 2,
+        r: 1,
+        target: 2,
+        split_len: SPLIT,
+        slab: target,
+        pages,
+        range: 0,
+        checksums: false,
+        sources,
+    };
+    let mut body = Vec::new();
+    req.put(&mut body);
+    let mut frame = Vec::new();
+    let fb = hydramem::wire::FrameBuilder::begin(&mut frame, Op::Regen, false, Status::Ok, 1);
+    frame.extend_from_slice(&body);
+    fb.finish(&mut frame).unwrap();
+    raw.s.write_all(&frame).unwrap();
+    let stats = || {
+        hydramem::status::fetch(
+            c.cluster().nodes[0].addr,
+            &hydramem::rpc::Access::open(),
+            Duration::from_secs(5),
+        )
+        .unwrap()
+    };
+    wait_until("the regeneration starts", || stats().regenerating == 1);
+    // The requester dies.
+    drop(raw);
+    wait_until("the regeneration ends", || stats().regenerating == 0);
+    let landed = stats().regen_pages;
+    assert!(
+        landed < pages,
+        "the regeneration went on to its end ({landed} of {pages} pages) for a requester that was gone"
+    );
+    // Its successor (another process) is admitted on every node (a refused HELLO closes its
+    // connection: each try is a new one).
+    for n in 0..3 {
+        c.inject(n, Fault::Clear).unwrap();
+        let addr = c.cluster().nodes[n].addr;
+        wait_until("the identity is free for the next process", || {
+            Raw::connect(addr).hello_as(id, requester_instance + 1) == Status::Ok
+        });
+    }
+}

@@ -136,6 +136,24 @@ impl FrameReader {
         !self.reader.buffer().is_empty()
     }
 
+    /// Whether the peer is gone: it closed the connection (the socket is at its end with no
+    /// byte waiting) or the connection failed. Does not wait and consumes nothing. A peer
+    /// that sent more before it closed is not seen as gone until those bytes are read, and a
+    /// TLS peer that closed cleanly (its close_notify waits) neither: both err on the side of
+    /// serving on.
+    pub fn peer_gone(&self) -> bool {
+        let sock = socket2::SockRef::from(self.reader.get_ref().tcp());
+        let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];
+        match sock.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+            Ok(0) => true,
+            Ok(_) => false,
+            Err(e) => !matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted
+            ),
+        }
+    }
+
     /// Waits for the first bytes of the next frame and fills `buf` with them. Between frames
     /// an identified connection may wait forever; one that is not must be identified within
     /// the handshake time. `stop` is asked at every tick (the node shutting down).
@@ -225,6 +243,51 @@ mod tests {
             handshake: Duration::from_millis(1500),
             frame: Duration::from_millis(1500),
         }
+    }
+
+    /// Blocks until something arrives on `r`'s socket (bytes, its end or an error), without
+    /// consuming it: what the peer did has landed. The read timeout is [`TICK`]: at most 50.
+    fn landed(r: &FrameReader) -> io::Result<usize> {
+        let mut two = [0u8; 2];
+        for _ in 0..50 {
+            match r.reader.get_ref().tcp().peek(&mut two) {
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                other => return other,
+            }
+        }
+        panic!("nothing arrived from the peer");
+    }
+
+    #[test]
+    fn a_peer_is_gone_once_it_closed_and_nothing_it_sent_waits() {
+        let (mut r, mut peer) = pair(short());
+        assert!(!r.peer_gone(), "a quiet peer is there");
+        peer.write_all(b"ab").unwrap();
+        drop(peer);
+        let mut b = [0u8; 1];
+        r.first(&mut b, true, &|| false).unwrap();
+        // One byte is still in the reader's buffer, none on the socket: the socket's end is
+        // what counts (the reader's buffer holds no request to answer).
+        assert_eq!(landed(&r).unwrap(), 0, "the peer's end");
+        assert!(r.peer_gone(), "a closed peer is gone");
+        // A peer that closes with bytes on the socket still unread is not gone yet.
+        let (r, mut peer) = pair(short());
+        peer.write_all(b"x").unwrap();
+        drop(peer);
+        assert_eq!(landed(&r).unwrap(), 1, "the byte");
+        assert!(!r.peer_gone(), "a byte waits to be read");
+        // A peer that resets the connection is gone.
+        let (r, peer) = pair(short());
+        socket2::SockRef::from(&peer)
+            .set_linger(Some(Duration::ZERO))
+            .unwrap();
+        drop(peer);
+        assert!(landed(&r).is_err(), "the reset");
+        assert!(r.peer_gone(), "a peer that reset the connection is gone");
     }
 
     #[test]

@@ -241,7 +241,11 @@ impl Connection {
                 self.hold_while_stopped();
             }
             let body = &self.body[..len];
-            match self.session.handle(&h, body, &mut self.out)? {
+            let gone = || stop() || reader.peer_gone();
+            match self
+                .session
+                .handle_watching(&h, body, &mut self.out, &gone)?
+            {
                 After::Reply => {}
                 After::DropOtherConnections => self.shutdown.drop_others(self.key),
                 After::Close => {

@@ -91,6 +91,20 @@ impl Session {
         body: &[u8],
         out: &mut Vec<u8>,
     ) -> Result<After, WireError> {
+        self.handle_watching(h, body, out, &|| false)
+    }
+
+    /// [`Session::handle`] for a requester that may leave meanwhile: a long request (REGEN)
+    /// asks `gone` between its steps and stops early once it says the requester left or the
+    /// node stops, so that a dead process's regeneration neither runs on for nothing nor
+    /// holds its identity from a successor (see [`super::tenants`]).
+    pub fn handle_watching(
+        &mut self,
+        h: &Header,
+        body: &[u8],
+        out: &mut Vec<u8>,
+        gone: &dyn Fn() -> bool,
+    ) -> Result<After, WireError> {
         let req = wire::parse_request(h, body)?;
         let identified = match (self.client, self.observer) {
             (Some(c), false) => Some(c),
@@ -135,14 +149,16 @@ impl Session {
                     reply_status(out, h, Status::BadRequest)?;
                 }
             },
-            Request::Regen(req) => match super::regen::serve(&node, &client, self.instance, &req) {
-                Ok(pages) => {
-                    let fb = ok(out, h);
-                    wire::put_regen_reply(out, pages);
-                    fb.finish(out)?;
+            Request::Regen(req) => {
+                match super::regen::serve(&node, (&client, self.instance), &req, gone) {
+                    Ok(pages) => {
+                        let fb = ok(out, h);
+                        wire::put_regen_reply(out, pages);
+                        fb.finish(out)?;
+                    }
+                    Err(st) => reply_status(out, h, st)?,
                 }
-                Err(st) => reply_status(out, h, st)?,
-            },
+            }
             Request::Fault(fault) => {
                 let (st, after) = self.fault(fault);
                 reply_status(out, h, st)?;

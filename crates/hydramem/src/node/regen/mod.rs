@@ -28,6 +28,13 @@
 //! (one split's bytes per page instead of k) and stores each split with its version, through
 //! the same version check; only if every copy source fails does it fall back to decoding.
 //!
+//! A regeneration asks between chunks whether anyone still waits for it ([`serve`]'s `gone`:
+//! the server peeks the request's connection for its end, and the node may be stopping). If
+//! not, it stops there ([`RegenError::Cancelled`]): a process that died mid-regeneration would
+//! otherwise have the whole slab pulled for nobody, and its identity held — by the request's
+//! connection and by the sources' — from the process that takes its place. The slab keeps
+//! what landed, as after a regeneration whose sources failed.
+//!
 //! A REGEN is checked before anything is allocated or connected ([`serve`]): the caller must
 //! own the target slab, the split length must be the slab's and the pages within it, at most
 //! k + r sources (the wire already refuses more), and every source is a node *id* that this
@@ -68,6 +75,9 @@ pub enum RegenError {
     /// A source failed.
     #[error("regeneration source failed: {0}")]
     Source(String),
+    /// The requester left (or the node stops) before the end: nobody waits for the result.
+    #[error("stopped: the requesting client left or this node stops")]
+    Cancelled,
 }
 
 impl RegenError {
@@ -77,7 +87,7 @@ impl RegenError {
             RegenError::Invalid(_) => Status::BadRequest,
             RegenError::NoSuchSlab(_) => Status::NoSuchSlab,
             RegenError::Membership(_) => Status::Forbidden,
-            RegenError::Source(_) => Status::Internal,
+            RegenError::Source(_) | RegenError::Cancelled => Status::Internal,
         }
     }
 }
@@ -90,18 +100,38 @@ struct Checked<'a> {
     slab: Arc<Slab>,
     /// The address of every source, in the request's order.
     addrs: Vec<SocketAddr>,
+    /// Whether the requester left or the node stops (asked between chunks).
+    gone: &'a dyn Fn() -> bool,
+}
+
+impl Checked<'_> {
+    /// Fails with [`RegenError::Cancelled`] once nobody waits for the result.
+    fn still_wanted(&self) -> Result<(), RegenError> {
+        if (self.gone)() {
+            Err(RegenError::Cancelled)
+        } else {
+            Ok(())
+        }
+    }
 }
 
 /// Serves a REGEN from `client`'s `instance`: checks it, rebuilds the slab, and returns the
 /// pages rebuilt or the status to refuse it with (the reason is logged). The node reads the
 /// sources as that identity and instance, so that they take its connections for the
-/// requester's own, not for another process's.
-pub fn serve(node: &Node, client: &ClientId, instance: u64, req: &Regen) -> Result<u64, Status> {
+/// requester's own, not for another process's. `gone` says whether the requester left or the
+/// node stops: asked between chunks, it ends the regeneration early (the slab keeps what
+/// landed; the client regenerates it again if it still wants it).
+pub fn serve(
+    node: &Node,
+    (client, instance): (&ClientId, u64),
+    req: &Regen,
+    gone: &dyn Fn() -> bool,
+) -> Result<u64, Status> {
     if req.client != *client {
         tracing::warn!("REGEN for another identity refused");
         return Err(Status::NoSuchSlab);
     }
-    let checked = check(node, req, instance).map_err(|e| {
+    let checked = check(node, req, instance, gone).map_err(|e| {
         tracing::warn!(error = %e, slab = req.slab, "REGEN refused");
         e.status()
     })?;
@@ -117,6 +147,11 @@ pub fn serve(node: &Node, client: &ClientId, instance: u64, req: &Regen) -> Resu
             tracing::info!(slab = req.slab, pages, elapsed = ?t0.elapsed(), "slab regenerated");
             Ok(pages)
         }
+        Err(RegenError::Cancelled) => {
+            metrics::counter!("hydramem_node_regenerations_cancelled_total").increment(1);
+            tracing::info!(slab = req.slab, elapsed = ?t0.elapsed(), "regeneration stopped: its requester left or this node stops");
+            Err(RegenError::Cancelled.status())
+        }
         Err(e) => {
             tracing::warn!(error = %e, slab = req.slab, "regeneration failed");
             Err(e.status())
@@ -125,7 +160,12 @@ pub fn serve(node: &Node, client: &ClientId, instance: u64, req: &Regen) -> Resu
 }
 
 /// Checks a request before anything is allocated or connected (see the module doc).
-fn check<'a>(node: &Node, req: &'a Regen, instance: u64) -> Result<Checked<'a>, RegenError> {
+fn check<'a>(
+    node: &Node,
+    req: &'a Regen,
+    instance: u64,
+    gone: &'a dyn Fn() -> bool,
+) -> Result<Checked<'a>, RegenError> {
     let bad = |m: String| RegenError::Invalid(m);
     req.check_shape().map_err(|e| bad(e.to_string()))?;
     if req.sources.is_empty() {
@@ -195,6 +235,7 @@ fn check<'a>(node: &Node, req: &'a Regen, instance: u64) -> Result<Checked<'a>, 
         instance,
         slab,
         addrs,
+        gone,
     })
 }
 
@@ -249,6 +290,7 @@ fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     for (c, addr) in named().filter(|(s, _)| s.copy) {
         match copy_from(node, checked, c, addr) {
             Ok(pages) => return Ok(pages),
+            Err(RegenError::Cancelled) => return Err(RegenError::Cancelled),
             Err(e) => {
                 tracing::warn!(error = %e, source = %addr, "copy source failed; trying the next")
             }
@@ -270,6 +312,7 @@ fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
     while let Some(c) = p.next_chunk()? {
+        checked.still_wanted()?;
         done += rebuild.decode_chunk(&codec, &mut p, c)?;
         chunk_done(node, req, c, k);
     }
@@ -290,6 +333,7 @@ fn copy_from(
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
     while let Some(c) = p.next_chunk()? {
+        checked.still_wanted()?;
         done += rebuild.copy_chunk(&mut p, c)?;
         chunk_done(node, req, c, 1);
     }
