@@ -282,9 +282,10 @@ impl RemoteMemory {
     /// comes back with slabs it never adopted, which may be the only copy of their pages).
     /// Nothing else of this identity can be placing it: the nodes let one process hold an
     /// identity at a time ([`crate::node::tenants`]), and every ALLOC is made, and its slab
-    /// put into its range, under the placement lock, which this takes after the LIST, so a
-    /// slab the LIST named that nothing names under the lock was not allocated by a mapping or
-    /// a repair still under way. Two audits must find it unused, so that the last audit of a
+    /// put into its range, under the placement lock, which this takes after the LIST and
+    /// holds until its last FREE, so a slab the LIST named that nothing names under the lock
+    /// was not allocated by a mapping or a repair still under way (nor, should the node have
+    /// restarted since the LIST, is a new slab of ours that took the same number). Two audits must find it unused, so that the last audit of a
     /// client being dropped cannot take a slab its successor in the same process (the same
     /// instance to the nodes) has just allocated. A slab whose tag is not this layout's is
     /// never touched.
@@ -296,26 +297,33 @@ impl RemoteMemory {
             .filter(|l| layout::untag(l.tag).is_some_and(|(c, _, _)| c == code))
             .map(|l| l.slab)
             .collect();
-        let unused: Vec<u32> = if blank.is_empty() {
-            Vec::new()
-        } else {
-            let _placing = self.placement.lock();
-            let mut used: std::collections::HashSet<u32> =
-                self.splits_on(node).into_iter().map(|s| s.2).collect();
-            let on_node = |&(n, s): &(u16, u32)| (n == node).then_some(s);
-            used.extend(self.moving.lock().iter().filter_map(on_node));
-            used.extend(self.orphans.lock().iter().filter_map(on_node));
-            let superseded = self.superseded.lock();
-            used.extend(superseded.iter().filter(|s| s.2 == node).map(|s| s.3));
-            blank.into_iter().filter(|s| !used.contains(s)).collect()
-        };
+        if blank.is_empty() {
+            self.unused_seen.lock().retain(|m| m.0 != node);
+            return;
+        }
+        // Held to the last FREE: should the node restart after the LIST, a slab of ours that
+        // its new incarnation numbers like a listed one can only come from an ALLOC, made
+        // under this lock, so it is named below (and kept) or is a lost ALLOC's (and blank).
+        let _placing = self.placement.lock();
+        let mut used: std::collections::HashSet<u32> =
+            self.splits_on(node).into_iter().map(|s| s.2).collect();
+        let on_node = |&(n, s): &(u16, u32)| (n == node).then_some(s);
+        used.extend(self.moving.lock().iter().filter_map(on_node));
+        used.extend(self.orphans.lock().iter().filter_map(on_node));
+        used.extend(
+            self.superseded
+                .lock()
+                .iter()
+                .filter(|s| s.2 == node)
+                .map(|s| s.3),
+        );
+        let unused = blank.into_iter().filter(|s| !used.contains(s));
         // Found unused again: freed now. Found unused for the first time: remembered.
         let again: Vec<u32> = {
             let mut seen = self.unused_seen.lock();
             let before: Vec<u32> = seen.iter().filter(|m| m.0 == node).map(|m| m.1).collect();
             seen.retain(|m| m.0 != node);
-            let (again, first): (Vec<u32>, Vec<u32>) =
-                unused.into_iter().partition(|s| before.contains(s));
+            let (again, first): (Vec<u32>, Vec<u32>) = unused.partition(|s| before.contains(s));
             seen.extend(first.into_iter().map(|s| (node, s)));
             again
         };
