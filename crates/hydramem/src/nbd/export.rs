@@ -84,6 +84,14 @@ pub trait PageStore: Send + Sync {
         self.read_list(&mut list)?;
         Ok(Box::new(Ready(pages)))
     }
+    /// Tells the store that the caller will not read the pages at `addrs` again before it
+    /// writes them: a store whose overwritten pages leave garbage (span coding) counts their
+    /// copies as garbage now, so that compaction does not move them. The caller must not read
+    /// a forgotten page before writing it (it may read as zeros or as an older write), nor
+    /// forget a page it is reading or writing. Only for a store no successor reattaches to
+    /// (`hydramem run`): the nodes keep the forgotten copies until their rows are reused, so a
+    /// client that reattaches may find them again. This default forgets nothing.
+    fn forget(&self, _addrs: &[u64]) {}
     /// Whether the page at `addr` certainly reads as zeros without being asked (never
     /// written); `false` when unsure.
     fn known_zero(&self, _addr: u64) -> bool {

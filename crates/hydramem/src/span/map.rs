@@ -120,6 +120,16 @@ impl PageMap {
         old
     }
 
+    /// Forgets where page `page` lives (as if never written); returns where it was.
+    pub fn clear(&self, page: u64) -> Option<Loc> {
+        let _g = self.stripe(page).lock();
+        let old = self.load(page)?;
+        let e = self.entry(page)?;
+        e[0].store(0, Ordering::Relaxed);
+        e[1].store(0, Ordering::Relaxed);
+        Some(old)
+    }
+
     /// Points page `page` at `loc` only if it is still at `expected`; returns whether it did.
     pub fn move_if(&self, page: u64, expected: Loc, loc: Loc) -> bool {
         let _g = self.stripe(page).lock();

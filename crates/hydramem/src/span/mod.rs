@@ -91,6 +91,7 @@ struct Counters {
     moved_retries: AtomicU64,
     compacted_pages: AtomicU64,
     compactions: AtomicU64,
+    forgotten: AtomicU64,
 }
 
 /// What a span store holds and has done.
@@ -119,6 +120,10 @@ pub struct SpanStats {
     pub compacted_pages: u64,
     /// Compaction passes.
     pub compactions: u64,
+    /// Pages forgotten ([`PageStore::forget`]): their copies became garbage before any
+    /// write replaced them.
+    #[serde(default)]
+    pub forgotten: u64,
     /// The remote bytes per byte above which compaction starts while writes flow (the
     /// ceiling, `ClientConfig::span_max_cost`; 0 in reports from before it was kept).
     #[serde(default)]
@@ -267,6 +272,10 @@ impl PageStore for SpanStore {
         self.core.submit_read(addrs)
     }
 
+    fn forget(&self, addrs: &[u64]) {
+        self.core.forget(addrs)
+    }
+
     fn known_zero(&self, addr: u64) -> bool {
         self.core.known_zero(addr)
     }
@@ -298,6 +307,7 @@ impl Core {
             moved_retries: c.moved_retries.load(Ordering::Relaxed),
             compacted_pages: c.compacted_pages.load(Ordering::Relaxed),
             compactions: c.compactions.load(Ordering::Relaxed),
+            forgotten: c.forgotten.load(Ordering::Relaxed),
             max_cost: self.compactor.limits().high,
         }
     }
@@ -626,6 +636,26 @@ impl PageStore for Core {
         // Concurrent calls share rows (group commit).
         self.gather
             .write(&pages, &|batch| self.write_packed(batch, None).map(|_| ()))
+    }
+
+    /// Takes the pages out of the map and their rows' live counts, so that compaction moves
+    /// them no more (a compaction that read one meanwhile finds it gone and drops its copy,
+    /// see [`map::PageMap::move_if`]).
+    fn forget(&self, addrs: &[u64]) {
+        let gone: Vec<u64> = addrs
+            .iter()
+            .filter_map(|&a| self.page_of(a).ok())
+            .filter_map(|page| self.map.clear(page))
+            .map(|loc| loc.row)
+            .collect();
+        if !gone.is_empty() {
+            self.counters
+                .forgotten
+                .fetch_add(gone.len() as u64, Ordering::Relaxed);
+            if self.release_rows(gone) {
+                self.compactor.wake();
+            }
+        }
     }
 
     fn known_zero(&self, addr: u64) -> bool {

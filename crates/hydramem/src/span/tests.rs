@@ -244,6 +244,44 @@ fn compaction_brings_the_cost_back_and_every_page_reads_back() {
     );
 }
 
+/// Forgotten pages (a pager's freed ones) stop being live at once: compaction,
+/// running meanwhile, moves none of them, every other page reads back its last write, and a
+/// forgotten page written again reads back that write.
+#[test]
+fn forgotten_pages_are_garbage_at_once_and_nothing_else_changes() {
+    let pages = 512;
+    let (s, _ctl) = start("span-8+2", 12, pages);
+    write(&s, 0, pages, 0);
+    let mut rng = rand::rngs::SmallRng::seed_from_u64(5);
+    let mut stamp: Vec<Option<u64>> = vec![Some(0); pages as usize];
+    for round in 1..=3000u64 {
+        let p = rng.random_range(0..pages);
+        if rng.random_range(0..4) == 0 {
+            s.forget(&[p * PAGE]);
+            stamp[p as usize] = None;
+        } else {
+            write(&s, p, 1, round);
+            stamp[p as usize] = Some(round);
+        }
+    }
+    s.compact().expect("compaction runs");
+    let st = s.stats();
+    let live = stamp.iter().filter(|x| x.is_some()).count() as u64;
+    assert_eq!(st.live_pages, live, "{st:?}");
+    assert!(st.forgotten > 0 && st.compacted_pages > 0, "{st:?}");
+    assert!(
+        st.cost() <= 1.25 * super::compact::LOW + 1e-9,
+        "after compaction: {:.3} remote bytes per byte ({st:?})",
+        st.cost()
+    );
+    for p in 0..pages {
+        match stamp[p as usize] {
+            Some(x) => assert_eq!(read(&s, p), content(p, x), "page {p}"),
+            None => assert!(s.known_zero(p * PAGE), "page {p} forgotten"),
+        }
+    }
+}
+
 /// A store of 512 pages on 12 nodes that answer after 2 ms, written until its background
 /// compaction runs a pass (single-page writes leave a partial row each).
 fn compacting() -> (Arc<SpanStore>, MemControl) {
