@@ -195,16 +195,21 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
             ),
             _ => {}
         }
-        if let Some(sp) = l.span.filter(|sp| sp.live_pages > 0) {
+        if let Some(sp) = l.span.filter(|sp| sp.rows_written > 0) {
             eprintln!(
                 "hydramem run: pid {}'s span rows: {} pages in {} rows, {:.2} remote bytes per \
-                 byte ({:.2} with the free rows the nodes still held); compaction moved {} pages \
-                 in {} passes{}",
+                 byte (and {} of free rows not yet given back); {} pages forgotten (the program \
+                 freed them); compaction moved {} pages in {} passes{}",
                 l.pid,
                 sp.live_pages,
                 sp.rows_in_use,
                 sp.cost(),
-                sp.held_cost(),
+                human(
+                    sp.rows_held.saturating_sub(sp.rows_in_use)
+                        * sp.width
+                        * hydramem::PAGE_SIZE as u64
+                ),
+                sp.forgotten,
                 sp.compacted_pages,
                 sp.compactions,
                 if sp.max_cost > 0.0 {

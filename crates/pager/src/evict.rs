@@ -492,6 +492,7 @@ impl<'p> Evictor<'p> {
                 }
             }
         }
+        p.forget_freed(&mut s);
         s.in_batch = false;
         let waiters = std::mem::take(&mut s.waiters);
         drop(s);

@@ -265,10 +265,12 @@ impl Pager {
                 }
                 Report::Remap { from, to, len } => {
                     s.table.remap(vpn(from), vpn(to), (len / PAGE) as u64);
+                    self.forget_freed(&mut s);
                     s.rescan = true;
                 }
                 Report::Unmap { start, end } => {
                     s.table.forget(vpn(start), ((end - start) / PAGE) as u64);
+                    self.forget_freed(&mut s);
                     s.rescan = true;
                 }
             }
@@ -507,7 +509,20 @@ impl Pager {
         let last = addr.saturating_add(len).div_ceil(PAGE);
         let mut s = self.shared.lock();
         s.table.forget(first as u64, (last - first) as u64);
+        self.forget_freed(&mut s);
         apply()
+    }
+
+    /// Tells the store to forget what the slots the table freed held (see
+    /// `Table::take_freed`): under the lock `s`, so that none is taken and written again
+    /// first. For span coding this is what keeps compaction from moving the copies of pages
+    /// the program freed.
+    pub fn forget_freed(&self, s: &mut Shared) {
+        let freed = s.table.take_freed();
+        if let (false, Some(store)) = (freed.is_empty(), self.store()) {
+            let addrs: Vec<u64> = freed.iter().map(|sl| sl * PAGE as u64).collect();
+            store.forget(&addrs);
+        }
     }
 
     /// Before a fork: no eviction may run, and every page that is out comes back, so that

@@ -179,6 +179,9 @@ pub struct Table {
     /// Entries in standby now.
     in_standby: usize,
     free: Vec<u64>,
+    /// Slots freed since the pager last told the store to forget them ([`Table::take_freed`]),
+    /// every one of them still free.
+    freed: Vec<u64>,
     next_slot: u64,
     slots: u64,
     next_gen: u64,
@@ -243,11 +246,17 @@ impl Table {
     fn release(&mut self, slot: Option<u64>) {
         if let Some(s) = slot {
             self.free.push(s);
+            self.freed.push(s);
         }
     }
 
     fn alloc(&mut self) -> Result<u64, Full> {
         if let Some(s) = self.free.pop() {
+            // Taken again before the store was told: not to be forgotten now (the write the
+            // slot is taken for replaces what it held).
+            if let Some(i) = self.freed.iter().rposition(|&f| f == s) {
+                self.freed.swap_remove(i);
+            }
             return Ok(s);
         }
         if self.next_slot == self.slots {
@@ -255,6 +264,14 @@ impl Table {
         }
         self.next_slot += 1;
         Ok(self.next_slot - 1)
+    }
+
+    /// The slots freed since the last call, all still free: what they hold will never be
+    /// read (the store may count it as garbage, see `PageStore::forget`). The caller tells
+    /// the store before it lets go of the table's lock, so that no slot is taken again and
+    /// written before the store forgets it.
+    pub fn take_freed(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.freed)
     }
 
     /// The entry of `vpn`, if the pager knows it.

@@ -276,6 +276,8 @@ enum Op {
     Flush(u8),
     Forget(u8, u8),
     Remap(u8, u8, u8),
+    /// The pager tells the store to forget the slots freed so far.
+    Drain,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -286,15 +288,21 @@ fn op() -> impl Strategy<Value = Op> {
         (1u8..4).prop_map(Op::Flush),
         (0u8..32, 1u8..4).prop_map(|(v, n)| Op::Forget(v, n)),
         (0u8..32, 0u8..32, 1u8..4).prop_map(|(a, b, n)| Op::Remap(a, b, n)),
+        Just(Op::Drain),
     ]
 }
+
+/// What a slot holds once the store was told to forget it (no value the model writes).
+const FORGOTTEN: u64 = u64::MAX;
 
 proptest! {
     /// A model of memory (page → value) against the table driving a simulated store and
     /// address space, where writes are silent (pages are mapped writable) and only the
     /// fingerprints of copies tell a clean page: every page always reads back what was
     /// last written to it, a page sent out as clean holds what its slot holds, no slot is
-    /// held twice, and no standby buffer is lost or doubled.
+    /// held twice, and no standby buffer is lost or doubled. What the pager tells the store to
+    /// forget (the slots the table freed) is garbage in the simulated store from then on, and is
+    /// never read, nor taken for a clean copy.
     #[test]
     fn table_keeps_every_page(ops in proptest::collection::vec(op(), 1..200)) {
         let mut t = Table::new(64, 4);
@@ -305,7 +313,7 @@ proptest! {
         // The standby buffers' bytes.
         let mut bufs = [0u64; 4];
         let mut value = 0u64;
-        let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &[u64; 64], bufs: &[u64; 4], v: u64, w: bool| {
+        let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &mut [u64; 64], bufs: &[u64; 4], v: u64, w: bool| {
             if mem.contains_key(&v) { return; }
             match t.on_missing(v) {
                 FaultPlan::Local { buf, .. } => {
@@ -316,6 +324,7 @@ proptest! {
                 FaultPlan::Zero => { mem.insert(v, 0); t.zeroed(v); }
                 FaultPlan::Fetch { slot, gen } => {
                     let x = store[slot as usize];
+                    assert_ne!(x, FORGOTTEN, "page {} read from a forgotten slot", v);
                     assert!(t.fetched(v, slot, gen, (!w).then(|| pr(x))));
                     mem.insert(v, x);
                 }
@@ -326,7 +335,7 @@ proptest! {
             match op {
                 Op::Touch(v, w) => {
                     let v = u64::from(v);
-                    fault_in(&mut t, &mut mem, &store, &bufs, v, w);
+                    fault_in(&mut t, &mut mem, &mut store, &bufs, v, w);
                     if w {
                         value += 1;
                         mem.insert(v, value);
@@ -339,7 +348,7 @@ proptest! {
                     // fingerprint, the page is sent out again, never taken for clean
                     // wrongly.
                     let v = u64::from(v);
-                    fault_in(&mut t, &mut mem, &store, &bufs, v, true);
+                    fault_in(&mut t, &mut mem, &mut store, &bufs, v, true);
                 }
                 Op::Demote(v) => {
                     let v = u64::from(v);
@@ -373,6 +382,12 @@ proptest! {
                         prop_assert_eq!(t.commit(v, g, Outcome::Stored { slot: s }), Commit::Sent);
                     }
                 }
+                Op::Drain => {
+                    for s in t.take_freed() {
+                        prop_assert!(t.free.contains(&s), "slot {} forgotten while in use", s);
+                        store[s as usize] = FORGOTTEN;
+                    }
+                }
                 Op::Forget(v, n) => {
                     let (v, n) = (u64::from(v), u64::from(n));
                     t.forget(v, n);
@@ -396,7 +411,7 @@ proptest! {
         }
         // Read everything back.
         for v in 0..64u64 {
-            fault_in(&mut t, &mut mem, &store, &bufs, v, false);
+            fault_in(&mut t, &mut mem, &mut store, &bufs, v, false);
             prop_assert_eq!(mem[&v], model[v as usize], "page {}", v);
         }
         // Every buffer is free or held by one entry; none is both or twice.
