@@ -14,7 +14,7 @@ swap_cleanup() {
   [ -e "$dir/state" ] && scripts/swap off >/dev/null 2>&1
   mount_cleanup
 }
-trap swap_cleanup EXIT
+trap 'trap - ERR; swap_cleanup' EXIT
 
 leftovers() {
   local bad=""

@@ -26,7 +26,7 @@ kill_writers() {
   for p in "${WRITERS[@]}"; do wait "$p" 2>/dev/null || true; done
   WRITERS=()
 }
-trap 'kill_writers; mount_cleanup' EXIT
+trap 'trap - ERR; kill_writers; mount_cleanup' EXIT
 start_writers() {
   local mode
   for mode in direct fsync; do

@@ -35,7 +35,7 @@ cleanup_fs() {
   detach || true
   nbd_cleanup
 }
-trap cleanup_fs EXIT
+trap 'trap - ERR; cleanup_fs' EXIT
 
 NODES=12 start_export 256MiB
 attach

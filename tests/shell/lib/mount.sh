@@ -95,4 +95,4 @@ mount_cleanup() {
   awk -v m="$MNT" '$2 == m {found = 1} END {exit !found}' /proc/mounts && umount -l "$MNT"
   nbd_cleanup
 }
-trap mount_cleanup EXIT
+trap 'trap - ERR; mount_cleanup' EXIT

@@ -10,8 +10,9 @@ BIN=${HYDRAMEM_BIN:-target/release/hydramem}
 # in a function (-E), so that no failure is silent. (Only where it ends the script: not under
 # set +e, nor inside a command substitution, whose output is a value.)
 set -E
-trap 'status=$?; [[ $- != *e* || $BASH_SUBSHELL -ne 0 ]] ||
-  echo "FAIL $(basename "$0" .sh): \`$BASH_COMMAND\` failed (status $status) in ${FUNCNAME[0]:-the script}, near line $LINENO"' ERR
+# (Each exit trap starts with `trap - ERR`: a cleanup's failures are not the test's.)
+trap 'err_status=$?; [[ $- != *e* || $BASH_SUBSHELL -ne 0 ]] ||
+  echo "FAIL $(basename "$0" .sh): \`$BASH_COMMAND\` failed (status $err_status) in ${FUNCNAME[0]:-the script}, near line $LINENO"' ERR
 dir=$(mktemp -d)
 NODE_PIDS=()
 nbd_pid=""
@@ -22,7 +23,7 @@ nbd_cleanup() {
   for p in "${NODE_PIDS[@]}"; do kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
   rm -rf "$dir"
 }
-trap nbd_cleanup EXIT
+trap 'trap - ERR; nbd_cleanup' EXIT
 
 # skip REASON: this script cannot run here; say why and pass.
 skip() {

@@ -337,8 +337,11 @@ impl RemoteMemory {
                         "freed a slab of ours that was never written and that nothing used (an allocation whose reply was lost)"
                     );
                 }
+                // The node stopped answering: the rest waits for the next audits, so that
+                // placement (this lock) waits for at most one FREE's timeout.
                 Err(e) => {
-                    tracing::debug!(node, slab, error = %e, "cannot free an unused slab now; the next audits retry")
+                    tracing::debug!(node, slab, error = %e, "cannot free an unused slab now; the next audits retry");
+                    break;
                 }
             }
         }

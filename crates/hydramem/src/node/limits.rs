@@ -140,7 +140,8 @@ impl FrameReader {
     /// byte waiting) or the connection failed. Does not wait and consumes nothing. A peer
     /// that sent more before it closed is not seen as gone until those bytes are read, and a
     /// TLS peer that closed cleanly (its close_notify waits) neither: both err on the side of
-    /// serving on.
+    /// serving on. A peer that only shut its sending side counts as gone (no hydramem client
+    /// half-closes a connection it still reads).
     pub fn peer_gone(&self) -> bool {
         let sock = socket2::SockRef::from(self.reader.get_ref().tcp());
         let mut byte = [std::mem::MaybeUninit::<u8>::uninit()];

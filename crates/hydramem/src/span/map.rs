@@ -13,7 +13,9 @@
 //! - a write moves a page unconditionally ([`PageMap::set`]), and the map is updated before
 //!   the write returns, so a write that starts after another returned replaces it; a
 //!   compaction moves a page only if it is still where the compaction read it
-//!   ([`PageMap::move_if`]), so it can never bring back bytes a write replaced meanwhile.
+//!   ([`PageMap::move_if`]), so it can never bring back bytes a write replaced meanwhile;
+//! - a forgotten page ([`PageMap::clear`]) is as if never written: a compaction that read it
+//!   finds it gone and drops its copy.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::OnceLock;

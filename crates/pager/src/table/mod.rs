@@ -529,8 +529,16 @@ impl Table {
                 e.state
             }
             _ => {
-                if let Outcome::Standby { buf, .. } = outcome {
-                    self.free_bufs.push(buf);
+                match outcome {
+                    Outcome::Standby { buf, .. } => self.free_bufs.push(buf),
+                    // Written to a slot that the program freed meanwhile: the write may have
+                    // landed after the store was told to forget the slot, so it is told again.
+                    Outcome::Stored { slot }
+                        if self.free.contains(&slot) && !self.freed.contains(&slot) =>
+                    {
+                        self.freed.push(slot)
+                    }
+                    _ => {}
                 }
                 return Commit::Leave;
             }

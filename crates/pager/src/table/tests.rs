@@ -273,7 +273,9 @@ enum Op {
     Touch(u8, bool),
     Rewrite(u8),
     Demote(u8),
-    Flush(u8),
+    /// Sends pages out; with the flag, the program discards each page while its write is in
+    /// flight (after the write, before the commit).
+    Flush(u8, bool),
     Forget(u8, u8),
     Remap(u8, u8, u8),
     /// The pager tells the store to forget the slots freed so far.
@@ -285,7 +287,7 @@ fn op() -> impl Strategy<Value = Op> {
         (0u8..32, any::<bool>()).prop_map(|(v, w)| Op::Touch(v, w)),
         (0u8..32).prop_map(Op::Rewrite),
         (0u8..32).prop_map(Op::Demote),
-        (1u8..4).prop_map(Op::Flush),
+        (1u8..4, any::<bool>()).prop_map(|(n, d)| Op::Flush(n, d)),
         (0u8..32, 1u8..4).prop_map(|(v, n)| Op::Forget(v, n)),
         (0u8..32, 0u8..32, 1u8..4).prop_map(|(a, b, n)| Op::Remap(a, b, n)),
         Just(Op::Drain),
@@ -368,10 +370,23 @@ proptest! {
                     prop_assert_eq!(t.commit(v, g, outcome), Commit::Drop);
                     mem.remove(&v);
                 }
-                Op::Flush(n) => {
+                Op::Flush(n, discard) => {
                     for (v, g, buf) in t.begin_flush(usize::from(n)) {
                         prop_assert_eq!(t.on_missing(v), FaultPlan::Defer);
                         let s = match t.slot_for(v, g).unwrap() {
+                            Dest::Write(s) if discard => {
+                                // Discarded and its slot forgotten while the write is in
+                                // flight; the write lands after that.
+                                t.forget(v, 1);
+                                model[v as usize] = 0;
+                                for f in t.take_freed() {
+                                    store[f as usize] = FORGOTTEN;
+                                }
+                                store[s as usize] = bufs[buf as usize];
+                                prop_assert_eq!(t.commit(v, g, Outcome::Stored { slot: s }), Commit::Leave);
+                                prop_assert!(t.freed.contains(&s), "slot {} written after it was forgotten, not forgotten again", s);
+                                continue;
+                            }
                             Dest::Write(s) => { store[s as usize] = bufs[buf as usize]; s }
                             Dest::Clean(s) => {
                                 prop_assert_eq!(store[s as usize], bufs[buf as usize], "clean page differs from its slot");

@@ -288,6 +288,7 @@ fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     let req = checked.req;
     let named = || req.sources.iter().zip(checked.addrs.iter().copied());
     for (c, addr) in named().filter(|(s, _)| s.copy) {
+        checked.still_wanted()?;
         match copy_from(node, checked, c, addr) {
             Ok(pages) => return Ok(pages),
             Err(RegenError::Cancelled) => return Err(RegenError::Cancelled),
@@ -308,6 +309,7 @@ fn rebuild(node: &Node, checked: &Checked<'_>) -> Result<u64, RegenError> {
     // group instead of always loading its first k.
     decoding.shuffle(&mut rand::rng());
     let codec = Codec::new(k, req.r as usize).map_err(|e| RegenError::Invalid(e.to_string()))?;
+    checked.still_wanted()?;
     let mut p = Pipeline::start(req, checked.instance, node.config(), decoding, k)?;
     let mut rebuild = Rebuild::new(&checked.slab, req);
     let mut done = 0;
