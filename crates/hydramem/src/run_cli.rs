@@ -204,11 +204,7 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
                 sp.live_pages,
                 sp.rows_in_use,
                 sp.cost(),
-                human(
-                    sp.rows_held.saturating_sub(sp.rows_in_use)
-                        * sp.width
-                        * hydramem::PAGE_SIZE as u64
-                ),
+                human(sp.free_held_bytes()),
                 sp.forgotten,
                 sp.compacted_pages,
                 sp.compactions,

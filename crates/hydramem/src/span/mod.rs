@@ -139,13 +139,9 @@ impl SpanStats {
         (self.rows_in_use * self.width) as f64 / self.live_pages as f64
     }
 
-    /// Remote bytes per byte of live data, counting every row whose pieces the nodes hold
-    /// (in use, or free and not yet given back).
-    pub fn held_cost(&self) -> f64 {
-        if self.live_pages == 0 {
-            return 0.0;
-        }
-        (self.rows_held * self.width) as f64 / self.live_pages as f64
+    /// Bytes the nodes hold for rows that are free and not yet given back.
+    pub fn free_held_bytes(&self) -> u64 {
+        self.rows_held.saturating_sub(self.rows_in_use) * self.width * PAGE
     }
 }
 

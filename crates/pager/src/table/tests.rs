@@ -315,7 +315,7 @@ proptest! {
         // The standby buffers' bytes.
         let mut bufs = [0u64; 4];
         let mut value = 0u64;
-        let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &mut [u64; 64], bufs: &[u64; 4], v: u64, w: bool| {
+        let fault_in = |t: &mut Table, mem: &mut BTreeMap<u64, u64>, store: &[u64; 64], bufs: &[u64; 4], v: u64, w: bool| {
             if mem.contains_key(&v) { return; }
             match t.on_missing(v) {
                 FaultPlan::Local { buf, .. } => {
@@ -337,7 +337,7 @@ proptest! {
             match op {
                 Op::Touch(v, w) => {
                     let v = u64::from(v);
-                    fault_in(&mut t, &mut mem, &mut store, &bufs, v, w);
+                    fault_in(&mut t, &mut mem, &store, &bufs, v, w);
                     if w {
                         value += 1;
                         mem.insert(v, value);
@@ -350,7 +350,7 @@ proptest! {
                     // fingerprint, the page is sent out again, never taken for clean
                     // wrongly.
                     let v = u64::from(v);
-                    fault_in(&mut t, &mut mem, &mut store, &bufs, v, true);
+                    fault_in(&mut t, &mut mem, &store, &bufs, v, true);
                 }
                 Op::Demote(v) => {
                     let v = u64::from(v);
@@ -426,7 +426,7 @@ proptest! {
         }
         // Read everything back.
         for v in 0..64u64 {
-            fault_in(&mut t, &mut mem, &mut store, &bufs, v, false);
+            fault_in(&mut t, &mut mem, &store, &bufs, v, false);
             prop_assert_eq!(mem[&v], model[v as usize], "page {}", v);
         }
         // Every buffer is free or held by one entry; none is both or twice.
