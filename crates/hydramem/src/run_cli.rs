@@ -197,22 +197,9 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
         }
         if let Some(sp) = l.span.filter(|sp| sp.rows_written > 0) {
             eprintln!(
-                "hydramem run: pid {}'s span rows: {} pages in {} rows, {:.2} remote bytes per \
-                 byte (and {} of free rows not yet given back); {} pages forgotten (the program \
-                 freed them); compaction moved {} pages in {} passes{}",
+                "hydramem run: pid {}'s span rows: {}",
                 l.pid,
-                sp.live_pages,
-                sp.rows_in_use,
-                sp.cost(),
-                human(sp.free_held_bytes()),
-                sp.forgotten,
-                sp.compacted_pages,
-                sp.compactions,
-                if sp.max_cost > 0.0 {
-                    format!(" (it starts above {:.2})", sp.max_cost)
-                } else {
-                    String::new()
-                }
+                sp.summary("the program freed them")
             );
         }
     }

@@ -263,9 +263,18 @@ impl Data {
         self.free(freed);
     }
 
-    /// Returns pages to the allocator, runs of consecutive pages as one extent.
+    /// Returns pages to the allocator, runs of consecutive pages as one extent. The store
+    /// forgets them first ([`PageStore::forget`]): under span coding their copies stop
+    /// counting as live, so compaction neither moves them nor keeps their rows, and the
+    /// nodes get the memory of a deleted file back. First, because once the allocator has a
+    /// page another file may write it, and a forget after that write would drop the new
+    /// bytes. The contract holds: a file reads only pages it marked written, so no page is
+    /// read between its forget and its next write, and the caller holds the file's page
+    /// table for writing, so none of its I/O is in flight.
     fn free(&self, mut pages: Vec<u64>) {
         pages.sort_unstable();
+        let addrs: Vec<u64> = pages.iter().map(|p| p * P).collect();
+        self.store.forget(&addrs);
         let mut alloc = self.alloc.lock();
         let mut i = 0;
         while i < pages.len() {

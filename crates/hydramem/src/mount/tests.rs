@@ -23,6 +23,11 @@ struct FaultyStore {
     full: Mutex<bool>,
     /// Every list call's addresses, in order.
     calls: Mutex<Vec<Vec<u64>>>,
+    /// Pages forgotten and not written since: reading one breaks [`PageStore::forget`]'s
+    /// contract (a span store may answer an older write), so it fails here.
+    forgotten: Mutex<HashSet<u64>>,
+    /// Every page ever forgotten, in order.
+    forgets: Mutex<Vec<u64>>,
 }
 
 impl FaultyStore {
@@ -32,10 +37,20 @@ impl FaultyStore {
             failing: Mutex::new(HashSet::new()),
             full: Mutex::new(false),
             calls: Mutex::new(Vec::new()),
+            forgotten: Mutex::new(HashSet::new()),
+            forgets: Mutex::new(Vec::new()),
         })
     }
 
     fn check(&self, addr: u64, what: &'static str) -> Result<(), IoError> {
+        if what == "read" {
+            assert!(
+                !self.forgotten.lock().contains(&addr),
+                "page {addr:#x} read after it was forgotten and before a write"
+            );
+        } else {
+            self.forgotten.lock().remove(&addr);
+        }
         if self.failing.lock().contains(&addr) {
             return Err(IoError::Unavailable {
                 what,
@@ -78,6 +93,10 @@ impl PageStore for FaultyStore {
             .push(list.iter().map(|(a, _)| *a).collect());
         list.iter()
             .try_for_each(|(addr, page)| self.write_page(*addr, page))
+    }
+    fn forget(&self, addrs: &[u64]) {
+        self.forgotten.lock().extend(addrs);
+        self.forgets.lock().extend(addrs);
     }
 }
 
@@ -513,4 +532,59 @@ fn a_kept_file_system_refuses_another_size_and_a_damaged_snapshot() {
         .err()
         .unwrap();
     assert!(e.to_string().contains("damaged"), "{e}");
+}
+
+#[test]
+fn deleted_truncated_and_punched_pages_are_forgotten_before_another_file_gets_them() {
+    // 16 pages for files, and page 0 for the superblock: the next file must reuse them.
+    let store = FaultyStore::new(17 * P);
+    let fs = fs_over(store.clone(), 17 * P);
+    let f = file(&fs, "f");
+    fs.write(f, 0, &pattern(8 * PAGE_SIZE, 1)).unwrap();
+    let held = |fs: &HydraFs, ino| {
+        let addrs: Vec<u64> = fs
+            .ns
+            .read()
+            .get(ino)
+            .unwrap()
+            .table
+            .read()
+            .entries()
+            .filter_map(|(_, e)| e.page())
+            .map(|at| at * P)
+            .collect();
+        addrs
+    };
+    let pages = held(&fs, f);
+    assert_eq!(pages.len(), 8);
+    // Truncating to 3 pages and a bit forgets the 4 pages past the cut, not the last kept.
+    let size = |n| SetAttr {
+        size: Some(n),
+        ..SetAttr::default()
+    };
+    fs.setattr(f, &size(3 * P + 100)).unwrap();
+    assert_eq!(*store.forgets.lock(), pages[4..].to_vec());
+    // Punching page 1 whole forgets it; the partly covered page 2 keeps its copy.
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fs.fallocate(f, P, P + 10, punch).unwrap();
+    assert_eq!(store.forgets.lock().len(), 5);
+    assert_eq!(store.forgets.lock()[4], pages[1]);
+    // Deleting forgets the rest.
+    fs.unlink(ROOT, "f".as_ref()).unwrap();
+    fs.forget(f, 1);
+    let mut all = store.forgets.lock().clone();
+    all.sort_unstable();
+    assert_eq!(all, pages);
+    // A new file fills all 16 pages, the forgotten ones among them, and reads back its own
+    // bytes: no page was read between its forget and its next write (the store asserts it).
+    let g = file(&fs, "g");
+    fs.write(g, 10, &pattern(16 * PAGE_SIZE - 10, 2)).unwrap();
+    assert_eq!(
+        fs.read(g, 10, 16 * PAGE_SIZE).unwrap(),
+        pattern(16 * PAGE_SIZE - 10, 2)
+    );
+    assert!(
+        store.forgotten.lock().is_empty(),
+        "every page written again"
+    );
 }

@@ -88,9 +88,12 @@ pub trait PageStore: Send + Sync {
     /// writes them: a store whose overwritten pages leave garbage (span coding) counts their
     /// copies as garbage now, so that compaction does not move them. The caller must not read
     /// a forgotten page before writing it (it may read as zeros or as an older write), nor
-    /// forget a page it is reading or writing. Only for a store no successor reattaches to
-    /// (`hydramem run`): the nodes keep the forgotten copies until their rows are reused, so a
-    /// client that reattaches may find them again. This default forgets nothing.
+    /// forget a page it is reading or writing — not even after a reattach: the nodes keep the
+    /// forgotten copies until their rows are reused, so a successor with the same identity
+    /// may find them again (they then count as live until written). Fit for callers whose
+    /// own records say which pages hold data (`hydramem run`'s pager, the mount's files),
+    /// not for a block device, whose reader expects a trimmed page to stay zeros. This
+    /// default forgets nothing.
     fn forget(&self, _addrs: &[u64]) {}
     /// Whether the page at `addr` certainly reads as zeros without being asked (never
     /// written); `false` when unsure.

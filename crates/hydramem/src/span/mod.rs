@@ -143,6 +143,28 @@ impl SpanStats {
     pub fn free_held_bytes(&self) -> u64 {
         self.rows_held.saturating_sub(self.rows_in_use) * self.width * PAGE
     }
+
+    /// What the rows hold and what compaction did, in words, for a front end's summary;
+    /// `forgot` says who freed the forgotten pages ("the program freed them").
+    pub fn summary(&self, forgot: &str) -> String {
+        format!(
+            "{} pages in {} rows, {:.2} remote bytes per byte (and {} of free rows not yet \
+             given back); {} pages forgotten ({forgot}); compaction moved {} pages in {} \
+             passes{}",
+            self.live_pages,
+            self.rows_in_use,
+            self.cost(),
+            crate::units::human(self.free_held_bytes()),
+            self.forgotten,
+            self.compacted_pages,
+            self.compactions,
+            if self.max_cost > 0.0 {
+                format!(" (it starts above {:.2})", self.max_cost)
+            } else {
+                String::new()
+            }
+        )
+    }
 }
 
 impl SpanStore {

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Files deleted or cut short on a span-coded mount stop costing remote memory: a 32 MiB file
+# is written and deleted, a second one written and truncated to 8 MiB. The mount tells the
+# span store that the freed pages will not be read before they are written again, so at
+# unmount its summary shows them forgotten and the rows holding only the 8 MiB left, where
+# before the deleted pages stayed live (and compaction moved them) until a file wrote their
+# slots again. The file left reads back exact.
+set -euo pipefail
+. "$(dirname "$0")/lib/mount.sh"
+need_mount
+
+NODES=12 start_nodes
+mount_fs --scheme span-8+2 --size 256MiB
+head -c 32M /dev/urandom >"$dir/src"
+cp "$dir/src" "$MNT/a"
+cmp "$dir/src" "$MNT/a" || fail "the first file did not read back exact"
+rm "$MNT/a"
+cp "$dir/src" "$MNT/b"
+truncate -s 8M "$MNT/b"
+cmp -n 8M "$dir/src" "$MNT/b" || fail "the truncated file did not read back exact"
+[ "$(stat -c %s "$MNT/b")" -eq $((8 << 20)) ] || fail "the truncated file is not 8 MiB"
+stop_mount umount
+line=$(grep "span rows:" "$dir/mount.out") || fail "no span rows in the unmount summary: $(cat "$dir/mount.out")"
+live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
+forgotten=$(sed -E 's/.* ([0-9]+) pages forgotten.*/\1/' <<<"$line")
+[[ $live =~ ^[0-9]+$ && $forgotten =~ ^[0-9]+$ ]] || fail "no count of live and forgotten pages in: $line"
+# 32 MiB deleted and 24 MiB cut off: 14336 pages; 8 MiB left: 2048 pages.
+[ "$forgotten" -ge 14336 ] || fail "only $forgotten pages forgotten after 56 MiB of file pages were freed: $line"
+[ "$live" -eq 2048 ] || fail "$live pages live in the span rows, not the 2048 of the 8 MiB left: $line"
+echo "deleted 32 MiB and truncated 24 MiB (span-8+2): $forgotten pages forgotten, $live left in the span rows"
+echo "  $line"
+echo "PASS mount_span_free"
