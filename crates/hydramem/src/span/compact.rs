@@ -29,7 +29,6 @@
 //! bytes written are exactly that version's. Rows are freed only by the live-count rule of
 //! [`super::table`], never by compaction directly.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -388,13 +387,12 @@ fn discard_free(store: &Core) {
 /// whole rows' worth as they hold (all of them when that is less than a row: they still
 /// pack into fewer rows than they fill now). Returns the pages moved.
 fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
-    let order: HashMap<u64, usize> = victims.iter().enumerate().map(|(i, r)| (*r, i)).collect();
+    let order = Ranks::of(victims);
     let mut found: Vec<(usize, u64, Loc)> = Vec::new();
-    store.map.for_each(|page, loc| {
-        if let Some(i) = order.get(&loc.row) {
-            found.push((*i, page, loc));
-        }
-    });
+    store.map.for_each_in(
+        |row| order.get(row),
+        |i, page, loc| found.push((i, page, loc)),
+    );
     // Hold the pages (those being written are skipped: the write moves them), then look each
     // up again: a write may have moved it between the scan and the hold.
     let held = store
@@ -403,7 +401,7 @@ fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
     found.retain_mut(|(i, page, loc)| {
         let now = store.map.get(*page);
         match now {
-            Some(l) if held.holds(*page) && order.get(&l.row) == Some(i) => {
+            Some(l) if held.holds(*page) && order.get(l.row) == Some(*i) => {
                 *loc = l;
                 true
             }
@@ -462,4 +460,49 @@ fn pass(store: &Core, victims: &[u64]) -> Result<u64, IoError> {
         .map(|((page, loc), bytes)| ((*page, bytes), *loc))
         .unzip();
     store.write_packed(&list, Some((&expected, version)))
+}
+
+/// Each victim row's rank in a pass (sparsest first), looked up once per page of the map: by
+/// index into an array over the rows up to the highest victim, not by hash. The scan of the
+/// map visits every page each pass, and hashing the row of each (SipHash, a `HashMap`) was a
+/// third of the compaction thread's CPU under memcached (docs/benchmarks.md §12).
+struct Ranks(Vec<u8>);
+
+impl Ranks {
+    /// No rank: the row is not a victim.
+    const NONE: u8 = u8::MAX;
+
+    /// The ranks of `victims` (at most [`VICTIMS`] of them, distinct).
+    fn of(victims: &[u64]) -> Ranks {
+        const _: () = assert!(VICTIMS < Ranks::NONE as usize);
+        let len = victims.iter().max().map_or(0, |m| m + 1);
+        let mut ranks = vec![Ranks::NONE; usize::try_from(len).expect("a row that fits memory")];
+        for (i, row) in victims.iter().enumerate().take(VICTIMS) {
+            ranks[*row as usize] = i as u8;
+        }
+        Ranks(ranks)
+    }
+
+    /// The rank of `row`, if it is a victim.
+    fn get(&self, row: u64) -> Option<usize> {
+        let r = *self.0.get(usize::try_from(row).ok()?)?;
+        (r != Ranks::NONE).then_some(usize::from(r))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_name_the_victims_in_order_and_no_other_row() {
+        let r = Ranks::of(&[7, 2, 40]);
+        assert_eq!(r.get(7), Some(0));
+        assert_eq!(r.get(2), Some(1));
+        assert_eq!(r.get(40), Some(2));
+        for row in [0, 1, 3, 8, 39, 41, u64::MAX] {
+            assert_eq!(r.get(row), None, "row {row}");
+        }
+        assert_eq!(Ranks::of(&[]).get(0), None);
+    }
 }
