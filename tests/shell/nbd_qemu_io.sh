@@ -24,11 +24,6 @@ cmds=(
   -c "read -P 0 16M 64k"
   -c "flush"
 )
-qemu-io -f raw "${cmds[@]}" "$URI" | tee "$dir/qemu-io.log"
-if grep -qiE 'pattern verification failed|error|failed' "$dir/qemu-io.log"; then
-  echo "FAIL: qemu-io reported an error"
-  exit 1
-fi
-[ "$(grep -c '^read ' "$dir/qemu-io.log")" = 7 ] || { echo "FAIL: not every read ran"; exit 1; }
+qemu_io_check 7 "${cmds[@]}"
 stop_export
 echo "PASS nbd_qemu_io"

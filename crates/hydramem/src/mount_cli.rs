@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
-use hydramem::backup::FrontStore;
 use hydramem::cluster::Cluster;
 use hydramem::mount::fuse::{serve, MountOptions};
 use hydramem::mount::{Capacity, HydraFs};
@@ -177,7 +176,10 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
         watch.load(Ordering::Relaxed)
     })
     .with_context(|| format!("mounting and serving {}", a.dir.display()))?;
-    if let Some(line) = front.as_ref().and_then(span_summary) {
+    if let Some(line) = front
+        .as_ref()
+        .and_then(|f| f.span_summary("files deleted, truncated or punched"))
+    {
         println!("{line}");
     }
     if a.client_id.is_some() {
@@ -202,16 +204,6 @@ pub fn run(a: MountArgs, stop: Arc<AtomicBool>) -> Result<()> {
         println!("unmounted {}", a.dir.display());
     }
     Ok(())
-}
-
-/// What a span store holds at unmount, in one line (`None` for other schemes): the rows the
-/// files' pages take, and what deleting, truncating and punching files gave back.
-fn span_summary(front: &FrontStore) -> Option<String> {
-    let sp = front.span()?.stats();
-    Some(format!(
-        "span rows: {}",
-        sp.summary("files deleted, truncated or punched")
-    ))
 }
 
 fn uid() -> u32 {

@@ -148,6 +148,9 @@ pub fn run(a: NbdArgs, stop: Arc<AtomicBool>) -> Result<()> {
             .context("starting the signal watcher thread")?;
     }
     hydramem::nbd::run(listener, export, config, limits, shutdown).context("serving NBD")?;
+    if let Some(line) = front.span_summary("trimmed or zeroed") {
+        println!("{line}");
+    }
     front.close()?;
     if keep {
         println!(

@@ -144,6 +144,20 @@ serve_again() {
 }
 
 # stop_export: SIGTERM; the server must exit 0, release its memory and remove its socket.
+# qemu_io_check READS [-c COMMAND]...: runs qemu-io's commands on the export ($URI) and fails
+# unless it reported no error and ran READS reads (a pattern read that fails says so).
+qemu_io_check() {
+  local reads=$1
+  shift
+  qemu-io -f raw "$@" "$URI" | tee "$dir/qemu-io.log"
+  if grep -qiE 'pattern verification failed|error|failed' "$dir/qemu-io.log"; then
+    echo "FAIL $(basename "$0" .sh): qemu-io reported an error"
+    exit 1
+  fi
+  [ "$(grep -c '^read ' "$dir/qemu-io.log")" = "$reads" ] ||
+    { echo "FAIL $(basename "$0" .sh): not every read ran"; exit 1; }
+}
+
 stop_export() {
   kill -TERM "$nbd_pid"
   wait "$nbd_pid" || { echo "FAIL: hydramem nbd exited with an error on SIGTERM"; cat "$dir/nbd.err"; exit 1; }

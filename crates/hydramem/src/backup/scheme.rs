@@ -122,6 +122,13 @@ impl FrontStore {
         self.span.as_ref()
     }
 
+    /// What the span rows hold and what compaction did, in one line for a front end to print
+    /// when it stops (`None` for other schemes); `forgot` says who freed the forgotten pages.
+    pub fn span_summary(&self, forgot: &str) -> Option<String> {
+        let sp = self.span.as_ref()?.stats();
+        Some(format!("span rows: {}", sp.summary(forgot)))
+    }
+
     /// The client (its statistics, releasing its memory).
     pub fn mem(&self) -> &Arc<RemoteMemory> {
         &self.mem

@@ -95,6 +95,15 @@ pub trait PageStore: Send + Sync {
     /// not for a block device, whose reader expects a trimmed page to stay zeros. This
     /// default forgets nothing.
     fn forget(&self, _addrs: &[u64]) {}
+    /// Makes the pages at `addrs` read as zeros from now on without storing anything, if this
+    /// store can do that for good; returns whether it did (if not, it did nothing and the
+    /// caller writes zeros). For TRIM and WRITE_ZEROES: a span store whose identity no
+    /// successor reattaches to (no `--client-id`) forgets them — no message, and their rows'
+    /// memory comes back — where writing zeros would store a row of zero pages. The caller
+    /// must not read or write those pages meanwhile. This default does nothing.
+    fn discard(&self, _addrs: &[u64]) -> bool {
+        false
+    }
     /// Whether the page at `addr` certainly reads as zeros without being asked (never
     /// written); `false` when unsure.
     fn known_zero(&self, _addr: u64) -> bool {
@@ -284,16 +293,35 @@ impl Export {
             page[at..at + n].fill(0);
             self.store.write_page(p, &page)?;
         }
-        // Whole pages: runs of those that may hold data, written from a buffer of zeros.
-        let zeros = vec![[0u8; PAGE_SIZE]; ZERO_BATCH];
+        // Whole pages, ZERO_BATCH at a time (bounded memory whatever the length): those that
+        // may hold data are discarded where the store can, else written with zeros.
         let mut p = span.whole_start;
         while p < span.whole_end {
+            let end = (p + ZERO_BATCH as u64 * PAGE).min(span.whole_end);
+            let held: Vec<u64> = (p..end)
+                .step_by(PAGE_SIZE)
+                .filter(|a| !self.store.known_zero(*a))
+                .collect();
+            if !held.is_empty() && !self.store.discard(&held) {
+                self.write_zeros(p, end)?;
+            }
+            p = end;
+        }
+        Ok(())
+    }
+
+    /// Writes zeros over the pages `start..end` (at most [`ZERO_BATCH`]) that may hold data,
+    /// runs of them from one buffer.
+    fn write_zeros(&self, start: u64, end: u64) -> Result<(), ExportError> {
+        let zeros = vec![[0u8; PAGE_SIZE]; ZERO_BATCH];
+        let mut p = start;
+        while p < end {
             if self.store.known_zero(p) {
                 p += PAGE;
                 continue;
             }
             let mut n = 1;
-            while n < ZERO_BATCH && p + n as u64 * PAGE < span.whole_end {
+            while n < ZERO_BATCH && p + n as u64 * PAGE < end {
                 if self.store.known_zero(p + n as u64 * PAGE) {
                     break;
                 }
@@ -567,6 +595,66 @@ mod tests {
         assert!(e.read(10_000, &mut []).is_ok());
         assert!(e.write(10_000, &[]).is_ok());
         assert_eq!(store.writes(), 1);
+    }
+
+    /// A [`MemStore`] that discards: a discarded page reads as zeros until written again.
+    struct Discarding {
+        inner: Arc<MemStore>,
+        gone: Mutex<std::collections::HashSet<u64>>,
+        asked: Mutex<Vec<u64>>,
+    }
+
+    impl PageStore for Discarding {
+        fn read_page(&self, addr: u64, page: &mut Page) -> Result<(), IoError> {
+            if self.gone.lock().contains(&addr) {
+                page.fill(0);
+                return Ok(());
+            }
+            self.inner.read_page(addr, page)
+        }
+        fn write_page(&self, addr: u64, page: &Page) -> Result<(), IoError> {
+            self.gone.lock().remove(&addr);
+            self.inner.write_page(addr, page)
+        }
+        fn known_zero(&self, addr: u64) -> bool {
+            self.gone.lock().contains(&addr) || self.inner.known_zero(addr)
+        }
+        fn discard(&self, addrs: &[u64]) -> bool {
+            self.gone.lock().extend(addrs);
+            self.asked.lock().extend(addrs);
+            true
+        }
+    }
+
+    #[test]
+    fn zeroing_discards_whole_pages_where_the_store_can() {
+        let inner = MemStore::new(1 << 20, Default::default());
+        let store = Arc::new(Discarding {
+            inner: inner.clone(),
+            gone: Mutex::default(),
+            asked: Mutex::default(),
+        });
+        let e = Export::new(store.clone(), 1 << 20);
+        let data: Vec<u8> = (0..10 * PAGE_SIZE).map(|i| (i % 251) as u8 + 1).collect();
+        e.write(0, &data).unwrap();
+        let writes = inner.writes();
+        // From byte 100 of page 0 to byte 100 of page 8: pages 1..8 whole, 0 and 8 partly.
+        e.zero(100, 8 * PAGE).unwrap();
+        let whole: Vec<u64> = (1..8).map(|p| p * PAGE).collect();
+        assert_eq!(*store.asked.lock(), whole, "the whole pages discarded");
+        assert_eq!(
+            inner.writes(),
+            writes + 2,
+            "only the two partial pages written"
+        );
+        let mut want = data.clone();
+        want[100..100 + 8 * PAGE_SIZE].fill(0);
+        let mut got = vec![0u8; want.len()];
+        e.read(0, &mut got).unwrap();
+        assert!(got == want, "zeros exactly where zeroed");
+        // Pages already zero are not asked again.
+        e.zero(0, 10 * PAGE).unwrap();
+        assert_eq!(store.asked.lock().len(), 7 + 3, "pages 0, 8 and 9 only");
     }
 
     #[test]

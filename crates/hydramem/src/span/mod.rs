@@ -294,6 +294,10 @@ impl PageStore for SpanStore {
         self.core.forget(addrs)
     }
 
+    fn discard(&self, addrs: &[u64]) -> bool {
+        self.core.discard(addrs)
+    }
+
     fn known_zero(&self, addr: u64) -> bool {
         self.core.known_zero(addr)
     }
@@ -674,6 +678,17 @@ impl PageStore for Core {
                 self.compactor.wake();
             }
         }
+    }
+
+    /// Forgets the pages, which then read as zeros (never written) — for good only if no
+    /// successor reattaches to this identity: one that did would find their copies again, so a
+    /// kept identity (`--client-id`) discards nothing and the caller writes zeros.
+    fn discard(&self, addrs: &[u64]) -> bool {
+        if self.mem.config().kept {
+            return false;
+        }
+        self.forget(addrs);
+        true
     }
 
     fn known_zero(&self, addr: u64) -> bool {

@@ -282,6 +282,35 @@ fn forgotten_pages_are_garbage_at_once_and_nothing_else_changes() {
     }
 }
 
+#[test]
+fn discarded_pages_read_as_zeros_unless_the_identity_is_kept() {
+    let pages = 64;
+    let (s, _ctl) = start("span-8+2", 12, pages);
+    write(&s, 0, pages, 1);
+    let gone: Vec<u64> = (8..40).map(|p| p * PAGE).collect();
+    assert!(
+        s.discard(&gone),
+        "a store no successor reattaches to discards"
+    );
+    for p in 0..pages {
+        if (8..40).contains(&p) {
+            assert_eq!(read(&s, p), [0u8; PAGE_SIZE], "page {p} discarded");
+            assert!(s.known_zero(p * PAGE));
+        } else {
+            assert_eq!(read(&s, p), content(p, 1), "page {p}");
+        }
+    }
+    assert_eq!(s.stats().live_pages, pages - 32);
+    // A kept identity's successor would find the copies again: nothing is discarded, the
+    // caller writes zeros instead.
+    let (kept, _ctl) = open("span-8+2", 12, pages, |c| c.kept = true);
+    let kept = kept.expect("a fresh span store");
+    write(&kept, 0, pages, 1);
+    assert!(!kept.discard(&gone));
+    assert_eq!(read(&kept, 8), content(8, 1));
+    assert_eq!(kept.stats().live_pages, pages);
+}
+
 /// A store of 512 pages on 12 nodes that answer after 2 ms, written until its background
 /// compaction runs a pass (single-page writes leave a partial row each).
 fn compacting() -> (Arc<SpanStore>, MemControl) {
