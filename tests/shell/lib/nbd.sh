@@ -143,7 +143,6 @@ serve_again() {
   grep -q '^serving' "$dir/nbd2.out" || { echo "FAIL: the server did not start again"; cat "$dir/nbd2.err"; exit 1; }
 }
 
-# stop_export: SIGTERM; the server must exit 0, release its memory and remove its socket.
 # qemu_io_check READS [-c COMMAND]...: runs qemu-io's commands on the export ($URI) and fails
 # unless it reported no error and ran READS reads (a pattern read that fails says so).
 qemu_io_check() {
@@ -158,6 +157,7 @@ qemu_io_check() {
     { echo "FAIL $(basename "$0" .sh): not every read ran"; exit 1; }
 }
 
+# stop_export: SIGTERM; the server must exit 0, release its memory and remove its socket.
 stop_export() {
   kill -TERM "$nbd_pid"
   wait "$nbd_pid" || { echo "FAIL: hydramem nbd exited with an error on SIGTERM"; cat "$dir/nbd.err"; exit 1; }

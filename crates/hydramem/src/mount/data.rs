@@ -269,8 +269,9 @@ impl Data {
     /// nodes get the memory of a deleted file back. First, because once the allocator has a
     /// page another file may write it, and a forget after that write would drop the new
     /// bytes. The contract holds: a file reads only pages it marked written, so no page is
-    /// read between its forget and its next write, and the caller holds the file's page
-    /// table for writing, so none of its I/O is in flight.
+    /// read between its forget and its next write, and the pages were unmapped under the
+    /// file's page table's write lock, so none of the file's I/O is in flight or can reach
+    /// them.
     fn free(&self, mut pages: Vec<u64>) {
         pages.sort_unstable();
         let addrs: Vec<u64> = pages.iter().map(|p| p * P).collect();

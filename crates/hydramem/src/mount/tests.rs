@@ -535,7 +535,7 @@ fn a_kept_file_system_refuses_another_size_and_a_damaged_snapshot() {
 }
 
 #[test]
-fn deleted_truncated_and_punched_pages_are_forgotten_before_another_file_gets_them() {
+fn deleted_truncated_and_punched_pages_are_forgotten_and_not_read_before_written_again() {
     // 16 pages for files, and page 0 for the superblock: the next file must reuse them.
     let store = FaultyStore::new(17 * P);
     let fs = fs_over(store.clone(), 17 * P);

@@ -15,15 +15,20 @@
 //! - zeroing (TRIM, WRITE_ZEROES) writes zero pages the same way. A page of an address range
 //!   that was never written already reads as zeros and is skipped, so discarding a fresh
 //!   device (mkfs does) costs no remote traffic. The client has no way to release single
-//!   pages (slabs belong to whole address ranges), so zeroing is how remote pages are
-//!   "released": their contents are gone, their memory stays with the range.
+//!   pages of a range (slabs belong to whole address ranges), so for most stores zeroing is
+//!   how remote pages are "released": their contents are gone, their memory stays with the
+//!   range. A store that can make whole pages read as zeros for good without storing
+//!   anything ([`PageStore::discard`]: span coding without a kept identity) does that for
+//!   TRIM and for WRITE_ZEROES that allow holes ([`Export::trim`]); its rows' memory then
+//!   comes back.
 //!
 //! [`MemStore`] keeps the pages in process memory instead: an export with no cluster behind it,
 //! for the tests and fuzz targets of the NBD server.
 //!
 //! Invariants: nothing is written outside `[0, size)` (callers check with [`Export::check`]);
-//! when a write returns `Ok`, every page it touched is acknowledged remotely, so FLUSH and FUA
-//! have nothing left to do and every connection sees the data at once (multi-conn safe).
+//! when a write returns `Ok`, every page it touched is acknowledged remotely (or, discarded,
+//! taken out of the store's page map, which every connection shares), so FLUSH and FUA have
+//! nothing left to do and every connection sees the data at once (multi-conn safe).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -87,10 +92,10 @@ pub trait PageStore: Send + Sync {
     /// Tells the store that the caller will not read the pages at `addrs` again before it
     /// writes them: a store whose overwritten pages leave garbage (span coding) counts their
     /// copies as garbage now, so that compaction does not move them. The caller must not read
-    /// a forgotten page before writing it (it may read as zeros or as an older write), nor
-    /// forget a page it is reading or writing — not even after a reattach: the nodes keep the
-    /// forgotten copies until their rows are reused, so a successor with the same identity
-    /// may find them again (they then count as live until written). Fit for callers whose
+    /// a forgotten page before writing it (it may read as zeros or as an older write), not
+    /// even after a reattach — the nodes keep the forgotten copies until their rows are
+    /// reused, so a successor with the same identity may find them again (they then count as
+    /// live until written) — nor forget a page it is reading or writing. Fit for callers whose
     /// own records say which pages hold data (`hydramem run`'s pager, the mount's files),
     /// not for a block device, whose reader expects a trimmed page to stay zeros. This
     /// default forgets nothing.
@@ -275,9 +280,21 @@ impl Export {
         Ok(())
     }
 
-    /// Makes `len` bytes at `offset` read as zeros; returns once every page touched is
-    /// acknowledged. Pages that were never written are skipped (they read as zeros).
+    /// Makes `len` bytes at `offset` read as zeros, provisioned: every page touched that may
+    /// hold data is written with zeros (WRITE_ZEROES with NO_HOLE), and the call returns once
+    /// all are acknowledged. Pages that were never written are skipped (they read as zeros).
     pub fn zero(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.zero_range(offset, len, false)
+    }
+
+    /// Makes `len` bytes at `offset` read as zeros, holes allowed (TRIM, WRITE_ZEROES without
+    /// NO_HOLE): as [`Export::zero`], except that whole pages the store can discard for good
+    /// ([`PageStore::discard`]) are discarded instead of written.
+    pub fn trim(&self, offset: u64, len: u64) -> Result<(), ExportError> {
+        self.zero_range(offset, len, true)
+    }
+
+    fn zero_range(&self, offset: u64, len: u64, may_discard: bool) -> Result<(), ExportError> {
         self.check(offset, len)?;
         if len == 0 {
             return Ok(());
@@ -294,7 +311,9 @@ impl Export {
             self.store.write_page(p, &page)?;
         }
         // Whole pages, ZERO_BATCH at a time (bounded memory whatever the length): those that
-        // may hold data are discarded where the store can, else written with zeros.
+        // may hold data are discarded where allowed and the store can, else written with
+        // zeros, runs of consecutive ones from one buffer.
+        let mut zeros: Vec<Page> = Vec::new();
         let mut p = span.whole_start;
         while p < span.whole_end {
             let end = (p + ZERO_BATCH as u64 * PAGE).min(span.whole_end);
@@ -302,33 +321,16 @@ impl Export {
                 .step_by(PAGE_SIZE)
                 .filter(|a| !self.store.known_zero(*a))
                 .collect();
-            if !held.is_empty() && !self.store.discard(&held) {
-                self.write_zeros(p, end)?;
-            }
             p = end;
-        }
-        Ok(())
-    }
-
-    /// Writes zeros over the pages `start..end` (at most [`ZERO_BATCH`]) that may hold data,
-    /// runs of them from one buffer.
-    fn write_zeros(&self, start: u64, end: u64) -> Result<(), ExportError> {
-        let zeros = vec![[0u8; PAGE_SIZE]; ZERO_BATCH];
-        let mut p = start;
-        while p < end {
-            if self.store.known_zero(p) {
-                p += PAGE;
+            if held.is_empty() || (may_discard && self.store.discard(&held)) {
                 continue;
             }
-            let mut n = 1;
-            while n < ZERO_BATCH && p + n as u64 * PAGE < end {
-                if self.store.known_zero(p + n as u64 * PAGE) {
-                    break;
-                }
-                n += 1;
+            if zeros.is_empty() {
+                zeros = vec![[0u8; PAGE_SIZE]; ZERO_BATCH];
             }
-            self.store.write_pages(p, &zeros[..n])?;
-            p += n as u64 * PAGE;
+            for run in held.chunk_by(|a, b| b - a == PAGE) {
+                self.store.write_pages(run[0], &zeros[..run.len()])?;
+            }
         }
         Ok(())
     }
@@ -639,7 +641,7 @@ mod tests {
         e.write(0, &data).unwrap();
         let writes = inner.writes();
         // From byte 100 of page 0 to byte 100 of page 8: pages 1..8 whole, 0 and 8 partly.
-        e.zero(100, 8 * PAGE).unwrap();
+        e.trim(100, 8 * PAGE).unwrap();
         let whole: Vec<u64> = (1..8).map(|p| p * PAGE).collect();
         assert_eq!(*store.asked.lock(), whole, "the whole pages discarded");
         assert_eq!(
@@ -653,8 +655,17 @@ mod tests {
         e.read(0, &mut got).unwrap();
         assert!(got == want, "zeros exactly where zeroed");
         // Pages already zero are not asked again.
-        e.zero(0, 10 * PAGE).unwrap();
+        e.trim(0, 10 * PAGE).unwrap();
         assert_eq!(store.asked.lock().len(), 7 + 3, "pages 0, 8 and 9 only");
+        // Provisioned zeros (WRITE_ZEROES with NO_HOLE) are written, never discarded.
+        e.write(0, &data).unwrap();
+        let writes = inner.writes();
+        e.zero(0, 10 * PAGE).unwrap();
+        assert_eq!(store.asked.lock().len(), 10, "nothing more discarded");
+        assert_eq!(inner.writes(), writes + 10, "every page written with zeros");
+        let mut got = vec![1u8; 10 * PAGE_SIZE];
+        e.read(0, &mut got).unwrap();
+        assert!(got.iter().all(|&b| b == 0));
     }
 
     #[test]

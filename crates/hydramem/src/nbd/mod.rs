@@ -23,7 +23,8 @@
 //!   [`pool`]: the worker threads every connection shares.
 //!
 //! Invariants the server keeps: a WRITE (or TRIM, WRITE_ZEROES) is replied to only once every
-//! page it touched is acknowledged under the client's resilience mode; all connections share
+//! page it touched is acknowledged under the client's resilience mode (or, for a page a TRIM
+//! discarded, taken out of the store's page map); all connections share
 //! one remote memory and one page-lock table, so the export is consistent across connections
 //! (CAN_MULTI_CONN) and FLUSH is a barrier with nothing to flush; a malformed message closes
 //! only the connection that sent it; a request outside the export gets EINVAL and the

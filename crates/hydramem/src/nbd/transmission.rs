@@ -513,7 +513,11 @@ pub(super) fn execute<W: Write>(job: Job, export: &Export, replies: &Replies<W>)
         (wire::CMD_WRITE, Payload::Data(d)) => export.write(offset, &d).inspect(|()| {
             metrics::counter!("hydramem_nbd_bytes_total", "dir" => "write").increment(len as u64)
         }),
-        (wire::CMD_TRIM | wire::CMD_WRITE_ZEROES, _) => export.zero(offset, len as u64),
+        // NO_HOLE asks for the zeros to be stored: never discarded.
+        (wire::CMD_WRITE_ZEROES, _) if flags & wire::CMD_FLAG_NO_HOLE != 0 => {
+            export.zero(offset, len as u64)
+        }
+        (wire::CMD_TRIM | wire::CMD_WRITE_ZEROES, _) => export.trim(offset, len as u64),
         // FLUSH: every write already replied to is acknowledged by the remote memory.
         _ => Ok(()),
     };
@@ -975,6 +979,57 @@ mod tests {
         let started = STARTED.load(Ordering::SeqCst);
         assert!(started > 0, "no worker ran a write");
         assert_eq!(ENDED.load(Ordering::SeqCst), started);
+    }
+
+    #[test]
+    fn trim_and_write_zeroes_may_discard_but_not_with_no_hole() {
+        // A store that discards, and records which pages it was asked to.
+        struct Discarding(Arc<MemStore>, Mutex<Vec<u64>>);
+        impl PageStore for Discarding {
+            fn read_page(&self, addr: u64, page: &mut crate::client::Page) -> Result<(), IoError> {
+                if self.1.lock().contains(&addr) {
+                    page.fill(0);
+                    return Ok(());
+                }
+                self.0.read_page(addr, page)
+            }
+            fn write_page(&self, addr: u64, page: &crate::client::Page) -> Result<(), IoError> {
+                self.0.write_page(addr, page)
+            }
+            fn discard(&self, addrs: &[u64]) -> bool {
+                self.1.lock().extend(addrs);
+                true
+            }
+        }
+        let inner = MemStore::new(65536, Default::default());
+        let store = Arc::new(Discarding(inner.clone(), Mutex::new(Vec::new())));
+        let export = Arc::new(Export::new(store.clone(), 65536));
+        let neg = Negotiated {
+            structured: true,
+            flags: transmission_flags(true),
+        };
+        let mut inp = req(CMD_WRITE, 0, 1, 0, 65536);
+        inp.extend(vec![7; 65536]);
+        inp.extend(req(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 2, 0, 4 * 4096));
+        inp.extend(req(CMD_WRITE_ZEROES, 0, 3, 4 * 4096, 4 * 4096));
+        inp.extend(req(CMD_TRIM, 0, 4, 8 * 4096, 4 * 4096));
+        let inline = shared(1);
+        serve(&mut reader(&inp), Vec::new(), &export, neg, &inline, || {
+            false
+        })
+        .unwrap();
+        let asked = store.1.lock().clone();
+        let want: Vec<u64> = (4..12).map(|p| p * 4096).collect();
+        assert_eq!(asked, want, "pages 4..12 discarded, 0..4 (NO_HOLE) written");
+        assert_eq!(
+            inner.writes(),
+            16 + 4,
+            "the write's 16 pages, then 4 zero pages"
+        );
+        let mut back = vec![1u8; 65536];
+        export.read(0, &mut back).unwrap();
+        assert!(back[..12 * 4096].iter().all(|&b| b == 0));
+        assert!(back[12 * 4096..].iter().all(|&b| b == 7));
     }
 
     #[test]

@@ -475,6 +475,7 @@ impl Ranks {
     /// The ranks of `victims` (at most [`VICTIMS`] of them, distinct).
     fn of(victims: &[u64]) -> Ranks {
         const _: () = assert!(VICTIMS < Ranks::NONE as usize);
+        debug_assert!(victims.len() <= VICTIMS, "{} victims", victims.len());
         let len = victims.iter().max().map_or(0, |m| m + 1);
         let mut ranks = vec![Ranks::NONE; usize::try_from(len).expect("a row that fits memory")];
         for (i, row) in victims.iter().enumerate().take(VICTIMS) {

@@ -209,6 +209,21 @@ mod tests {
             |t, page, loc| got.push((t, page, loc.row, loc.version)),
         );
         assert_eq!(got, vec![(500, 0, 5, 50), (500, CHUNK + 3, 5, 50)]);
+        // The last entry of a chunk, and of a last chunk that the map's end cuts short.
+        let m = PageMap::new(2 * CHUNK + 10);
+        for page in [CHUNK - 1, 2 * CHUNK + 9] {
+            m.set(
+                page,
+                Loc {
+                    row: 3,
+                    pos: 0,
+                    version: 1,
+                },
+            );
+        }
+        let mut got = Vec::new();
+        m.for_each_in(|row| (row == 3).then_some(()), |(), page, _| got.push(page));
+        assert_eq!(got, vec![CHUNK - 1, 2 * CHUNK + 9]);
     }
 
     #[test]

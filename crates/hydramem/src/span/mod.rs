@@ -624,6 +624,18 @@ impl PageStore for Core {
         }
         let results = self.mem.read_pieces(&mut wants);
         for (r, (want, page)) in results.into_iter().zip(wants.iter_mut()) {
+            let r = match r {
+                // The page moved or was forgotten while its old row failed to read (the row was
+                // reused or its range given back, as after a TRIM emptied it): look again, as
+                // [`Core::read_one`] does.
+                Err(_)
+                    if self.map.get(want.addr / PAGE).map(|l| (l.row, l.version))
+                        != Some((want.row, want.version)) =>
+                {
+                    Ok(PieceRead::Moved)
+                }
+                r => r,
+            };
             match r? {
                 PieceRead::Done { decoded } => {
                     if decoded {
