@@ -4,7 +4,8 @@
 # span store that the freed pages will not be read before they are written again, so at
 # unmount its summary shows them forgotten and the rows holding only the 8 MiB left, where
 # before the deleted pages stayed live (and compaction moved them) until a file wrote their
-# slots again. The file left reads back exact.
+# slots again. The file left reads back exact. With --client-id, the remount forgets the
+# copies its reattach found again for pages no file holds.
 set -euo pipefail
 . "$(dirname "$0")/lib/mount.sh"
 need_mount
@@ -29,4 +30,25 @@ forgotten=$(sed -E 's/.* ([0-9]+) pages forgotten.*/\1/' <<<"$line")
 [ "$live" -eq 2048 ] || fail "$live pages live in the span rows, not the 2048 of the 8 MiB left: $line"
 echo "deleted 32 MiB and truncated 24 MiB (span-8+2): $forgotten pages forgotten, $live left in the span rows"
 echo "  $line"
+
+# Kept (--client-id): the reattach at the next mount finds every copy the nodes still hold —
+# the deleted file's, the snapshot's — and the remount forgets those no file holds, so only
+# the kept file (2048 pages) and the superblock are live when it unmounts again.
+opts=(--scheme span-8+2 --size 64MiB --client-id 00112233445566778899aabbccddeeff)
+mount_fs "${opts[@]}"
+head -c 8M "$dir/src" >"$MNT/keep"
+cp "$dir/src" "$MNT/gone"
+rm "$MNT/gone"
+umount "$MNT"
+wait "$mount_pid" || fail "the first kept mount did not exit 0"
+mount_pid=""
+mount_fs "${opts[@]}"
+cmp -n 8M "$dir/src" "$MNT/keep" || fail "the kept file did not read back exact after the remount"
+umount "$MNT"
+wait "$mount_pid" || fail "the second kept mount did not exit 0"
+mount_pid=""
+line=$(grep "span rows:" "$dir/mount.out") || fail "no span rows in the second unmount's summary"
+live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
+[ "$live" = 2049 ] || fail "$live pages live after the remount, not the kept file's 2048 and the superblock: $line"
+echo "remounted --client-id (span-8+2): $live pages live, the kept file's and the superblock"
 echo "PASS mount_span_free"

@@ -61,6 +61,11 @@ impl PageAllocator {
         self.free_pages
     }
 
+    /// The free extents, `(first page, length)`, in address order.
+    pub fn extents(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.free.iter().map(|(&first, &n)| (first, n))
+    }
+
     /// Allocates `n` pages, as extents `(first page, length)` in allocation order: first as
     /// many as are free from `hint` on (contiguously), then next fit from the cursor. Either
     /// all `n` are allocated or none ([`NoSpace`]).

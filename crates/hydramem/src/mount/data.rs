@@ -288,6 +288,25 @@ impl Data {
         }
     }
 
+    /// Tells the store to forget every free page (page 0, the superblock, is never free):
+    /// after a remount with a kept identity, the copies a reattaching span store found again
+    /// for pages no file holds — the last snapshot's, a deleted file's not yet overwritten —
+    /// would otherwise count as live until written. Call it before any request: no page is
+    /// in flight, and a free page is never read before a file writes it.
+    pub fn forget_free(&self) {
+        const BATCH: u64 = 4096;
+        let extents: Vec<(u64, u64)> = self.alloc.lock().extents().collect();
+        for (first, n) in extents {
+            let mut p = first;
+            while p < first + n {
+                let end = (p + BATCH).min(first + n);
+                let addrs: Vec<u64> = (p..end).map(|q| q * P).collect();
+                self.store.forget(&addrs);
+                p = end;
+            }
+        }
+    }
+
     /// Marks the pages a file already holds as allocated (a namespace loaded from a snapshot);
     /// returns false if one of them is taken already.
     pub fn adopt(&self, table: &PageTable) -> bool {

@@ -224,6 +224,7 @@ impl HydraFs {
             }
             None => snapshot::mark_open(fs.data.store(), bytes)?,
         }
+        fs.data.forget_free();
         Ok(fs)
     }
 
