@@ -21,10 +21,7 @@ truncate -s 8M "$MNT/b"
 cmp -n 8M "$dir/src" "$MNT/b" || fail "the truncated file did not read back exact"
 [ "$(stat -c %s "$MNT/b")" -eq $((8 << 20)) ] || fail "the truncated file is not 8 MiB"
 stop_mount umount
-line=$(grep "span rows:" "$dir/mount.out") || fail "no span rows in the unmount summary: $(cat "$dir/mount.out")"
-live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
-forgotten=$(sed -E 's/.* ([0-9]+) pages forgotten.*/\1/' <<<"$line")
-[[ $live =~ ^[0-9]+$ && $forgotten =~ ^[0-9]+$ ]] || fail "no count of live and forgotten pages in: $line"
+span_rows "$dir/mount.out"
 # 32 MiB deleted and 24 MiB cut off: 14336 pages; 8 MiB left: 2048 pages.
 [ "$forgotten" -ge 14336 ] || fail "only $forgotten pages forgotten after 56 MiB of file pages were freed: $line"
 [ "$live" -eq 2048 ] || fail "$live pages live in the span rows, not the 2048 of the 8 MiB left: $line"
@@ -47,8 +44,7 @@ cmp -n 8M "$dir/src" "$MNT/keep" || fail "the kept file did not read back exact 
 umount "$MNT"
 wait "$mount_pid" || fail "the second kept mount did not exit 0"
 mount_pid=""
-line=$(grep "span rows:" "$dir/mount.out") || fail "no span rows in the second unmount's summary"
-live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
+span_rows "$dir/mount.out"
 [ "$live" = 2049 ] || fail "$live pages live after the remount, not the kept file's 2048 and the superblock: $line"
 echo "remounted --client-id (span-8+2): $live pages live, the kept file's and the superblock"
 echo "PASS mount_span_free"

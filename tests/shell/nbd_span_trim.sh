@@ -17,10 +17,7 @@ cmds=(
 )
 qemu_io_check 3 "${cmds[@]}"
 stop_export
-line=$(grep "span rows:" "$dir/nbd.out") || { echo "FAIL: no span rows in the summary at exit: $(cat "$dir/nbd.out")"; exit 1; }
-live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
-forgotten=$(sed -E 's/.* ([0-9]+) pages forgotten.*/\1/' <<<"$line")
-[[ $live =~ ^[0-9]+$ && $forgotten =~ ^[0-9]+$ ]] || { echo "FAIL: no count of live and forgotten pages in: $line"; exit 1; }
+span_rows "$dir/nbd.out"
 [ "$forgotten" -eq 6144 ] || { echo "FAIL: $forgotten pages forgotten, not the 6144 of the 24 MiB discarded: $line"; exit 1; }
 [ "$live" -eq 2048 ] || { echo "FAIL: $live pages live in the span rows, not the 2048 of the 8 MiB left: $line"; exit 1; }
 echo "discarded 24 MiB of 32 (span-8+2): $forgotten pages forgotten, $live left in the span rows"

@@ -14,10 +14,7 @@ prog='a = bytearray(range(256)) * (96 << 12); print(sum(a[1::4096])); del a; b =
 run_paged span-8+2 32MiB /usr/bin/python3 -c "$prog" || fail "python3 under hydramem run exited with $?"
 grep -qx 4194304 "$dir/run.out" || fail "python3 did not run to its end"
 check_paged "python3 bytearray freed (span-8+2)"
-line=$(grep "span rows:" "$dir/run.out") || fail "no span rows in the run summary"
-live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
-forgotten=$(sed -E 's/.* ([0-9]+) pages forgotten.*/\1/' <<<"$line")
-[[ $live =~ ^[0-9]+$ && $forgotten =~ ^[0-9]+$ ]] || fail "no count of live and forgotten pages in: $line"
+span_rows "$dir/run.out"
 # 96 MiB less the 32 MiB budget is 16384 pages out at the least.
 [ "$forgotten" -ge 16384 ] || fail "only $forgotten pages forgotten after the program freed 96 MiB: $line"
 [ "$live" -le 1024 ] || fail "$live pages still live in the span rows after the program freed them: $line"

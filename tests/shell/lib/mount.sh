@@ -2,6 +2,7 @@
 # by one (lib/nbd.sh's start_nodes, so a script holds each node's pid), with everything a
 # script sets up on the mount — loop devices, swap, the mount process — torn down on exit,
 # whatever state the script stopped in. The scripts run from the repository root.
+# shellcheck source=lib/nbd.sh
 . "$(dirname "${BASH_SOURCE[0]}")/nbd.sh"
 . scripts/lib/swap.sh # wait_until
 

@@ -157,6 +157,18 @@ qemu_io_check() {
     { echo "FAIL $(basename "$0" .sh): not every read ran"; exit 1; }
 }
 
+# span_rows FILE: reads the `span rows:` summary a front end printed into FILE and sets
+# `line` to it, `live` and `forgotten` to its counts of live and forgotten pages; fails the
+# test if there is none. Call it in the script's shell, not in $(...).
+span_rows() {
+  line=$(grep "span rows:" "$1") ||
+    { echo "FAIL $(basename "$0" .sh): no span rows in the summary: $(cat "$1")"; exit 1; }
+  live=$(sed -E 's/.*span rows: ([0-9]+) pages in.*/\1/' <<<"$line")
+  forgotten=$(sed -E 's/.* ([0-9]+) pages forgotten.*/\1/' <<<"$line")
+  [[ $live =~ ^[0-9]+$ && $forgotten =~ ^[0-9]+$ ]] ||
+    { echo "FAIL $(basename "$0" .sh): no count of live and forgotten pages in: $line"; exit 1; }
+}
+
 # stop_export: SIGTERM; the server must exit 0, release its memory and remove its socket.
 stop_export() {
   kill -TERM "$nbd_pid"

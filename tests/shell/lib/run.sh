@@ -2,6 +2,7 @@
 # one (lib/nbd.sh's start_nodes, so a script holds each node's pid and can kill some), and the
 # checks every such script makes on what the command printed. The scripts run from the
 # repository root.
+# shellcheck source=lib/nbd.sh
 . "$(dirname "${BASH_SOURCE[0]}")/nbd.sh"
 . scripts/lib/swap.sh # wait_until
 

@@ -145,17 +145,7 @@ impl PageMap {
     /// Calls `f` with every written page and its location (each entry read under its lock;
     /// the map may change between entries).
     pub fn for_each(&self, mut f: impl FnMut(u64, Loc)) {
-        for (c, chunk) in self.chunks.iter().enumerate() {
-            if chunk.get().is_none() {
-                continue;
-            }
-            let first = c as u64 * CHUNK;
-            for page in first..(first + CHUNK).min(self.pages) {
-                if let Some(loc) = self.get(page) {
-                    f(page, loc);
-                }
-            }
-        }
+        self.for_each_in(|_| Some(()), |(), page, loc| f(page, loc));
     }
 
     /// Calls `f` with every written page whose row `want` picks (`want(row)` is `Some`), what
