@@ -124,9 +124,11 @@ impl PageMap {
 
     /// Forgets where page `page` lives (as if never written); returns where it was.
     pub fn clear(&self, page: u64) -> Option<Loc> {
+        // A chunk never made holds nothing to clear: no lock (a remount forgets every free
+        // page of the address space, most of them never written).
+        let e = self.entry(page)?;
         let _g = self.stripe(page).lock();
         let old = self.load(page)?;
-        let e = self.entry(page)?;
         e[0].store(0, Ordering::Relaxed);
         e[1].store(0, Ordering::Relaxed);
         Some(old)
