@@ -2,7 +2,9 @@
 # scripts/bench-apps --quick: redis limited to half its peak memory swaps through a RAM file and
 # a hydra 8+2 file in `hydramem mount` (loop devices), and its data set's DEBUG DIGEST after
 # swapping out and in is the unlimited run's; swap was used. No timing is checked. Nothing is
-# left behind: no swap, loop device, mount, cgroup or process.
+# left behind: no swap, loop device, mount, cgroup or process. With two CPUs or more, the
+# memory nodes run on the last (--node-cpus) and the run says so; a CPU list naming a CPU that
+# is not online is refused before anything starts.
 set -euo pipefail
 . "$(dirname "$0")/lib/nbd.sh"
 [ "$(id -u)" -eq 0 ] || skip "needs root for swapon, losetup and cgroups"
@@ -27,8 +29,21 @@ leftovers() {
 
 status=0
 mkdir "$dir/tmp"
-HYDRAMEM_BIN="$BIN" TMPDIR="$dir/tmp" scripts/bench-apps --quick --out "$dir/out" 2>&1 | tee "$dir/run.log" || status=$?
+last=$(nproc --all)
+last=$((last - 1))
+if [ "$last" -ge 1 ]; then pin=(--node-cpus "$last"); else pin=(); fi
+HYDRAMEM_BIN="$BIN" TMPDIR="$dir/tmp" scripts/bench-apps --quick "${pin[@]}" --out "$dir/out" 2>&1 | tee "$dir/run.log" || status=$?
 [ "$status" -eq 0 ] || { echo "FAIL: bench-apps --quick exited with $status"; exit 1; }
+if [ "$last" -ge 1 ]; then
+  grep -q "^memory nodes on CPUs $last, everything else on CPUs " "$dir/out/cpus.txt" ||
+    { echo "FAIL: --node-cpus $last not recorded: $(cat "$dir/out/cpus.txt")"; exit 1; }
+fi
+status=0
+HYDRAMEM_BIN="$BIN" TMPDIR="$dir/tmp" scripts/bench-apps --quick --node-cpus 4096 --out "$dir/out2" >"$dir/bad.log" 2>&1 || status=$?
+if [ "$status" -ne 1 ] || ! grep -q "CPUs 4096 are not online" "$dir/bad.log"; then
+  echo "FAIL: --node-cpus 4096 (not online) gave status $status: $(tail -3 "$dir/bad.log")"
+  exit 1
+fi
 for b in local ram-mount hydra-mount; do
   grep -Eq "redis +$b .*data ok: digest" "$dir/run.log" || { echo "FAIL: no intact data set for $b"; exit 1; }
 done

@@ -225,9 +225,12 @@ stop_backend() {
   set -e
 }
 
-# start_cluster: the memory nodes the hydramem backends share (12 on this machine).
+# start_cluster: the memory nodes the hydramem backends share (12 on this machine), on the
+# CPUs of --node-cpus if given.
 start_cluster() {
-  "$BIN" up --nodes 12 --slab-size 64MiB --capacity "$swapsize" --cluster "$dir/cluster.toml" \
+  local pin=()
+  [ -z "${node_cpus:-}" ] || pin=(taskset -c "$node_cpus")
+  "${pin[@]}" "$BIN" up --nodes 12 --slab-size 64MiB --capacity "$swapsize" --cluster "$dir/cluster.toml" \
     --log warn >"$dir/up.log" 2>&1 &
   cluster_pid=$!
   wait_until 20 test -f "$dir/cluster.toml" || die "hydramem up did not start: $(cat "$dir/up.log")"
