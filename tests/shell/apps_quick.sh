@@ -3,8 +3,9 @@
 # a hydra 8+2 file in `hydramem mount` (loop devices), and its data set's DEBUG DIGEST after
 # swapping out and in is the unlimited run's; swap was used. No timing is checked. Nothing is
 # left behind: no swap, loop device, mount, cgroup or process. With two CPUs or more, the
-# memory nodes run on the last (--node-cpus) and the run says so; a CPU list naming a CPU that
-# is not online is refused before anything starts.
+# memory nodes run on the last it may use (--node-cpus) and the rest on the others, as taskset
+# reads them back; a CPU list naming a CPU that does not exist is refused before anything
+# starts.
 set -euo pipefail
 . "$(dirname "$0")/lib/nbd.sh"
 [ "$(id -u)" -eq 0 ] || skip "needs root for swapon, losetup and cgroups"
@@ -29,19 +30,26 @@ leftovers() {
 
 status=0
 mkdir "$dir/tmp"
-last=$(nproc --all)
-last=$((last - 1))
-if [ "$last" -ge 1 ]; then pin=(--node-cpus "$last"); else pin=(); fi
+# The highest CPU this test may run on: the memory nodes' with --node-cpus, if one is left.
+read -r last allowed < <(python3 -c 'import os; a = os.sched_getaffinity(0); print(max(a), len(a))')
+if [ "$allowed" -ge 2 ]; then pin=(--node-cpus "$last"); else pin=(); fi
 HYDRAMEM_BIN="$BIN" TMPDIR="$dir/tmp" scripts/bench-apps --quick "${pin[@]}" --out "$dir/out" 2>&1 | tee "$dir/run.log" || status=$?
 [ "$status" -eq 0 ] || { echo "FAIL: bench-apps --quick exited with $status"; exit 1; }
-if [ "$last" -ge 1 ]; then
-  grep -q "^memory nodes on CPUs $last, everything else on CPUs " "$dir/out/cpus.txt" ||
-    { echo "FAIL: --node-cpus $last not recorded: $(cat "$dir/out/cpus.txt")"; exit 1; }
+if [ "$allowed" -ge 2 ]; then
+  # What the processes got, as taskset read it back, not only what was asked: the nodes the
+  # last CPU alone, the script (and all it started) every other CPU and not that one.
+  nodes=$(sed -n "s/^memory nodes: pid [0-9]*'s current affinity list: //p" "$dir/out/cpus.txt")
+  script=$(sed -n "s/^this script: pid [0-9]*'s current affinity list: //p" "$dir/out/cpus.txt")
+  want=$(python3 -c 'import os, sys; print(",".join(str(c) for c in sorted(os.sched_getaffinity(0) - {int(sys.argv[1])})))' "$last")
+  if [ "$nodes" != "$last" ] || [ "$(python3 scripts/lib/apps/cpus.py split "$script" 2>/dev/null | head -1)" != "$want" ]; then
+    echo "FAIL: --node-cpus $last: the nodes got CPUs '$nodes' (want $last), the rest '$script' (want $want)"
+    exit 1
+  fi
 fi
 status=0
 HYDRAMEM_BIN="$BIN" TMPDIR="$dir/tmp" scripts/bench-apps --quick --node-cpus 4096 --out "$dir/out2" >"$dir/bad.log" 2>&1 || status=$?
-if [ "$status" -ne 1 ] || ! grep -q "CPUs 4096 are not online" "$dir/bad.log"; then
-  echo "FAIL: --node-cpus 4096 (not online) gave status $status: $(tail -3 "$dir/bad.log")"
+if [ "$status" -ne 2 ] || ! grep -q "CPU 4096 ('4096') is past the highest this run may use" "$dir/bad.log" || [ -e "$dir/out2" ]; then
+  echo "FAIL: --node-cpus 4096 (no such CPU) gave status $status, not a refusal before anything ran: $(tail -3 "$dir/bad.log")"
   exit 1
 fi
 for b in local ram-mount hydra-mount; do

@@ -234,4 +234,5 @@ start_cluster() {
     --log warn >"$dir/up.log" 2>&1 &
   cluster_pid=$!
   wait_until 20 test -f "$dir/cluster.toml" || die "hydramem up did not start: $(cat "$dir/up.log")"
+  echo "memory nodes: $(taskset -c -p "$cluster_pid")" >>"$out/cpus.txt"
 }
