@@ -9,6 +9,9 @@
 //! offsets into the buffer hold; a run that cannot be appended leaves the buffer as it was; no
 //! sender ever blocks on a full socket: the rest waits for the receiver thread to see the
 //! socket writable; buffers are swapped, never reallocated, once grown to the working size.
+//! Three callers in [`super`] touch the state directly and keep these invariants themselves:
+//! a control call and a ping append a whole frame of their own (closing the open one first),
+//! and a reconnect's attach empties the buffer of the dead socket's bytes.
 
 use std::io;
 use std::sync::atomic::Ordering;
