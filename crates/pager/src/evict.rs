@@ -145,6 +145,10 @@ impl<'p> Evictor<'p> {
                 BATCH
             };
             let want = ((rss - low) as usize).div_ceil(PAGE).min(most);
+            // Over the budget: faults are held from now, not from the end of this batch — on
+            // a core shared with a program filling memory at full speed the first batch can
+            // take long enough for the program to fill everything unheld.
+            p.throttle.draining(true);
             let freed = self.batch(want);
             // Faults are held while this drains (`throttle.rs`); each batch dropped lets the
             // fault thread look again. A write the cluster refused means the budget cannot be

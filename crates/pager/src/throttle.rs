@@ -5,9 +5,10 @@
 //! running past it.
 //!
 //! Invariants:
-//! - faults are held only while the evictor is draining (over the budget, and its last batch
-//!   dropped pages); when it stops draining — under the budget, stuck (nothing left to page
-//!   out), paused for a fork, or stopped — it says so and the held faults go on at once;
+//! - faults are held only while the evictor is draining (over the budget, with a batch under
+//!   way or its last batch having dropped pages); when it stops draining — under the budget,
+//!   stuck (nothing left to page out), paused for a fork, or stopped — it says so and the held
+//!   faults go on at once;
 //! - no fault is held longer than [`MAX_HOLD`], whatever the evictor does: back-pressure can
 //!   slow a program, never hang it;
 //! - the resident estimate is the evictor's last measurement plus the pages the fault thread
