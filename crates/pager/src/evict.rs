@@ -22,8 +22,10 @@
 //! 5. under the lock, once no report is pending: commit each page, drop the committed ones
 //!    (MADV_DONTNEED), wake the faults that waited.
 //!
-//! While it drains, the fault thread holds back new page-ins and first touches
-//! (`throttle.rs`). A write the cluster refuses keeps its pages resident and stops that:
+//! While it drains — over the budget, from the start of a batch (unless writes are being
+//! refused or the last batch found nothing to page out) — the fault thread holds back new
+//! page-ins and first touches (`throttle.rs`). A write the cluster refuses keeps its pages
+//! resident and stops that until a write succeeds again:
 //! the program runs over its budget, and the evictor waits before it writes again (1 s,
 //! doubling to 16 s while writes keep failing), since such a write can take seconds to fail
 //! and the faults on its pages wait for it.
@@ -84,6 +86,9 @@ pub struct Evictor<'p> {
     write_failed: bool,
     /// The wait after the next refused write.
     backoff: Duration,
+    /// The last batch found nothing to page out: the next one does not hold faults from its
+    /// start.
+    starved: bool,
     /// The pager's own memory at the last look (its heap less the standby pool), and when.
     own: (u64, Instant),
     /// mincore's vector for that look.
@@ -102,6 +107,7 @@ impl<'p> Evictor<'p> {
             last_scan: Instant::now() - Duration::from_secs(10),
             write_failed: false,
             backoff: FIRST_BACKOFF,
+            starved: false,
             own: (0, Instant::now() - OWN_EVERY),
             own_buf: Vec::new(),
         }
@@ -147,9 +153,14 @@ impl<'p> Evictor<'p> {
             let want = ((rss - low) as usize).div_ceil(PAGE).min(most);
             // Over the budget: faults are held from now, not from the end of this batch — on
             // a core shared with a program filling memory at full speed the first batch can
-            // take long enough for the program to fill everything unheld.
-            p.throttle.draining(true);
+            // take long enough for the program to fill everything unheld. Not while writes
+            // are being refused (the retry's write may take seconds to fail: faults would be
+            // held all that while) or when the last batch found nothing to page out.
+            if self.backoff == FIRST_BACKOFF && !self.starved {
+                p.throttle.draining(true);
+            }
             let freed = self.batch(want);
+            self.starved = freed == 0;
             // Faults are held while this drains (`throttle.rs`); each batch dropped lets the
             // fault thread look again. A write the cluster refused means the budget cannot be
             // held: faults go on, and the next write waits a while (a write that cannot be

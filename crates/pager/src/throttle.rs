@@ -6,9 +6,10 @@
 //!
 //! Invariants:
 //! - faults are held only while the evictor is draining (over the budget, with a batch under
-//!   way or its last batch having dropped pages); when it stops draining — under the budget,
-//!   stuck (nothing left to page out), paused for a fork, or stopped — it says so and the held
-//!   faults go on at once;
+//!   way or its last batch having dropped pages; not while the cluster refuses its writes or
+//!   after a batch that found nothing to page out, and, while the pager connects, from the
+//!   start); when it stops draining — under the budget, stuck (nothing left to page out),
+//!   refused, paused for a fork, or stopped — it says so and the held faults go on at once;
 //! - no fault is held longer than [`MAX_HOLD`], whatever the evictor does: back-pressure can
 //!   slow a program, never hang it;
 //! - the resident estimate is the evictor's last measurement plus the pages the fault thread
@@ -33,7 +34,7 @@ pub struct Throttle {
     measured: AtomicU64,
     /// Pages the fault thread mapped since that measurement.
     mapped_since: AtomicU64,
-    /// The evictor is over the budget and dropping pages.
+    /// The evictor is over the budget and dropping pages (or about to: see the module doc).
     draining: AtomicBool,
     /// Rung by the evictor after each batch and whenever it stops draining.
     bell: OwnedFd,
