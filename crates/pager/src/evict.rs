@@ -269,6 +269,12 @@ impl<'p> Evictor<'p> {
             }
             {
                 let mut s = p.shared.lock();
+                if s.paused && !s.in_batch {
+                    // A fork is being prepared and saw no batch under way: none may start
+                    // (`Pager::before_fork`), or pages dropped now would be missing from the
+                    // child.
+                    return Vec::new();
+                }
                 for &a in &resident {
                     if chosen.len() == n {
                         break;
@@ -361,6 +367,10 @@ impl<'p> Evictor<'p> {
         let p = self.pager;
         let taken = {
             let mut s = p.shared.lock();
+            if s.paused && !s.in_batch {
+                // As in `choose`: no batch starts once a fork has seen none under way.
+                return;
+            }
             let taken = s.table.begin_flush(n);
             if !taken.is_empty() {
                 s.in_batch = true;
