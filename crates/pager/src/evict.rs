@@ -86,9 +86,6 @@ pub struct Evictor<'p> {
     write_failed: bool,
     /// The wait after the next refused write.
     backoff: Duration,
-    /// The last batch found nothing to page out: the next one does not hold faults from its
-    /// start.
-    starved: bool,
     /// The pager's own memory at the last look (its heap less the standby pool), and when.
     own: (u64, Instant),
     /// mincore's vector for that look.
@@ -107,7 +104,6 @@ impl<'p> Evictor<'p> {
             last_scan: Instant::now() - Duration::from_secs(10),
             write_failed: false,
             backoff: FIRST_BACKOFF,
-            starved: false,
             own: (0, Instant::now() - OWN_EVERY),
             own_buf: Vec::new(),
         }
@@ -133,6 +129,9 @@ impl<'p> Evictor<'p> {
         let p = self.pager;
         let low = p.budget - (p.budget / 64).max(1 << 20).min(p.budget / 2);
         let mut warned = false;
+        // The last batch found nothing to page out: the next one does not hold faults from
+        // its start.
+        let mut starved = false;
         while !p.stop.load(Ordering::Relaxed) {
             let rss = self.resident();
             p.stats.resident(rss);
@@ -156,11 +155,11 @@ impl<'p> Evictor<'p> {
             // take long enough for the program to fill everything unheld. Not while writes
             // are being refused (the retry's write may take seconds to fail: faults would be
             // held all that while) or when the last batch found nothing to page out.
-            if self.backoff == FIRST_BACKOFF && !self.starved {
+            if self.backoff == FIRST_BACKOFF && !starved {
                 p.throttle.draining(true);
             }
             let freed = self.batch(want);
-            self.starved = freed == 0;
+            starved = freed == 0;
             // Faults are held while this drains (`throttle.rs`); each batch dropped lets the
             // fault thread look again. A write the cluster refused means the budget cannot be
             // held: faults go on, and the next write waits a while (a write that cannot be
@@ -269,10 +268,7 @@ impl<'p> Evictor<'p> {
             }
             {
                 let mut s = p.shared.lock();
-                if s.paused && !s.in_batch {
-                    // A fork is being prepared and saw no batch under way: none may start
-                    // (`Pager::before_fork`), or pages dropped now would be missing from the
-                    // child.
+                if !s.batch_may_start() {
                     return Vec::new();
                 }
                 for &a in &resident {
@@ -367,8 +363,7 @@ impl<'p> Evictor<'p> {
         let p = self.pager;
         let taken = {
             let mut s = p.shared.lock();
-            if s.paused && !s.in_batch {
-                // As in `choose`: no batch starts once a fork has seen none under way.
+            if !s.batch_may_start() {
                 return;
             }
             let taken = s.table.begin_flush(n);

@@ -56,6 +56,15 @@ pub struct Shared {
     pub ahead: Ahead,
 }
 
+impl Shared {
+    /// Whether an eviction batch may start: not once a fork being prepared has seen none
+    /// under way (`Pager::before_fork` waits only for one that had started), or pages dropped
+    /// then would be missing from the child. One already started may go on.
+    pub fn batch_may_start(&self) -> bool {
+        !self.paused || self.in_batch
+    }
+}
+
 /// One process's pager.
 pub struct Pager {
     /// The program's userfaultfd.
