@@ -219,8 +219,14 @@ fn runs<T>(items: &[T], joins: impl Fn(&T, &T) -> bool) -> impl Iterator<Item = 
 trait Decided {
     /// Whether the entry's operation has ended (it is not looked at again).
     fn decided(&self) -> bool;
+    /// Its operation.
+    fn op(&self) -> &slots::Op<'_>;
     /// Its operation's progress now.
-    fn progress(&self) -> Progress;
+    fn progress(&self) -> Progress {
+        self.op().progress()
+    }
     /// The node of its split `j`.
-    fn node_of(&self, j: usize) -> u16;
+    fn node_of(&self, j: usize) -> u16 {
+        self.op().node_of(j)
+    }
 }

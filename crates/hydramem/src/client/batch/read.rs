@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use super::{follows, runs, Decided, Taking, Touched, WINDOW};
 use crate::client::read::{Asked, ReadOutcome, ReadPlan};
-use crate::client::slots::{self, Progress};
+use crate::client::slots;
 use crate::client::{IoError, Page, RemoteMemory};
 use crate::PAGE_SIZE;
 
@@ -354,10 +354,7 @@ impl Decided for ReadSlot<'_> {
     fn decided(&self) -> bool {
         self.decided
     }
-    fn progress(&self) -> Progress {
-        self.op.progress()
-    }
-    fn node_of(&self, j: usize) -> u16 {
-        self.op.node_of(j)
+    fn op(&self) -> &slots::Op<'_> {
+        &self.op
     }
 }

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use super::{follows, runs, Decided, Taking, Touched, WINDOW};
-use crate::client::slots::{self, Progress};
+use crate::client::slots;
 use crate::client::transport::RunSplit;
 use crate::client::write::{encode_side, split_of, Stamp};
 use crate::client::{Group, IoError, Page, RemoteMemory};
@@ -295,10 +295,7 @@ impl Decided for WriteSlot<'_> {
     fn decided(&self) -> bool {
         self.decided
     }
-    fn progress(&self) -> Progress {
-        self.op.progress()
-    }
-    fn node_of(&self, j: usize) -> u16 {
-        self.op.node_of(j)
+    fn op(&self) -> &slots::Op<'_> {
+        &self.op
     }
 }
