@@ -621,3 +621,31 @@ fn read_with_ahead(
         Err(_) => (store.read_page(slot * PAGE as u64, &mut pages[0]), false),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fork_being_prepared_stops_new_batches_but_not_one_under_way() {
+        let mut s = Shared {
+            table: Table::new(16, 0),
+            waiters: Vec::new(),
+            rescan: false,
+            paused: false,
+            in_batch: false,
+            ahead: Ahead::new(0),
+        };
+        assert!(s.batch_may_start(), "no fork: batches start");
+        s.paused = true;
+        assert!(
+            !s.batch_may_start(),
+            "before_fork saw no batch under way: none may start until the fork is done"
+        );
+        s.in_batch = true;
+        assert!(
+            s.batch_may_start(),
+            "a batch already under way goes on (before_fork waits for its end)"
+        );
+    }
+}
