@@ -3,7 +3,8 @@
 //!
 //! Written here rather than taken from the `userfaultfd` crate: its -sys crate generates the
 //! bindings with bindgen at build time (a libclang dependency for every build), and it lacks
-//! UFFDIO_POISON and UFFDIO_COPY's write-protect mode, both of which the pager needs. The
+//! UFFDIO_POISON, which the pager needs (a page lost with more nodes than the scheme
+//! survives raises SIGBUS). The
 //! structures and numbers are those of linux/userfaultfd.h (UAPI, stable).
 //!
 //! Invariants: the descriptor is close-on-exec (a program this one executes gets its own
@@ -337,7 +338,12 @@ impl Uffd {
             },
             mode: 0,
         };
-        let _ = ioctl(self.fd(), UFFDIO_WRITEPROTECT, &mut w);
+        // A failed un-protect wakes no one: a thread that wrote to a page another thread
+        // unmapped meanwhile would sleep on it for good. Woken, it faults again and finds the
+        // page gone (or mapped anew).
+        if ioctl(self.fd(), UFFDIO_WRITEPROTECT, &mut w).is_err() {
+            self.wake(addr);
+        }
     }
 
     /// Makes the page at `addr` raise SIGBUS when touched (its bytes are lost), and wakes the
@@ -361,6 +367,84 @@ impl Uffd {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Waits (10 s at most) for a report and reads it.
+    fn next_report(u: &Uffd) -> Option<Report> {
+        let mut p = libc::pollfd {
+            fd: u.fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
+        assert_eq!(ready, 1, "no report came");
+        u.read().unwrap()
+    }
+
+    #[test]
+    fn a_writer_whose_page_is_unmapped_meanwhile_is_woken() {
+        let Ok(uffd) = Uffd::new(None) else {
+            eprintln!("skipped: no userfaultfd for this user");
+            return;
+        };
+        // SAFETY: a new private anonymous page that nothing else refers to.
+        let page = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(page, libc::MAP_FAILED);
+        let addr = page as usize;
+        // SAFETY: inside the page mapped above.
+        unsafe { std::ptr::write_volatile(addr as *mut u8, 1) };
+        // SAFETY: the page is this test's; no reference points into it.
+        unsafe { uffd.register(addr, PAGE) }.unwrap();
+        assert!(uffd.protect(addr, PAGE));
+        let (done, written) = std::sync::mpsc::channel();
+        // A program thread writes to the protected page and waits for the pager.
+        let writer = std::thread::spawn(move || {
+            // SAFETY: the page stays mapped (replaced below, never unmapped for good).
+            unsafe { std::ptr::write_volatile(addr as *mut u8, 2) };
+            done.send(()).unwrap();
+        });
+        assert!(matches!(
+            next_report(&uffd),
+            Some(Report::WriteProtect { addr: a }) if a == addr
+        ));
+        // Another program thread maps a new page over it (an unmap, reported; the call returns
+        // once the report is read).
+        std::thread::scope(|s| {
+            let reader = s.spawn(|| next_report(&uffd));
+            // SAFETY: replaces the test's own page.
+            let again = unsafe {
+                libc::mmap(
+                    page,
+                    PAGE,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_FIXED,
+                    -1,
+                    0,
+                )
+            };
+            assert_eq!(again, page);
+            assert!(matches!(reader.join().unwrap(), Some(Report::Unmap { .. })));
+        });
+        // The pager lets the write go on: the page is no longer registered, and the writer
+        // must still be woken (it then writes to the new page).
+        uffd.unprotect(addr);
+        let woken = written.recv_timeout(std::time::Duration::from_secs(10));
+        // Should it not be, closing the descriptor wakes it.
+        drop(uffd);
+        writer.join().unwrap();
+        woken.expect("the writer was not woken");
+        // SAFETY: the test's own page, no longer used.
+        unsafe { libc::munmap(page, PAGE) };
+    }
 
     #[test]
     fn structures_have_the_kernel_sizes() {
