@@ -19,8 +19,9 @@
 //! 3. write-protect them — a failure means the range is no longer registered: left alone;
 //! 4. copy them into their buffers (process_vm_readv, so a page the program unmapped
 //!    meanwhile is an error, not a crash): all zeros → nothing to keep, else → standby;
-//! 5. under the lock, once no report is pending: commit each page, drop the committed ones
-//!    (MADV_DONTNEED), wake the faults that waited.
+//! 5. under the lock, once every report the userfaultfd holds is read and applied (missing
+//!    faults among them handed to the fault thread): commit each page, drop the committed
+//!    ones (MADV_DONTNEED), wake the faults that waited.
 //!
 //! While it drains — over the budget, from the start of a batch (unless writes are being
 //! refused or the last batch found nothing to page out) — the fault thread holds back new
@@ -484,20 +485,15 @@ impl<'p> Evictor<'p> {
         }
     }
 
-    /// Commits the batch under the lock once no report is pending, drops the pages whose
-    /// bytes are safe, and wakes the faults that waited. Returns the pages dropped.
+    /// Commits the batch under the lock once every pending report is applied, drops the
+    /// pages whose bytes are safe, and wakes the faults that waited. Returns the pages
+    /// dropped.
     fn commit(&mut self, chosen: &[(usize, u64)], outcome: &[Outcome]) -> usize {
         let p = self.pager;
         let mut s = p.shared.lock();
         // A pending munmap or mremap report must be applied first: the pages it names may
         // no longer be the ones selected.
-        let mut tries = 0;
-        while p.pending() && tries < 1000 {
-            drop(s);
-            std::thread::yield_now();
-            tries += 1;
-            s = p.shared.lock();
-        }
+        p.take_reports(&mut s);
         let mut dropped = 0;
         for (&(a, g), &o) in chosen.iter().zip(outcome) {
             if s.table.commit((a / PAGE) as u64, g, o) == Commit::Drop {
