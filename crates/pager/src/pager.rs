@@ -254,13 +254,8 @@ impl Pager {
                 readable = at;
                 fault
             } else {
-                let report = match self.uffd.read() {
-                    Ok(Some(r)) => r,
-                    Ok(None) => continue,
-                    Err(e) => {
-                        tracing::warn!("reading a fault report: {e}");
-                        continue;
-                    }
+                let Some(report) = self.next_report() else {
+                    continue;
                 };
                 match self.apply(&mut s, report) {
                     Some(fault) => fault,
@@ -273,6 +268,15 @@ impl Pager {
             }
             self.resolve(s, fault, lock_wait, &mut pages, &mut since_kick);
         }
+    }
+
+    /// Reads the next report from the userfaultfd, if one is pending (a failed read is
+    /// logged, and read as none).
+    fn next_report(&self) -> Option<Report> {
+        self.uffd.read().unwrap_or_else(|e| {
+            tracing::warn!("reading a fault report: {e}");
+            None
+        })
     }
 
     /// Applies a report under the lock — a write to a protected page, an unmap, a move —
@@ -313,15 +317,7 @@ impl Pager {
     /// meanwhile could then be dropped.
     pub fn take_reports(&self, s: &mut Shared) {
         let mut handed = false;
-        loop {
-            let report = match self.uffd.read() {
-                Ok(Some(r)) => r,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!("reading a fault report: {e}");
-                    break;
-                }
-            };
+        while let Some(report) = self.next_report() {
             if let Some(fault) = self.apply(s, report) {
                 s.handed.push_back((Instant::now(), fault));
                 handed = true;
@@ -682,18 +678,7 @@ mod tests {
         let throttle = Throttle::new(1 << 20).unwrap();
         let p = Pager::new(uffd, throttle, 64, 1 << 20, PAGE, 0, Duration::ZERO, 0);
         let len = 4 * PAGE;
-        // SAFETY: a new private anonymous mapping that nothing else refers to.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        } as usize;
-        assert_ne!(base, libc::MAP_FAILED as usize);
+        let base = crate::uffd::test_mapping(len);
         // SAFETY: the mapping is this test's; no reference points into it.
         unsafe { p.uffd.register(base, len) }.unwrap();
         p.shared.lock().rescan = false;

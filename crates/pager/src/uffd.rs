@@ -364,6 +364,25 @@ impl Uffd {
     }
 }
 
+/// A new private anonymous mapping of `len` bytes, for tests that register memory; its
+/// address.
+#[cfg(test)]
+pub(crate) fn test_mapping(len: usize) -> usize {
+    // SAFETY: a new mapping that nothing else refers to; no memory of ours is touched.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    assert_ne!(p, libc::MAP_FAILED, "mmap of {len} bytes");
+    p as usize
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -387,19 +406,8 @@ mod tests {
             eprintln!("skipped: no userfaultfd for this user");
             return;
         };
-        // SAFETY: a new private anonymous page that nothing else refers to.
-        let page = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                PAGE,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-                -1,
-                0,
-            )
-        };
-        assert_ne!(page, libc::MAP_FAILED);
-        let addr = page as usize;
+        let addr = test_mapping(PAGE);
+        let page = addr as *mut libc::c_void;
         // SAFETY: inside the page mapped above.
         unsafe { std::ptr::write_volatile(addr as *mut u8, 1) };
         // SAFETY: the page is this test's; no reference points into it.
