@@ -3,7 +3,8 @@
 //! that is out is fetched and mapped writable with the fingerprint of its bytes (so a later
 //! write costs the program no fault: the evictor tells a clean page by its fingerprint), a
 //! first touch gets zeros, a write to a page the evictor is copying waits for it — and
-//! follows the program's munmap and mremap.
+//! follows the program's munmap and mremap (reports the evictor may read first, before it
+//! drops a batch: [`Pager::take_reports`]).
 //!
 //! Invariants (with `table/mod.rs`):
 //! - the lock of `Shared` is held while a report is read from the userfaultfd and while its
@@ -196,6 +197,9 @@ impl Pager {
     /// `hydramem run` gives 300 µs, the time it also polls for a page's reply. Each look
     /// yields the core, which the program and the nodes share.
     fn spin_for_report(&self) -> bool {
+        if self.handed.load(Ordering::Relaxed) {
+            return true;
+        }
         if self.poll.is_zero() {
             return false;
         }
@@ -224,8 +228,8 @@ impl Pager {
 
     /// The fault thread: resolves reports for the life of the process. Missing faults are
     /// held back (in arrival order, each at most [`MAX_HOLD`]) while the throttle says the
-    /// program is far over its budget; every other report is applied at once, so that the
-    /// evictor's commit never waits for a held one.
+    /// program is far over its budget; every other report is applied at once. The missing
+    /// faults the evictor read before a commit ([`Pager::take_reports`]) come first.
     pub fn fault_loop(&self) {
         // The faulting page and the pages read ahead with it.
         let mut pages = vec![[0u8; PAGE]; 1 + self.read_ahead as usize];
@@ -248,10 +252,12 @@ impl Pager {
             }
             let mut readable = Instant::now();
             let mut s = self.shared.lock();
-            let lock_wait = readable.elapsed();
+            let mut lock_wait = readable.elapsed();
             let fault = if let Some((at, fault)) = s.handed.pop_front() {
                 self.handed.store(!s.handed.is_empty(), Ordering::Relaxed);
+                // Counted from when the evictor read it.
                 readable = at;
+                lock_wait = at.elapsed();
                 fault
             } else {
                 let Some(report) = self.next_report() else {
@@ -669,6 +675,17 @@ fn read_with_ahead(
 mod tests {
     use super::*;
 
+    /// Whether `fd` is readable now.
+    fn readable_now(fd: i32) -> bool {
+        let mut pfd = libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd for the duration of the call.
+        unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
+    }
+
     #[test]
     fn the_evictor_takes_the_reports_queued_behind_faults_and_hands_the_faults_on() {
         let Ok(uffd) = Uffd::new(None) else {
@@ -682,56 +699,60 @@ mod tests {
         // SAFETY: the mapping is this test's; no reference points into it.
         unsafe { p.uffd.register(base, len) }.unwrap();
         p.shared.lock().rescan = false;
-        let readable = |fd: i32| {
-            let mut pfd = libc::pollfd {
-                fd,
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd for the duration of the call.
-            unsafe { libc::poll(&mut pfd, 1, 10_000) == 1 }
-        };
-        std::thread::scope(|sc| {
-            // A thread touches a page that was never there: a missing fault, which waits.
-            let toucher = sc.spawn(|| {
-                // SAFETY: inside the registered mapping.
-                unsafe { std::ptr::read_volatile(base as *const u8) }
-            });
-            assert!(readable(p.uffd.fd()), "the fault is reported");
-            // Another unmaps the last page: its report queues behind the fault, and munmap
-            // returns only once the report is read.
-            let unmapper = sc.spawn(|| {
-                // SAFETY: the last page of the test's mapping, which nothing uses.
-                unsafe { libc::munmap((base + 3 * PAGE) as *mut libc::c_void, PAGE) }
-            });
-            // Wait until the unmap is queued too: the kernel then still gives the fault
-            // first, and the unmapper stays in munmap until its report is read.
-            while !unmapper.is_finished() {
-                let mut s = p.shared.lock();
-                p.take_reports(&mut s);
-                if s.handed.len() == 1 && unmapper.is_finished() {
-                    break;
+        // Where thread `tid` of this process sleeps in the kernel, within 10 s.
+        let sleeps_in = |tid: i32, what: &str| {
+            let path = format!("/proc/self/task/{tid}/wchan");
+            let end = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < end {
+                if std::fs::read_to_string(&path).is_ok_and(|w| w.contains(what)) {
+                    return true;
                 }
-                drop(s);
                 std::thread::yield_now();
             }
-            assert_eq!(unmapper.join().unwrap(), 0, "the unmap's report was read");
-            let s = p.shared.lock();
-            assert_eq!(s.handed.len(), 1, "the fault read on the way is handed on");
-            assert_eq!(s.handed[0].1 .0, base, "the faulting page");
-            assert!(
-                s.rescan,
-                "the unmap was applied (the maps are to be read again)"
-            );
-            drop(s);
-            assert!(p.handed.load(Ordering::Relaxed));
-            assert!(readable(p.throttle.fd()), "the fault thread is woken");
-            // The fault thread's part, done here: the page gets zeros, the toucher goes on.
-            assert!(p.uffd.zero(base));
-            assert_eq!(toucher.join().unwrap(), 0);
+            false
+        };
+        let (tids, tid) = std::sync::mpsc::channel();
+        // A thread touches a page that was never there: a missing fault, which waits.
+        let t = tids.clone();
+        let toucher = std::thread::spawn(move || {
+            // SAFETY: gettid takes nothing and touches no memory.
+            t.send(unsafe { libc::gettid() }).unwrap();
+            // SAFETY: inside the registered mapping, which stays mapped until this thread
+            // is joined.
+            unsafe { std::ptr::read_volatile(base as *const u8) }
         });
-        // The descriptor goes first, so that the unmap below reports nothing.
+        let waits = sleeps_in(tid.recv().unwrap(), "userfault");
+        // Another unmaps the last page: its report queues behind the fault (the kernel gives
+        // faults first), and munmap returns only once the report is read.
+        let unmapper = std::thread::spawn(move || {
+            // SAFETY: gettid takes nothing and touches no memory.
+            tids.send(unsafe { libc::gettid() }).unwrap();
+            // SAFETY: the last page of the test's mapping, which nothing uses.
+            unsafe { libc::munmap((base + 3 * PAGE) as *mut libc::c_void, PAGE) }
+        });
+        let queued = waits && sleeps_in(tid.recv().unwrap(), "userfault");
+        // One call takes both.
+        let (handed, rescan) = {
+            let mut s = p.shared.lock();
+            p.take_reports(&mut s);
+            let handed: Vec<usize> = s.handed.iter().map(|h| h.1 .0).collect();
+            (handed, s.rescan)
+        };
+        let rung = p.handed.load(Ordering::Relaxed) && readable_now(p.throttle.fd());
+        let left = p.uffd.read().ok().flatten();
+        // Closing the descriptor lets both threads go on, whatever happened above: the
+        // toucher reads zeros, the unmapper's report is no longer waited for.
         drop(p);
+        assert_eq!(unmapper.join().unwrap(), 0);
+        assert_eq!(toucher.join().unwrap(), 0);
+        assert!(queued, "the fault and the unmap did not both come");
+        assert_eq!(handed, [base], "the fault read on the way is handed on");
+        assert!(
+            rescan,
+            "the unmap was applied (the maps are to be read again)"
+        );
+        assert!(left.is_none(), "a report was left for later: {left:?}");
+        assert!(rung, "the fault thread is woken");
         // SAFETY: the test's own mapping, no longer used.
         unsafe { libc::munmap(base as *mut libc::c_void, 3 * PAGE) };
     }

@@ -281,8 +281,8 @@ extern "C" fn at_exit() {
     }
     if let Some(p) = PAGER.get() {
         p.stop.store(true, Ordering::Relaxed);
-        // Faults held back by the throttle go on now, not when their hold times out: no page
-        // goes out after this, so holding them would only delay the program's last threads.
+        // Faults held back by the throttle go on now, not when their hold times out: no batch
+        // starts after this, so holding them would only delay the program's last threads.
         p.throttle.ring();
         // What the report allocates comes from the pager's heap, never from pages that
         // may be out.

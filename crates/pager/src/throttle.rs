@@ -36,7 +36,8 @@ pub struct Throttle {
     mapped_since: AtomicU64,
     /// The evictor is over the budget and dropping pages (or about to: see the module doc).
     draining: AtomicBool,
-    /// Rung by the evictor after each batch and whenever it stops draining.
+    /// Rung by the evictor after each batch, whenever it stops draining and when it hands
+    /// faults it read to the fault thread; and at exit.
     bell: OwnedFd,
 }
 
@@ -100,7 +101,8 @@ impl Throttle {
         self.draining.load(Ordering::Relaxed) && self.estimate() > self.budget + HOLD_OVER
     }
 
-    /// Wakes the fault thread (a batch was dropped, or draining ended).
+    /// Wakes the fault thread (a batch was dropped, draining ended, faults were handed to
+    /// it, or the program exits).
     pub fn ring(&self) {
         let one: u64 = 1;
         // SAFETY: writes 8 bytes from a live u64 to our own eventfd. A full counter (never

@@ -8,7 +8,8 @@
 //! structures and numbers are those of linux/userfaultfd.h (UAPI, stable).
 //!
 //! Invariants: the descriptor is close-on-exec (a program this one executes gets its own
-//! pager) and non-blocking (the fault thread polls it, then reads under the table lock); it
+//! pager) and non-blocking (the fault thread polls it, then reads under the table lock, as the
+//! evictor does before it drops a batch); it
 //! reports faults from the kernel too (not user-mode only), so a system call that touches a
 //! page that is out waits for it like the program would.
 
@@ -339,8 +340,9 @@ impl Uffd {
             mode: 0,
         };
         // A failed un-protect wakes no one: a thread that wrote to a page another thread
-        // unmapped meanwhile would sleep on it for good. Woken, it faults again and finds the
-        // page gone (or mapped anew).
+        // unmapped meanwhile (ENOENT), or while an unmap or move is still being reported
+        // (EAGAIN), would sleep on it for good. Woken, it faults again and finds the page
+        // gone, mapped anew, or still there to un-protect.
         if ioctl(self.fd(), UFFDIO_WRITEPROTECT, &mut w).is_err() {
             self.wake(addr);
         }
