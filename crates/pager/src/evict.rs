@@ -19,9 +19,10 @@
 //! 3. write-protect them — a failure means the range is no longer registered: left alone;
 //! 4. copy them into their buffers (process_vm_readv, so a page the program unmapped
 //!    meanwhile is an error, not a crash): all zeros → nothing to keep, else → standby;
-//! 5. under the lock, once every report the userfaultfd holds is read and applied (missing
-//!    faults among them handed to the fault thread): commit each page, drop the committed
-//!    ones (MADV_DONTNEED), wake the faults that waited.
+//! 5. under the lock, once every report the userfaultfd holds is read and applied (by the
+//!    fault thread while this waits a little, then by the evictor, handing the missing faults
+//!    to the fault thread): commit each page, drop the committed ones (MADV_DONTNEED), wake
+//!    the faults that waited.
 //!
 //! While it drains — over the budget, from the start of a batch (unless writes are being
 //! refused or the last batch found nothing to page out) — the fault thread holds back new
@@ -492,7 +493,20 @@ impl<'p> Evictor<'p> {
         let p = self.pager;
         let mut s = p.shared.lock();
         // A pending munmap or mremap report must be applied first: the pages it names may
-        // no longer be the ones selected.
+        // no longer be the ones selected. The fault thread reads them, with the faults before
+        // them, while this waits with the lock let go (so faults are resolved meanwhile);
+        // under a stream of faults that may not end, and then the reports left are taken
+        // here (`take_reports`: the faults among them wait for this commit). Taking them at
+        // once instead, every time, made page-ins slower: memcached ETC under run, p99
+        // 339–429 → 555–595 µs (rep2), 579–623 → 663–687 (span) (docs/benchmarks.md §12,
+        // "Where the CPU goes under `run`").
+        let mut tries = 0;
+        while p.pending() && tries < 1000 {
+            drop(s);
+            std::thread::yield_now();
+            tries += 1;
+            s = p.shared.lock();
+        }
         p.take_reports(&mut s);
         let mut dropped = 0;
         for (&(a, g), &o) in chosen.iter().zip(outcome) {
