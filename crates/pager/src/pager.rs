@@ -314,13 +314,13 @@ impl Pager {
     }
 
     /// Reads every report the userfaultfd holds and applies it under the lock `s`, handing
-    /// the missing faults among them to the fault thread (which is woken): afterwards no
-    /// unmap or move the program made before this call is unapplied. The evictor calls it
-    /// before it drops pages. The kernel hands out faults before those reports, so waiting
-    /// for the fault thread to empty the queue could take as long as the program kept
-    /// faulting — the evictor used to wait, giving up after 1,000 yields (476 of 12,551
-    /// commits in a memcached run), and a page moved or mapped anew at a chosen address
-    /// meanwhile could then be dropped.
+    /// the missing faults among them to the fault thread (which is woken): afterwards every
+    /// unmap or move report queued before this call is applied. The evictor calls it before
+    /// it drops pages, once its wait for the fault thread to empty the queue gave up: the
+    /// kernel hands out faults before those reports, so under a stream of faults the wait
+    /// may not end (476 of 12,551 commits in a memcached run), and the evictor used to drop
+    /// the batch anyway — a page unmapped, or moved onto a chosen address, meanwhile could
+    /// be dropped.
     pub fn take_reports(&self, s: &mut Shared) {
         let mut handed = false;
         while let Some(report) = self.next_report() {
