@@ -217,13 +217,7 @@ impl Pager {
 
     /// Whether reports are waiting to be read.
     pub fn pending(&self) -> bool {
-        let mut p = libc::pollfd {
-            fd: self.uffd.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+        crate::uffd::readable(self.uffd.fd(), 0)
     }
 
     /// The fault thread: resolves reports for the life of the process. Missing faults are
@@ -675,17 +669,6 @@ fn read_with_ahead(
 mod tests {
     use super::*;
 
-    /// Whether `fd` is readable now.
-    fn readable_now(fd: i32) -> bool {
-        let mut pfd = libc::pollfd {
-            fd,
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut pfd, 1, 0) == 1 }
-    }
-
     #[test]
     fn the_evictor_takes_the_reports_queued_behind_faults_and_hands_the_faults_on() {
         let Ok(uffd) = Uffd::new(None) else {
@@ -738,7 +721,7 @@ mod tests {
             let handed: Vec<usize> = s.handed.iter().map(|h| h.1 .0).collect();
             (handed, s.rescan)
         };
-        let rung = p.handed.load(Ordering::Relaxed) && readable_now(p.throttle.fd());
+        let rung = p.handed.load(Ordering::Relaxed) && crate::uffd::readable(p.throttle.fd(), 0);
         let left = p.uffd.read().ok().flatten();
         // Closing the descriptor lets both threads go on, whatever happened above: the
         // toucher reads zeros, the unmapper's report is no longer waited for.

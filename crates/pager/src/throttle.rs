@@ -123,13 +123,7 @@ mod tests {
     use super::*;
 
     fn rung(t: &Throttle) -> bool {
-        let mut p = libc::pollfd {
-            fd: t.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        unsafe { libc::poll(&mut p, 1, 0) > 0 }
+        crate::uffd::readable(t.fd(), 0)
     }
 
     #[test]

@@ -366,6 +366,17 @@ impl Uffd {
     }
 }
 
+/// Whether `fd` becomes readable within `timeout_ms` milliseconds (0: now).
+pub fn readable(fd: i32, timeout_ms: i32) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd for the duration of the call.
+    unsafe { libc::poll(&mut p, 1, timeout_ms) > 0 }
+}
+
 /// A new private anonymous mapping of `len` bytes, for tests that register memory; its
 /// address.
 #[cfg(test)]
@@ -391,14 +402,7 @@ mod tests {
 
     /// Waits (10 s at most) for a report and reads it.
     fn next_report(u: &Uffd) -> Option<Report> {
-        let mut p = libc::pollfd {
-            fd: u.fd(),
-            events: libc::POLLIN,
-            revents: 0,
-        };
-        // SAFETY: one valid pollfd for the duration of the call.
-        let ready = unsafe { libc::poll(&mut p, 1, 10_000) };
-        assert_eq!(ready, 1, "no report came");
+        assert!(readable(u.fd(), 10_000), "no report came");
         u.read().unwrap()
     }
 
