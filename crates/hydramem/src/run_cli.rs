@@ -143,6 +143,8 @@ struct Stats {
     #[serde(default)]
     standby_ins: u64,
     zero_drops: u64,
+    #[serde(default)]
+    undroppable: u64,
     lost: u64,
     peak_resident: u64,
     #[serde(default)]
@@ -194,6 +196,17 @@ fn summarize(report: &Path, local: u64) -> Vec<String> {
                 human(s.peak_own)
             ),
             _ => {}
+        }
+        if let Some(s) = l
+            .stats
+            .as_ref()
+            .filter(|s| l.event == "exit" && s.undroppable > 0)
+        {
+            eprintln!(
+                "hydramem run: pid {}: the kernel refused to drop {} pages (the program locked \
+                 them, mlock): they stay in local memory, above the budget if need be",
+                l.pid, s.undroppable
+            );
         }
         if let Some(sp) = l.span.filter(|sp| sp.rows_written > 0) {
             eprintln!(

@@ -21,8 +21,10 @@
 //!    meanwhile is an error, not a crash): all zeros → nothing to keep, else → standby;
 //! 5. under the lock, once every report the userfaultfd holds is read and applied (by the
 //!    fault thread while this waits a little, then by the evictor, handing the missing faults
-//!    to the fault thread): commit each page, drop the committed ones (MADV_DONTNEED), wake
-//!    the faults that waited.
+//!    to the fault thread): commit each page, drop the committed ones (MADV_DONTNEED, one
+//!    call per run of consecutive pages; a page the kernel refuses to drop — the program
+//!    locked it — is resident again and never selected while its mapping lives), wake the
+//!    faults that waited. A flush drops nothing, and its commit does not wait for reports.
 //!
 //! While it drains — over the budget, from the start of a batch (unless writes are being
 //! refused or the last batch found nothing to page out) — the fault thread holds back new
@@ -36,10 +38,12 @@ use std::fs::File;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use parking_lot::MutexGuard;
+
 use hydramem::nbd::PageStore;
 
 use crate::alloc;
-use crate::pager::Pager;
+use crate::pager::{Pager, Shared};
 use crate::print::Print;
 use crate::regions::{self, Pagemap, Region};
 use crate::stats::Stats;
@@ -86,6 +90,9 @@ pub struct Evictor<'p> {
     last_scan: Instant,
     /// The last batch's write failed.
     write_failed: bool,
+    /// The last batch found pages the kernel refused to drop (locked by the program): not
+    /// starved — they are never selected again, and the next batch looks past them at once.
+    found_locked: bool,
     /// The wait after the next refused write.
     backoff: Duration,
     /// The pager's own memory at the last look (its heap less the standby pool), and when.
@@ -105,6 +112,7 @@ impl<'p> Evictor<'p> {
             hand: Hand { region: 0, addr: 0 },
             last_scan: Instant::now() - Duration::from_secs(10),
             write_failed: false,
+            found_locked: false,
             backoff: FIRST_BACKOFF,
             own: (0, Instant::now() - OWN_EVERY),
             own_buf: Vec::new(),
@@ -161,7 +169,7 @@ impl<'p> Evictor<'p> {
                 p.throttle.draining(true);
             }
             let freed = self.batch(want);
-            starved = freed == 0;
+            starved = freed == 0 && !std::mem::take(&mut self.found_locked);
             // Faults are held while this drains (`throttle.rs`); each batch dropped lets the
             // fault thread look again. A write the cluster refused means the budget cannot be
             // held: faults go on, and the next write waits a while (a write that cannot be
@@ -185,7 +193,7 @@ impl<'p> Evictor<'p> {
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
                 continue;
             }
-            if freed == 0 {
+            if starved {
                 if self.last_scan.elapsed() >= RESCAN_STARVED {
                     // Over the budget with nothing to pick: the program's memory may be in a
                     // mapping not registered yet (a program loading at full speed maps new
@@ -486,42 +494,27 @@ impl<'p> Evictor<'p> {
         }
     }
 
-    /// Commits the batch under the lock once every pending report is applied, drops the
-    /// pages whose bytes are safe, and wakes the faults that waited. Returns the pages
+    /// Commits the batch under the lock, drops the pages whose bytes are safe (once every
+    /// pending report is applied), and wakes the faults that waited. Returns the pages
     /// dropped.
     fn commit(&mut self, chosen: &[(usize, u64)], outcome: &[Outcome]) -> usize {
         let p = self.pager;
         let mut s = p.shared.lock();
-        // A pending munmap or mremap report must be applied first: the pages it names may
-        // no longer be the ones selected. The fault thread reads them, with the faults before
-        // them, while this waits with the lock let go (so faults are resolved meanwhile);
-        // under a stream of faults that may not end, and then the reports left are taken
-        // here (`take_reports`: the faults among them wait for this commit). Taking them at
-        // once instead, every time, made page-ins slower: memcached ETC under run, p99
-        // 339–429 → 555–595 µs (rep2), 579–623 → 663–687 (span) (docs/benchmarks.md §12,
-        // "Where the CPU goes under `run`").
-        let mut tries = 0;
-        while p.pending() && tries < 1000 {
-            drop(s);
-            std::thread::yield_now();
-            tries += 1;
-            s = p.shared.lock();
+        // Only a demotion (to standby, or a page of zeros) drops a page; a flush's pages are
+        // out of the program's memory already, and its commit protects nothing by waiting.
+        if outcome
+            .iter()
+            .any(|o| matches!(o, Outcome::Standby { .. } | Outcome::Zero))
+        {
+            s = self.apply_pending(s);
         }
-        p.take_reports(&mut s);
-        let mut dropped = 0;
+        let mut drops = Vec::new();
         for (&(a, g), &o) in chosen.iter().zip(outcome) {
             if s.table.commit((a / PAGE) as u64, g, o) == Commit::Drop {
-                // SAFETY: the page is the program's, write-protected, and its bytes are in its
-                // standby buffer (or it is all zeros): the next touch faults and gets them back.
-                let r = unsafe { libc::syscall(libc::SYS_madvise, a, PAGE, libc::MADV_DONTNEED) };
-                if r == 0 {
-                    dropped += 1;
-                    if o == Outcome::Zero {
-                        Stats::add(&p.stats.zero_drops, 1);
-                    }
-                }
+                drops.push((a, o == Outcome::Zero));
             }
         }
+        let dropped = self.drop_pages(&mut s, &drops);
         p.forget_freed(&mut s);
         s.in_batch = false;
         let waiters = std::mem::take(&mut s.waiters);
@@ -531,4 +524,81 @@ impl<'p> Evictor<'p> {
         }
         dropped
     }
+
+    /// Returns the lock once every munmap or mremap report pending when it was called is
+    /// applied: the pages a report names may no longer be the ones selected. The fault
+    /// thread reads them, with the faults before them, while this waits with the lock let
+    /// go (so faults are resolved meanwhile); under a stream of faults that may not end, and
+    /// then the reports left are taken here (`take_reports`: the faults among them wait for
+    /// this commit). Taking them at once instead, every time, made page-ins slower:
+    /// memcached ETC under run, p99 339–429 → 555–595 µs (rep2), 579–623 → 663–687 (span)
+    /// (docs/benchmarks.md §12, "Where the CPU goes under `run`").
+    fn apply_pending(&self, mut s: MutexGuard<'p, Shared>) -> MutexGuard<'p, Shared> {
+        let p = self.pager;
+        let mut tries = 0;
+        while p.pending() && tries < 1000 {
+            drop(s);
+            std::thread::yield_now();
+            tries += 1;
+            s = p.shared.lock();
+        }
+        p.take_reports(&mut s);
+        s
+    }
+
+    /// Drops the committed pages `drops` (address, whether all zeros) from the program's
+    /// memory, under the lock `s`: one `madvise` per run of consecutive pages (each call
+    /// costs a TLB shootdown on every core the program runs on). A page the kernel refuses
+    /// to drop (the program locked it) is given back to the table as resident
+    /// (`Table::undo_drop`). Returns the pages dropped.
+    fn drop_pages(&mut self, s: &mut Shared, drops: &[(usize, bool)]) -> usize {
+        let p = self.pager;
+        let mut dropped = 0;
+        let mut i = 0;
+        while i < drops.len() {
+            let mut j = i + 1;
+            while j < drops.len() && drops[j].0 == drops[j - 1].0 + PAGE {
+                j += 1;
+            }
+            let run = &drops[i..j];
+            // SAFETY: the table committed each page of the run as dropped, under the lock
+            // held here: each is the program's, write-protected since it was selected, with
+            // its bytes in its standby buffer (or all zeros).
+            if unsafe { discard(run[0].0, run.len()) } {
+                dropped += run.len();
+                Stats::add(
+                    &p.stats.zero_drops,
+                    run.iter().filter(|d| d.1).count() as u64,
+                );
+            } else {
+                // Page by page: only those the kernel refuses stay.
+                for &(a, zero) in run {
+                    // SAFETY: as for the run, of which it is one page.
+                    if unsafe { discard(a, 1) } {
+                        dropped += 1;
+                        Stats::add(&p.stats.zero_drops, u64::from(zero));
+                    } else {
+                        s.table.undo_drop((a / PAGE) as u64);
+                        Stats::add(&p.stats.undroppable, 1);
+                        self.found_locked = true;
+                    }
+                }
+            }
+            i = j;
+        }
+        dropped
+    }
+}
+
+/// Drops the `n` pages from `addr` from the program's memory (MADV_DONTNEED): a later touch
+/// faults. Whether the kernel did (it refuses pages the program locked).
+///
+/// # Safety
+///
+/// The pages are the program's, in a region registered with the userfaultfd, and their bytes
+/// are kept elsewhere (a standby buffer, or they are all zeros and stored as such), recorded
+/// by the table under its lock, which the caller holds: a fault on them gets the bytes back.
+unsafe fn discard(addr: usize, n: usize) -> bool {
+    // SAFETY: the caller's contract: the range is the program's, and what it holds is kept.
+    unsafe { libc::syscall(libc::SYS_madvise, addr, n * PAGE, libc::MADV_DONTNEED) == 0 }
 }

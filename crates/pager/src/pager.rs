@@ -320,6 +320,7 @@ impl Pager {
         while let Some(report) = self.next_report() {
             if let Some(fault) = self.apply(s, report) {
                 s.handed.push_back((Instant::now(), fault));
+                Stats::add(&self.stats.handed, 1);
                 handed = true;
             }
         }

@@ -54,6 +54,11 @@ pub struct Stats {
     pub standby_ins: AtomicU64,
     /// All-zero pages dropped without a write.
     pub zero_drops: AtomicU64,
+    /// Pages the kernel refused to drop (the program locked them, mlock): they stay in local
+    /// memory.
+    pub undroppable: AtomicU64,
+    /// Missing faults the evictor read before a commit and handed to the fault thread.
+    pub handed: AtomicU64,
     /// Pages that could not be written out and stayed resident.
     pub kept: AtomicU64,
     /// Pages the cluster could not return (poisoned: SIGBUS).
@@ -155,6 +160,11 @@ pub struct Summary {
     pub standby_ins: u64,
     /// All-zero pages dropped without a write.
     pub zero_drops: u64,
+    /// Pages the kernel refused to drop (the program locked them, mlock): they stay in local
+    /// memory.
+    pub undroppable: u64,
+    /// Missing faults the evictor read before a commit and handed to the fault thread.
+    pub handed: u64,
     /// Pages that could not be written out and stayed resident.
     pub kept: u64,
     /// Pages the cluster could not return (poisoned: SIGBUS).
@@ -275,6 +285,8 @@ impl Stats {
             sequential_percent: g(&self.sequential_percent),
             standby_ins: g(&self.standby_ins),
             zero_drops: g(&self.zero_drops),
+            undroppable: g(&self.undroppable),
+            handed: g(&self.handed),
             kept: g(&self.kept),
             lost: g(&self.lost),
             batches: g(&self.batches),

@@ -75,9 +75,27 @@ pub struct Entry {
     pub evicting: bool,
     /// Changes with every change not made by the evictor.
     pub gen: u64,
+    /// The kernel refused to drop it (the program locked it, mlock): it stays resident,
+    /// and the clock never selects it again while its mapping lives.
+    pub locked: bool,
 }
 
 impl Entry {
+    /// A resident page with no slot, with generation `gen`: one the program touched first
+    /// (`referenced`: the pager zero-filled it) or that the kernel mapped unseen.
+    fn resident(gen: u64, referenced: bool) -> Entry {
+        Entry {
+            state: State::Resident {
+                slot: None,
+                print: None,
+            },
+            referenced,
+            evicting: false,
+            gen,
+            locked: false,
+        }
+    }
+
     fn slot(&self) -> Option<u64> {
         match self.state {
             State::Resident { slot, .. } | State::Standby { slot, .. } => slot,
@@ -348,6 +366,7 @@ impl Table {
             referenced: true,
             evicting: false,
             gen: g,
+            locked: false,
         };
         self.left_standby(buf);
         true
@@ -381,6 +400,7 @@ impl Table {
                 referenced,
                 evicting: false,
                 gen: g,
+                locked: false,
             },
         );
         true
@@ -406,18 +426,7 @@ impl Table {
     /// A page of zeros was mapped at `vpn` on a first touch: it gets its second chance.
     pub fn zeroed(&mut self, vpn: Vpn) {
         let g = self.gen();
-        let old = self.pages.insert(
-            vpn,
-            Entry {
-                state: State::Resident {
-                    slot: None,
-                    print: None,
-                },
-                referenced: true,
-                evicting: false,
-                gen: g,
-            },
-        );
+        let old = self.pages.insert(vpn, Entry::resident(g, true));
         if let Some(e) = old {
             self.drop_entry(e);
         }
@@ -444,16 +453,8 @@ impl Table {
     /// already being evicted).
     pub fn select(&mut self, vpn: Vpn) -> Option<u64> {
         let g = self.gen();
-        let e = self.pages.entry(vpn).or_insert(Entry {
-            state: State::Resident {
-                slot: None,
-                print: None,
-            },
-            referenced: false,
-            evicting: false,
-            gen: g,
-        });
-        if e.evicting || !matches!(e.state, State::Resident { .. }) {
+        let e = self.pages.entry(vpn).or_insert(Entry::resident(g, false));
+        if e.evicting || e.locked || !matches!(e.state, State::Resident { .. }) {
             return None;
         }
         if e.referenced {
@@ -462,6 +463,22 @@ impl Table {
         }
         e.evicting = true;
         Some(e.gen)
+    }
+
+    /// The kernel refused to drop page `vpn`, which `commit` had just put in standby or
+    /// found all zeros (the program locked it, mlock): it is resident again — its buffer
+    /// free, its slot kept but not clean (the copy's fingerprint is not known to be the
+    /// slot's), its place in the standby line stale — and `locked`, so the clock never
+    /// selects it again while its mapping lives (an unmap forgets the entry).
+    pub fn undo_drop(&mut self, vpn: Vpn) {
+        let g = self.gen();
+        let e = self.pages.entry(vpn).or_insert(Entry::resident(g, false));
+        e.gen = g;
+        e.locked = true;
+        if let State::Standby { slot, buf, .. } = e.state {
+            e.state = State::Resident { slot, print: None };
+            self.left_standby(buf);
+        }
     }
 
     /// Where page `vpn`, in standby and taken by `begin_flush` with generation `gen`, goes:
@@ -620,6 +637,7 @@ impl Table {
                     referenced: e.referenced,
                     evicting: false,
                     gen: g,
+                    locked: e.locked,
                 },
                 State::Standby { buf, slot, .. } => {
                     self.standby.push_back((to + (v - from), g));
@@ -632,6 +650,7 @@ impl Table {
                         referenced: e.referenced,
                         evicting: false,
                         gen: g,
+                        locked: false,
                     }
                 }
                 State::Out { .. } => Entry { gen: g, ..e },

@@ -255,6 +255,46 @@ fn a_page_in_standby_comes_back_locally_and_the_oldest_is_sent_out() {
 }
 
 #[test]
+fn a_page_the_kernel_refuses_to_drop_is_resident_again_and_never_selected() {
+    let mut t = Table::new(10, 2);
+    // Stored once and fetched back clean, then put in standby: the drop is refused.
+    t.zeroed(1);
+    evict(&mut t, 1, 1);
+    let slot = fetch(&mut t, 1, 1);
+    demote(&mut t, 1, 1);
+    t.undo_drop(1);
+    assert_eq!(
+        t.get(1).unwrap().state,
+        State::Resident {
+            slot: Some(slot),
+            print: None
+        },
+        "resident, its slot kept, not clean"
+    );
+    assert_eq!(
+        (t.in_standby(), t.free_bufs()),
+        (0, 2),
+        "its buffer is free"
+    );
+    assert!(t.begin_flush(4).is_empty(), "its place in line is stale");
+    for _ in 0..3 {
+        assert_eq!(t.select(1), None, "never selected again");
+    }
+    // A page of zeros whose drop is refused is kept the same way.
+    t.zeroed(2);
+    let g = t.select(2).or_else(|| t.select(2)).unwrap();
+    assert_eq!(t.commit(2, g, Outcome::Zero), Commit::Drop);
+    t.undo_drop(2);
+    assert!(t.get(2).unwrap().locked);
+    assert_eq!((t.select(2), t.select(2)), (None, None));
+    // An unmap forgets both (the slot goes back); a new mapping there is paged again.
+    t.forget(1, 2);
+    assert_eq!(t.take_freed(), vec![slot]);
+    t.zeroed(1);
+    assert!(t.select(1).or_else(|| t.select(1)).is_some());
+}
+
+#[test]
 fn full_store_is_an_error() {
     let mut t = Table::new(1, 4);
     t.zeroed(1);
