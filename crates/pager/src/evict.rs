@@ -548,9 +548,12 @@ impl<'p> Evictor<'p> {
 
     /// Drops the committed pages `drops` (address, whether all zeros) from the program's
     /// memory, under the lock `s`: one `madvise` per run of consecutive pages (each call
-    /// costs a TLB shootdown on every core the program runs on). A page the kernel refuses
-    /// to drop (the program locked it) is given back to the table as resident
-    /// (`Table::undo_drop`). Returns the pages dropped.
+    /// costs a TLB shootdown on every core the program runs on). A page the kernel does not
+    /// drop is given back to the table as resident (`Table::undo_drop`): locked, if the
+    /// program locked it (mlock); if it is no longer mapped there, the program unmapped or
+    /// moved it after the reports were read, and the report on its way then forgets it or
+    /// moves it as a resident page (recorded in standby, it used to keep a buffer and a slot
+    /// while resident). Returns the pages dropped.
     fn drop_pages(&mut self, s: &mut Shared, drops: &[(usize, bool)]) -> usize {
         let p = self.pager;
         let mut dropped = 0;
@@ -564,23 +567,27 @@ impl<'p> Evictor<'p> {
             // SAFETY: the table committed each page of the run as dropped, under the lock
             // held here: each is the program's, write-protected since it was selected, with
             // its bytes in its standby buffer (or all zeros).
-            if unsafe { discard(run[0].0, run.len()) } {
+            if unsafe { discard(run[0].0, run.len()) }.is_ok() {
                 dropped += run.len();
                 Stats::add(
                     &p.stats.zero_drops,
                     run.iter().filter(|d| d.1).count() as u64,
                 );
             } else {
-                // Page by page: only those the kernel refuses stay.
+                // Page by page: only those the kernel does not drop stay.
                 for &(a, zero) in run {
                     // SAFETY: as for the run, of which it is one page.
-                    if unsafe { discard(a, 1) } {
-                        dropped += 1;
-                        Stats::add(&p.stats.zero_drops, u64::from(zero));
-                    } else {
-                        s.table.undo_drop((a / PAGE) as u64);
-                        Stats::add(&p.stats.undroppable, 1);
-                        self.found_locked = true;
+                    match unsafe { discard(a, 1) } {
+                        Ok(()) => {
+                            dropped += 1;
+                            Stats::add(&p.stats.zero_drops, u64::from(zero));
+                        }
+                        Err(libc::ENOMEM) => s.table.undo_drop((a / PAGE) as u64, false),
+                        Err(_) => {
+                            s.table.undo_drop((a / PAGE) as u64, true);
+                            Stats::add(&p.stats.undroppable, 1);
+                            self.found_locked = true;
+                        }
                     }
                 }
             }
@@ -591,14 +598,66 @@ impl<'p> Evictor<'p> {
 }
 
 /// Drops the `n` pages from `addr` from the program's memory (MADV_DONTNEED): a later touch
-/// faults. Whether the kernel did (it refuses pages the program locked).
+/// faults. The kernel's error if it did not: EINVAL for pages the program locked, ENOMEM for
+/// addresses no longer mapped (the mapped ones are dropped).
 ///
 /// # Safety
 ///
 /// The pages are the program's, in a region registered with the userfaultfd, and their bytes
 /// are kept elsewhere (a standby buffer, or they are all zeros and stored as such), recorded
 /// by the table under its lock, which the caller holds: a fault on them gets the bytes back.
-unsafe fn discard(addr: usize, n: usize) -> bool {
+unsafe fn discard(addr: usize, n: usize) -> Result<(), i32> {
     // SAFETY: the caller's contract: the range is the program's, and what it holds is kept.
-    unsafe { libc::syscall(libc::SYS_madvise, addr, n * PAGE, libc::MADV_DONTNEED) == 0 }
+    let r = unsafe { libc::syscall(libc::SYS_madvise, addr, n * PAGE, libc::MADV_DONTNEED) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel's answers `drop_pages` tells apart: a locked page is refused with EINVAL
+    /// (and keeps its bytes), an address no longer mapped with ENOMEM.
+    #[test]
+    fn discard_says_why_the_kernel_did_not_drop() {
+        // SAFETY: a new private anonymous mapping of two pages, this test's alone.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                2 * PAGE,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let a = m as usize;
+        // SAFETY: the mapping is this test's, mapped and writable.
+        unsafe { *(a as *mut u8) = 7 };
+        // SAFETY: the mapping is this test's; its bytes are not needed after a drop.
+        assert_eq!(unsafe { discard(a, 1) }, Ok(()));
+        // SAFETY: as above; the page reads back as zeros after the drop.
+        assert_eq!(unsafe { *(a as *const u8) }, 0);
+        // SAFETY: as above.
+        unsafe { *(a as *mut u8) = 7 };
+        // SAFETY: locking the test's own page.
+        if unsafe { libc::mlock(m, PAGE) } == 0 {
+            // SAFETY: as above.
+            assert_eq!(unsafe { discard(a, 1) }, Err(libc::EINVAL));
+            // SAFETY: as above; the refused page kept its byte.
+            assert_eq!(unsafe { *(a as *const u8) }, 7);
+        }
+        // SAFETY: unmapping the test's own second page, not used after.
+        let r = unsafe { libc::munmap((a + PAGE) as *mut libc::c_void, PAGE) };
+        assert_eq!(r, 0);
+        // SAFETY: the address is unmapped: nothing of anyone's is dropped.
+        assert_eq!(unsafe { discard(a + PAGE, 1) }, Err(libc::ENOMEM));
+        // SAFETY: unmapping the rest of the test's mapping.
+        unsafe { libc::munmap(m, PAGE) };
+    }
 }
