@@ -169,7 +169,8 @@ impl<'p> Evictor<'p> {
                 p.throttle.draining(true);
             }
             let freed = self.batch(want);
-            starved = freed == 0 && !std::mem::take(&mut self.found_locked);
+            let found_locked = std::mem::take(&mut self.found_locked);
+            starved = freed == 0 && !found_locked;
             // Faults are held while this drains (`throttle.rs`); each batch dropped lets the
             // fault thread look again. A write the cluster refused means the budget cannot be
             // held: faults go on, and the next write waits a while (a write that cannot be
@@ -548,12 +549,9 @@ impl<'p> Evictor<'p> {
 
     /// Drops the committed pages `drops` (address, whether all zeros) from the program's
     /// memory, under the lock `s`: one `madvise` per run of consecutive pages (each call
-    /// costs a TLB shootdown on every core the program runs on). A page the kernel does not
-    /// drop is given back to the table as resident (`Table::undo_drop`): locked, if the
-    /// program locked it (mlock); if it is no longer mapped there, the program unmapped or
-    /// moved it after the reports were read, and the report on its way then forgets it or
-    /// moves it as a resident page (recorded in standby, it used to keep a buffer and a slot
-    /// while resident). Returns the pages dropped.
+    /// costs a TLB shootdown on every core the program runs on). A page the kernel refuses
+    /// to drop because the program locked it (mlock) is given back to the table as resident
+    /// and locked (`Table::undo_drop`). Returns the pages dropped.
     fn drop_pages(&mut self, s: &mut Shared, drops: &[(usize, bool)]) -> usize {
         let p = self.pager;
         let mut dropped = 0;
@@ -582,9 +580,17 @@ impl<'p> Evictor<'p> {
                             dropped += 1;
                             Stats::add(&p.stats.zero_drops, u64::from(zero));
                         }
-                        Err(libc::ENOMEM) => s.table.undo_drop((a / PAGE) as u64, false),
+                        // No longer mapped there: the program moved or unmapped it after
+                        // the reports were read, and the report on its way moves or forgets
+                        // the entry as committed. Not made resident: its bytes may have been
+                        // dropped at the address they moved to, if that page was in this
+                        // batch too (`mremap` onto a chosen page), and then only its buffer
+                        // holds them. A page moved and not dropped stays recorded in standby
+                        // while resident at its new address: a buffer, then a slot, held
+                        // until it is unmapped (never read: it faults on nothing).
+                        Err(libc::ENOMEM) => {}
                         Err(_) => {
-                            s.table.undo_drop((a / PAGE) as u64, true);
+                            s.table.undo_drop((a / PAGE) as u64);
                             Stats::add(&p.stats.undroppable, 1);
                             self.found_locked = true;
                         }

@@ -465,17 +465,17 @@ impl Table {
         Some(e.gen)
     }
 
-    /// The kernel did not drop page `vpn`, which `commit` had just put in standby or found
-    /// all zeros: it is resident again — its buffer free, its slot kept but not clean (the
-    /// copy's fingerprint is not known to be the slot's), its place in the standby line
-    /// stale. `locked`: the program locked it (mlock), and the clock never selects it again
-    /// while its mapping lives (an unmap forgets the entry); otherwise it is no longer mapped
-    /// there, and the unmap or move report on its way forgets or moves it.
-    pub fn undo_drop(&mut self, vpn: Vpn, locked: bool) {
+    /// The kernel refused to drop page `vpn`, which `commit` had just put in standby or
+    /// found all zeros, because the program locked it (mlock): it is resident again — its
+    /// buffer free, its slot kept but not clean (the copy's fingerprint is not known to be
+    /// the slot's), its place in the standby line stale — and `locked`, so the clock never
+    /// selects it again while its mapping lives (an unmap forgets the entry; an munlock is
+    /// not seen).
+    pub fn undo_drop(&mut self, vpn: Vpn) {
         let g = self.gen();
         let e = self.pages.entry(vpn).or_insert(Entry::resident(g, false));
         e.gen = g;
-        e.locked = locked;
+        e.locked = true;
         if let State::Standby { slot, buf, .. } = e.state {
             e.state = State::Resident { slot, print: None };
             self.left_standby(buf);

@@ -255,14 +255,14 @@ fn a_page_in_standby_comes_back_locally_and_the_oldest_is_sent_out() {
 }
 
 #[test]
-fn a_page_the_kernel_does_not_drop_is_resident_again_and_never_selected_if_locked() {
+fn a_page_the_kernel_refuses_to_drop_is_resident_again_and_never_selected() {
     let mut t = Table::new(10, 2);
     // Stored once and fetched back clean, then put in standby: the drop is refused.
     t.zeroed(1);
     evict(&mut t, 1, 1);
     let slot = fetch(&mut t, 1, 1);
     demote(&mut t, 1, 1);
-    t.undo_drop(1, true);
+    t.undo_drop(1);
     assert_eq!(
         t.get(1).unwrap().state,
         State::Resident {
@@ -284,21 +284,9 @@ fn a_page_the_kernel_does_not_drop_is_resident_again_and_never_selected_if_locke
     t.zeroed(2);
     let g = t.select(2).or_else(|| t.select(2)).unwrap();
     assert_eq!(t.commit(2, g, Outcome::Zero), Commit::Drop);
-    t.undo_drop(2, true);
+    t.undo_drop(2);
     assert!(t.get(2).unwrap().locked);
     assert_eq!((t.select(2), t.select(2)), (None, None));
-    // A page no longer mapped there (moved meanwhile) is resident again, not locked: the
-    // move's report carries it, and it is paged again.
-    let b3 = demote(&mut t, 3, 3);
-    t.undo_drop(3, false);
-    assert!(!t.get(3).unwrap().locked);
-    assert_eq!(t.free_bufs(), 2, "buffer {b3} is free");
-    assert!(t.begin_flush(4).is_empty(), "its place in line is stale");
-    t.remap(3, 9, 1);
-    assert!(
-        t.select(9).is_some(),
-        "moved as a resident page, and selected again"
-    );
     // An unmap forgets both (the slot goes back); a new mapping there is paged again.
     t.forget(1, 2);
     assert_eq!(t.take_freed(), vec![slot]);
