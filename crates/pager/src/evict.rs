@@ -625,6 +625,94 @@ unsafe fn discard(addr: usize, n: usize) -> Result<(), i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::table::FaultPlan;
+
+    /// The case a review found: a batch holds page X and page D, and the program moves X onto
+    /// D (mremap, MREMAP_FIXED) after the batch's reports were read. The kernel queues the
+    /// move's reports after the move, so the drops run first: X's fails (no longer mapped),
+    /// and D's drops X's bytes where they now are. X must stay in standby — its buffer holds
+    /// the only copy — so that the move carries it to D and a fault there is answered from it.
+    #[test]
+    fn a_page_moved_onto_another_of_the_batch_keeps_its_bytes_in_standby() {
+        let Some(p) = crate::pager::test_pager(4) else {
+            eprintln!("skipped: no userfaultfd for this user");
+            return;
+        };
+        let mut ev = Evictor::new(
+            &p,
+            Pagemap::open().unwrap(),
+            File::open("/proc/self/statm").unwrap(),
+        );
+        let base = crate::uffd::test_mapping(4 * PAGE);
+        let (x, d) = (base, base + 2 * PAGE);
+        for a in [x, d] {
+            // SAFETY: inside the test's own mapping, not registered yet.
+            unsafe { std::ptr::write_bytes(a as *mut u8, a as u8, PAGE) };
+        }
+        // SAFETY: the mapping is this test's; no reference points into it.
+        unsafe { p.uffd.register(base, 4 * PAGE) }.unwrap();
+        // Both pages resident, then selected and committed to standby, as a batch does.
+        let bx = {
+            let mut s = p.shared.lock();
+            let mut bufs = s.table.take_bufs(2);
+            let standby = |s: &mut Shared, a: usize, buf: u32| {
+                let v = (a / PAGE) as u64;
+                let g = s.table.select(v).or_else(|| s.table.select(v)).unwrap();
+                let print = Print::of(&[a as u8; PAGE]);
+                let c = s.table.commit(v, g, Outcome::Standby { buf, print });
+                assert_eq!(c, Commit::Drop);
+            };
+            let (b1, b2) = (bufs.pop().unwrap(), bufs.pop().unwrap());
+            standby(&mut s, x, b1);
+            standby(&mut s, d, b2);
+            b1
+        };
+        // The move, in a thread of its own: it waits in the kernel until its reports are
+        // read.
+        let mover = std::thread::spawn(move || {
+            // SAFETY: moves the test's own page X onto its page D; nothing refers to either.
+            let r = unsafe {
+                libc::mremap(
+                    x as *mut libc::c_void,
+                    PAGE,
+                    PAGE,
+                    libc::MREMAP_MAYMOVE | libc::MREMAP_FIXED,
+                    d as *mut libc::c_void,
+                )
+            };
+            r as usize
+        });
+        let reported = crate::uffd::readable(p.uffd.fd(), 10_000);
+        // The drops run before the reports are read.
+        let dropped = {
+            let mut s = p.shared.lock();
+            ev.drop_pages(&mut s, &[(x, false), (d, false)])
+        };
+        // Then every report the move makes (it returns once they are read).
+        let end = Instant::now() + Duration::from_secs(10);
+        while !mover.is_finished() && Instant::now() < end {
+            let mut s = p.shared.lock();
+            p.take_reports(&mut s);
+            drop(s);
+            std::thread::yield_now();
+        }
+        let plan = p.shared.lock().table.on_missing((d / PAGE) as u64);
+        drop(ev);
+        drop(p);
+        assert_eq!(mover.join().unwrap(), d, "the move landed on D");
+        assert!(reported, "the move's reports came only after the move");
+        assert_eq!(dropped, 1, "D is dropped, X was no longer mapped");
+        assert_eq!(
+            plan,
+            FaultPlan::Local {
+                buf: bx,
+                clean: false
+            },
+            "a fault at D is answered from X's buffer"
+        );
+        // SAFETY: the test's own mapping, no longer used.
+        unsafe { libc::munmap(base as *mut libc::c_void, 4 * PAGE) };
+    }
 
     /// The kernel's answers `drop_pages` tells apart: a locked page is refused with EINVAL
     /// (and keeps its bytes), an address no longer mapped with ENOMEM.

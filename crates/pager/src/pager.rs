@@ -666,18 +666,34 @@ fn read_with_ahead(
     }
 }
 
+/// A pager for tests (64 slots, a 1 MiB budget, `standby` buffers, no polling), or None when
+/// this user may not use userfaultfd.
+#[cfg(test)]
+pub(crate) fn test_pager(standby: u32) -> Option<Pager> {
+    let uffd = Uffd::new(None).ok()?;
+    let throttle = Throttle::new(1 << 20).unwrap();
+    Some(Pager::new(
+        uffd,
+        throttle,
+        64,
+        1 << 20,
+        PAGE,
+        0,
+        Duration::ZERO,
+        standby,
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn the_evictor_takes_the_reports_queued_behind_faults_and_hands_the_faults_on() {
-        let Ok(uffd) = Uffd::new(None) else {
+        let Some(p) = test_pager(0) else {
             eprintln!("skipped: no userfaultfd for this user");
             return;
         };
-        let throttle = Throttle::new(1 << 20).unwrap();
-        let p = Pager::new(uffd, throttle, 64, 1 << 20, PAGE, 0, Duration::ZERO, 0);
         let len = 4 * PAGE;
         let base = crate::uffd::test_mapping(len);
         // SAFETY: the mapping is this test's; no reference points into it.
