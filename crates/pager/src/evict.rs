@@ -23,7 +23,7 @@
 //!    fault thread while this waits a little, then by the evictor, handing the missing faults
 //!    to the fault thread): commit each page, drop the committed ones (MADV_DONTNEED, one
 //!    call per run of consecutive pages; a page the kernel refuses to drop — the program
-//!    locked it — is resident again and never selected while its mapping lives), wake the
+//!    locked it — is resident again and not selected until the program unlocks it), wake the
 //!    faults that waited. A flush drops nothing, and its commit does not wait for reports.
 //!
 //! While it drains — over the budget, from the start of a batch (unless writes are being
@@ -91,7 +91,7 @@ pub struct Evictor<'p> {
     /// The last batch's write failed.
     write_failed: bool,
     /// The last batch found pages the kernel refused to drop (locked by the program): not
-    /// starved — they are never selected again, and the next batch looks past them at once.
+    /// starved — they are not selected again while locked, and the next batch looks past them.
     found_locked: bool,
     /// The wait after the next refused write.
     backoff: Duration,

@@ -1,16 +1,17 @@
 //! The C functions the preloaded library puts in front of the C library's: `pthread_create`
 //! (a thread the pager starts gets a stack of the pager's own, recorded in `exclude` before
 //! the thread exists, so its stack is never paged out) and `madvise` (a discard by the
-//! program forgets the pages it had out, so they read as zeros as the kernel promises).
+//! program forgets the pages it had out, so they read as zeros as the kernel promises),
+//! `munlock` and `munlockall` (pages the evictor found locked may be paged again).
 //! munmap and mremap need no hook: the kernel reports them to the pager (userfaultfd
 //! events), including those the C library makes internally, which no hook would see.
 //!
 //! Invariants: with no pager running (not started, or in a forked child, which the pager
-//! does not follow) both functions do exactly what the C library's do; neither allocates
+//! does not follow) these functions do exactly what the C library's do; neither allocates
 //! from the program's allocator.
 
 use std::cell::Cell;
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use libc::{c_int, c_void, pthread_attr_t, pthread_t, size_t};
 
@@ -55,7 +56,34 @@ struct Start {
     arg: *mut c_void,
 }
 
+/// Pager threads created through [`pthread_create`], and those of them that have started:
+/// run past the C library's start of a thread, into the pager's code.
+static CREATED: AtomicUsize = AtomicUsize::new(0);
+static STARTED: AtomicUsize = AtomicUsize::new(0);
+
+/// Waits (at most `limit`) until every pager thread created so far has started; whether they
+/// all did. The C library's start of a thread reads the program's locale data, which lies in
+/// the program's brk heap, which the pager pages: a pager thread that first runs after that
+/// page went out faults on it, and the fault thread — if it is that thread — cannot answer
+/// (a python program hung so at start: its fault thread, created before anything was
+/// registered, had not run yet when the page went out). The pager registers memory only once
+/// its fault thread has started, and drops pages only once the threads made while it
+/// connects have.
+pub fn wait_pager_threads_started(limit: std::time::Duration) -> bool {
+    let end = std::time::Instant::now() + limit;
+    loop {
+        if STARTED.load(Ordering::Acquire) >= CREATED.load(Ordering::Acquire) {
+            return true;
+        }
+        if std::time::Instant::now() >= end {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
 extern "C" fn pager_thread_start(p: *mut c_void) -> *mut c_void {
+    STARTED.fetch_add(1, Ordering::AcqRel);
     set_pager_thread(true);
     // SAFETY: `p` is the Box made by `pthread_create` below, handed over exactly once.
     let s = unsafe { Box::from_raw(p.cast::<Start>()) };
@@ -137,11 +165,14 @@ pub unsafe extern "C" fn pthread_create(
     // (a pager thread's stack is not reused or unmapped).
     unsafe { libc::pthread_attr_setstack(&mut own, stack, size) };
     let boxed = Box::into_raw(Box::new(Start { f: start, arg })).cast::<c_void>();
+    // Counted before it can start, so that the count of started ones never runs ahead.
+    CREATED.fetch_add(1, Ordering::AcqRel);
     // SAFETY: `own` is initialised; `boxed` is handed to the new thread, or taken back below.
     let r = unsafe { real(thread, &own, pager_thread_start, boxed) };
     // SAFETY: `own` was initialised above and is not used again.
     unsafe { libc::pthread_attr_destroy(&mut own) };
     if r != 0 {
+        CREATED.fetch_sub(1, Ordering::AcqRel);
         // SAFETY: the thread was not created, so the box is still ours.
         drop(unsafe { Box::from_raw(boxed.cast::<Start>()) });
     }
@@ -175,4 +206,81 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
         }
     }
     raw_madvise(addr, len, advice)
+}
+
+/// `munlock`, as the C library's; the pages it unlocks may be paged again (the evictor keeps
+/// a page the kernel refused to drop because it was locked: `Table::undo_drop`).
+///
+/// # Safety
+/// As the C library's `munlock`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn munlock(addr: *const c_void, len: size_t) -> c_int {
+    // SAFETY: the system call itself, with the caller's arguments; it checks them.
+    let r = unsafe { libc::syscall(libc::SYS_munlock, addr, len) } as c_int;
+    if r == 0 {
+        if let Some(p) = crate::running() {
+            p.unlocked(addr as usize, len);
+        }
+    }
+    r
+}
+
+/// `munlockall`, as the C library's; every page may be paged again.
+///
+/// # Safety
+/// As the C library's `munlockall`.
+#[cfg_attr(not(test), no_mangle)]
+pub unsafe extern "C" fn munlockall() -> c_int {
+    // SAFETY: the system call itself; it takes no argument.
+    let r = unsafe { libc::syscall(libc::SYS_munlockall) } as c_int;
+    if r == 0 {
+        if let Some(p) = crate::running() {
+            p.unlocked(0, usize::MAX);
+        }
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    extern "C" fn note_ran(arg: *mut c_void) -> *mut c_void {
+        // SAFETY: `arg` is the test's flag, alive until the thread is joined.
+        unsafe { &*arg.cast::<AtomicBool>() }.store(true, Ordering::SeqCst);
+        std::ptr::null_mut()
+    }
+
+    /// A thread the pager makes is counted when made and when it starts, and the wait the
+    /// pager makes before it registers memory or drops a page (`start.rs`) ends once it has.
+    #[test]
+    fn the_pager_waits_for_its_own_threads_to_start() {
+        let ran = AtomicBool::new(false);
+        let (created, started) = (
+            CREATED.load(Ordering::SeqCst),
+            STARTED.load(Ordering::SeqCst),
+        );
+        let mut t: pthread_t = 0;
+        set_pager_thread(true);
+        // SAFETY: the start routine takes the flag, which outlives the thread (joined below).
+        let r = unsafe {
+            pthread_create(
+                &mut t,
+                std::ptr::null(),
+                note_ran,
+                std::ptr::from_ref(&ran).cast_mut().cast(),
+            )
+        };
+        set_pager_thread(false);
+        assert_eq!(r, 0);
+        assert!(wait_pager_threads_started(std::time::Duration::from_secs(
+            10
+        )));
+        assert_eq!(CREATED.load(Ordering::SeqCst), created + 1);
+        assert_eq!(STARTED.load(Ordering::SeqCst), started + 1);
+        // SAFETY: joins the thread made above, once.
+        assert_eq!(unsafe { libc::pthread_join(t, std::ptr::null_mut()) }, 0);
+        assert!(ran.load(Ordering::SeqCst), "it ran its start routine");
+    }
 }

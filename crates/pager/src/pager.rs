@@ -566,6 +566,15 @@ impl Pager {
         apply()
     }
 
+    /// The program unlocked `[addr, addr + len)` (munlock; munlockall: all of its memory):
+    /// the pages there that the evictor found locked may be paged again.
+    pub fn unlocked(&self, addr: usize, len: usize) {
+        let first = addr / PAGE;
+        let last = addr.saturating_add(len).div_ceil(PAGE);
+        let mut s = self.shared.lock();
+        s.table.unlock(first as u64, (last - first) as u64);
+    }
+
     /// Tells the store to forget what the slots the table freed held (see
     /// `Table::take_freed`): under the lock `s`, so that none is taken and written again
     /// first. For span coding this is what keeps compaction from moving the copies of pages

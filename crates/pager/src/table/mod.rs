@@ -76,7 +76,7 @@ pub struct Entry {
     /// Changes with every change not made by the evictor.
     pub gen: u64,
     /// The kernel refused to drop it (the program locked it, mlock): it stays resident,
-    /// and the clock never selects it again while its mapping lives.
+    /// and the clock does not select it again until the program unlocks it (munlock).
     pub locked: bool,
 }
 
@@ -469,8 +469,8 @@ impl Table {
     /// found all zeros, because the program locked it (mlock): it is resident again — its
     /// buffer free, its slot kept but not clean (the copy's fingerprint is not known to be
     /// the slot's), its place in the standby line stale — and `locked`, so the clock never
-    /// selects it again while its mapping lives (an unmap forgets the entry; an munlock is
-    /// not seen).
+    /// selects it again until the program unlocks it (`unlock`) or unmaps it (which forgets
+    /// the entry).
     pub fn undo_drop(&mut self, vpn: Vpn) {
         let g = self.gen();
         let e = self.pages.entry(vpn).or_insert(Entry::resident(g, false));
@@ -479,6 +479,18 @@ impl Table {
         if let State::Standby { slot, buf, .. } = e.state {
             e.state = State::Resident { slot, print: None };
             self.left_standby(buf);
+        }
+    }
+
+    /// The program unlocked the `n` pages from `first` (munlock): those `undo_drop` marked
+    /// locked may be selected again.
+    pub fn unlock(&mut self, first: Vpn, n: u64) {
+        for e in self
+            .pages
+            .range_mut(first..first.saturating_add(n))
+            .map(|(_, e)| e)
+        {
+            e.locked = false;
         }
     }
 

@@ -287,6 +287,10 @@ fn a_page_the_kernel_refuses_to_drop_is_resident_again_and_never_selected() {
     t.undo_drop(2);
     assert!(t.get(2).unwrap().locked);
     assert_eq!((t.select(2), t.select(2)), (None, None));
+    // An munlock of page 2 makes it a candidate again; page 1 stays locked.
+    t.unlock(2, 1);
+    assert!(!t.get(2).unwrap().locked && t.get(1).unwrap().locked);
+    assert!(t.select(2).is_some(), "unlocked: selected again");
     // An unmap forgets both (the slot goes back); a new mapping there is paged again.
     t.forget(1, 2);
     assert_eq!(t.take_freed(), vec![slot]);
