@@ -61,22 +61,20 @@ struct Start {
 static CREATED: AtomicUsize = AtomicUsize::new(0);
 static STARTED: AtomicUsize = AtomicUsize::new(0);
 
-/// Waits (at most `limit`) until every pager thread created so far has started; whether they
-/// all did. The C library's start of a thread reads the program's locale data, which lies in
-/// the program's brk heap, which the pager pages: a pager thread that first runs after that
-/// page went out faults on it, and the fault thread — if it is that thread — cannot answer
-/// (a python program hung so at start: its fault thread, created before anything was
-/// registered, had not run yet when the page went out). The pager registers memory only once
-/// its fault thread has started, and drops pages only once the threads made while it
-/// connects have.
-pub fn wait_pager_threads_started(limit: std::time::Duration) -> bool {
-    let end = std::time::Instant::now() + limit;
-    loop {
-        if STARTED.load(Ordering::Acquire) >= CREATED.load(Ordering::Acquire) {
-            return true;
-        }
-        if std::time::Instant::now() >= end {
-            return false;
+/// Waits until every pager thread created so far has started, saying so every 10 s while
+/// one has not (a stopped or frozen process). The C library's start of a thread reads the
+/// program's locale data, which lies in the program's brk heap, which the pager pages: a
+/// pager thread that first runs after that page went out faults on it, and the fault thread
+/// — if it is that thread, or needs it — cannot answer (a python program hung so at start:
+/// its fault thread, made before anything was registered, had not run yet when the page
+/// went out). The pager drops no page before the threads made while it connects have
+/// started (`start.rs`; the fault thread itself: `Pager::fault_loop`).
+pub fn wait_pager_threads_started() {
+    let mut said = std::time::Instant::now();
+    while STARTED.load(Ordering::Acquire) < CREATED.load(Ordering::Acquire) {
+        if said.elapsed() >= std::time::Duration::from_secs(10) {
+            tracing::warn!("a thread of the pager has not started in 10 s; waiting for it");
+            said = std::time::Instant::now();
         }
         std::thread::yield_now();
     }
@@ -217,9 +215,15 @@ pub unsafe extern "C" fn madvise(addr: *mut c_void, len: size_t, advice: c_int) 
 pub unsafe extern "C" fn munlock(addr: *const c_void, len: size_t) -> c_int {
     // SAFETY: the system call itself, with the caller's arguments; it checks them.
     let r = unsafe { libc::syscall(libc::SYS_munlock, addr, len) } as c_int;
-    if r == 0 {
+    // ENOMEM: a hole in the range, whose mapped parts are unlocked all the same.
+    let err = std::io::Error::last_os_error();
+    if (r == 0 || err.raw_os_error() == Some(libc::ENOMEM)) && !is_pager_thread() {
         if let Some(p) = crate::running() {
             p.unlocked(addr as usize, len);
+        }
+        if r != 0 {
+            // SAFETY: errno is this thread's; the caller reads the system call's.
+            unsafe { *libc::__errno_location() = libc::ENOMEM };
         }
     }
     r
@@ -233,7 +237,7 @@ pub unsafe extern "C" fn munlock(addr: *const c_void, len: size_t) -> c_int {
 pub unsafe extern "C" fn munlockall() -> c_int {
     // SAFETY: the system call itself; it takes no argument.
     let r = unsafe { libc::syscall(libc::SYS_munlockall) } as c_int;
-    if r == 0 {
+    if r == 0 && !is_pager_thread() {
         if let Some(p) = crate::running() {
             p.unlocked(0, usize::MAX);
         }
@@ -274,9 +278,15 @@ mod tests {
         };
         set_pager_thread(false);
         assert_eq!(r, 0);
-        assert!(wait_pager_threads_started(std::time::Duration::from_secs(
-            10
-        )));
+        // The wait's condition within 10 s (the wait itself has no limit).
+        let end = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while STARTED.load(Ordering::SeqCst) < CREATED.load(Ordering::SeqCst)
+            && std::time::Instant::now() < end
+        {
+            std::thread::yield_now();
+        }
+        assert!(STARTED.load(Ordering::SeqCst) >= CREATED.load(Ordering::SeqCst));
+        wait_pager_threads_started();
         assert_eq!(CREATED.load(Ordering::SeqCst), created + 1);
         assert_eq!(STARTED.load(Ordering::SeqCst), started + 1);
         // SAFETY: joins the thread made above, once.

@@ -106,6 +106,8 @@ pub struct Pager {
     pub standby: Pool,
     /// `Shared::handed` holds faults: the fault thread looks before it sleeps.
     handed: AtomicBool,
+    /// The fault thread runs, its per-thread state set up (`fault_loop`).
+    ready: AtomicBool,
 }
 
 /// A missing fault: its address, whether a write, the faulting thread.
@@ -155,6 +157,7 @@ impl Pager {
             regions: Mutex::new(Vec::new()),
             standby,
             handed: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
         }
     }
 
@@ -215,6 +218,22 @@ impl Pager {
         }
     }
 
+    /// Waits until the fault thread runs ([`Pager::fault_loop`]), saying so every 10 s while
+    /// it does not (a stopped or frozen process): before, nothing may be registered — the
+    /// C library's start of a thread reads the program's locale data, in its brk heap, and a
+    /// fault thread that first ran after that page went out faulted on it itself, with no
+    /// one to answer (seen: a python program hung at start).
+    pub fn wait_ready(&self) {
+        let mut said = Instant::now();
+        while !self.ready.load(Ordering::Acquire) {
+            if said.elapsed() >= Duration::from_secs(10) {
+                tracing::warn!("the pager's fault thread has not started in 10 s; waiting for it");
+                said = Instant::now();
+            }
+            std::thread::yield_now();
+        }
+    }
+
     /// Whether reports are waiting to be read.
     pub fn pending(&self) -> bool {
         crate::uffd::readable(self.uffd.fd(), 0)
@@ -225,6 +244,17 @@ impl Pager {
     /// program is far over its budget; every other report is applied at once. The missing
     /// faults the evictor read before a commit ([`Pager::take_reports`]) come first.
     pub fn fault_loop(&self) {
+        // What this thread keeps per thread with a destructor is set up now, before anything
+        // is registered (`wait_ready`): the C library registers such a destructor under the
+        // dynamic loader's lock, which a program thread loading a library holds — and that
+        // thread may be faulting on a page only this thread can map. parking_lot's per-thread
+        // data is made by the first wait (the first contended lock, else).
+        let _ = std::thread::current();
+        {
+            let (m, c) = (Mutex::new(()), Condvar::new());
+            let _ = c.wait_for(&mut m.lock(), Duration::ZERO);
+        }
+        self.ready.store(true, Ordering::Release);
         // The faulting page and the pages read ahead with it.
         let mut pages = vec![[0u8; PAGE]; 1 + self.read_ahead as usize];
         let mut held: VecDeque<(Instant, Fault)> = VecDeque::new();
@@ -569,6 +599,10 @@ impl Pager {
     /// The program unlocked `[addr, addr + len)` (munlock; munlockall: all of its memory):
     /// the pages there that the evictor found locked may be paged again.
     pub fn unlocked(&self, addr: usize, len: usize) {
+        // No page was ever found locked: nothing to walk (munlockall names all memory).
+        if self.stats.undroppable.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let first = addr / PAGE;
         let last = addr.saturating_add(len).div_ceil(PAGE);
         let mut s = self.shared.lock();

@@ -130,15 +130,10 @@ fn start(config: &RunConfig, uffd: uffd::Uffd, rss: u64) -> Arc<Pager> {
         .name("hm-fault".into())
         .spawn(move || p.fault_loop())
         .unwrap_or_else(|e| fail(&format!("starting the fault thread: {e}")));
-    // Nothing is registered before the fault thread runs (`hooks::wait_pager_threads_started`).
-    if !hooks::wait_pager_threads_started(STARTING) {
-        fail("the fault thread did not start within 10 s");
-    }
+    // Nothing is registered before the fault thread runs (`Pager::fault_loop`).
+    pager.wait_ready();
     pager
 }
-
-/// How long the pager waits for a thread of its own to start.
-const STARTING: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the pager reads or opens as the program starts, while it has the rights it was
 /// started with: a server that then drops them (memcached's `-u nobody`) may no longer open
@@ -195,9 +190,7 @@ fn evictor(config: RunConfig, id: ClientId, uffd: uffd::Uffd, opened: Opened) {
     // No page goes out before the client's threads have started: they may need the fault
     // thread to start (`hooks::wait_pager_threads_started`), and it may need them (the
     // receiver) to fetch.
-    if !hooks::wait_pager_threads_started(STARTING) {
-        tracing::warn!("a thread of the pager's client did not start within 10 s");
-    }
+    hooks::wait_pager_threads_started();
     report("connected", false);
     tracing::info!(
         "connected to the cluster in {} ms; resident {} MiB then, {} MiB now",
