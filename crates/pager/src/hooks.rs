@@ -70,10 +70,19 @@ static STARTED: AtomicUsize = AtomicUsize::new(0);
 /// went out). The pager drops no page before the threads made while it connects have
 /// started (`start.rs`; the fault thread itself: `Pager::fault_loop`).
 pub fn wait_pager_threads_started() {
+    wait_started("a thread of the pager", || {
+        STARTED.load(Ordering::Acquire) >= CREATED.load(Ordering::Acquire)
+    });
+}
+
+/// Waits, yielding, until `started()`, saying every 10 s that `what` has not started yet (a
+/// stopped or frozen process): no limit, since giving up would let the pager page with a
+/// thread of its own not yet running.
+pub fn wait_started(what: &str, started: impl Fn() -> bool) {
     let mut said = std::time::Instant::now();
-    while STARTED.load(Ordering::Acquire) < CREATED.load(Ordering::Acquire) {
+    while !started() {
         if said.elapsed() >= std::time::Duration::from_secs(10) {
-            tracing::warn!("a thread of the pager has not started in 10 s; waiting for it");
+            tracing::warn!("{what} has not started in 10 s; waiting for it");
             said = std::time::Instant::now();
         }
         std::thread::yield_now();

@@ -224,14 +224,9 @@ impl Pager {
     /// fault thread that first ran after that page went out faulted on it itself, with no
     /// one to answer (seen: a python program hung at start).
     pub fn wait_ready(&self) {
-        let mut said = Instant::now();
-        while !self.ready.load(Ordering::Acquire) {
-            if said.elapsed() >= Duration::from_secs(10) {
-                tracing::warn!("the pager's fault thread has not started in 10 s; waiting for it");
-                said = Instant::now();
-            }
-            std::thread::yield_now();
-        }
+        crate::hooks::wait_started("the pager's fault thread", || {
+            self.ready.load(Ordering::Acquire)
+        });
     }
 
     /// Whether reports are waiting to be read.
