@@ -54,8 +54,8 @@ pub struct Stats {
     pub standby_ins: AtomicU64,
     /// All-zero pages dropped without a write.
     pub zero_drops: AtomicU64,
-    /// Pages the kernel refused to drop (the program locked them, mlock): they stay in local
-    /// memory.
+    /// Times the kernel refused to drop a page (the program locked it, mlock): it stays in
+    /// local memory until unlocked (a page locked again after an unlock is counted again).
     pub undroppable: AtomicU64,
     /// Missing faults the evictor read before a commit and handed to the fault thread.
     pub handed: AtomicU64,
@@ -160,8 +160,8 @@ pub struct Summary {
     pub standby_ins: u64,
     /// All-zero pages dropped without a write.
     pub zero_drops: u64,
-    /// Pages the kernel refused to drop (the program locked them, mlock): they stay in local
-    /// memory.
+    /// Times the kernel refused to drop a page (the program locked it, mlock): it stays in
+    /// local memory until unlocked (a page locked again after an unlock is counted again).
     pub undroppable: u64,
     /// Missing faults the evictor read before a commit and handed to the fault thread.
     pub handed: u64,
