@@ -239,16 +239,9 @@ impl Pager {
     /// program is far over its budget; every other report is applied at once. The missing
     /// faults the evictor read before a commit ([`Pager::take_reports`]) come first.
     pub fn fault_loop(&self) {
-        // What this thread keeps per thread with a destructor is set up now, before anything
-        // is registered (`wait_ready`): the C library registers such a destructor under the
-        // dynamic loader's lock, which a program thread loading a library holds — and that
-        // thread may be faulting on a page only this thread can map. parking_lot's per-thread
-        // data is made by the first wait (the first contended lock, else).
-        let _ = std::thread::current();
-        {
-            let (m, c) = (Mutex::new(()), Condvar::new());
-            let _ = c.wait_for(&mut m.lock(), Duration::ZERO);
-        }
+        // What this thread keeps per thread with a destructor (parking_lot's thread data,
+        // tracing's buffer) is registered with the library's own list, not under the
+        // dynamic loader's lock (`hooks::__cxa_thread_atexit_impl`).
         self.ready.store(true, Ordering::Release);
         // The faulting page and the pages read ahead with it.
         let mut pages = vec![[0u8; PAGE]; 1 + self.read_ahead as usize];

@@ -304,6 +304,7 @@ fn init() {
         return;
     };
     let config = RunConfig::from_env(&value).unwrap_or_else(|e| fail(&e.to_string()));
+    hooks::look_up_next();
     let _ = tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_target(false)
