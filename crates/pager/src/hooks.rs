@@ -133,7 +133,8 @@ thread_local! {
     static DTORS: Cell<*mut Dtor> = const { Cell::new(std::ptr::null_mut()) };
 }
 
-/// Destructors kept for pager threads (never reset; for tests and the curious).
+/// Destructors kept for pager threads (never reset; in the pager's report, where a run shows
+/// that the library's own definition is the one its threads reach).
 pub static DTORS_KEPT: AtomicUsize = AtomicUsize::new(0);
 /// Destructors run for pager threads at their end.
 pub static DTORS_RUN: AtomicUsize = AtomicUsize::new(0);
@@ -163,8 +164,10 @@ fn run_thread_dtors() {
 /// the C library's takes the dynamic loader's lock, which a program thread in `dlopen` may
 /// hold while it waits for a page that only the pager's fault thread can bring back (found
 /// by review: the fault thread's first log line, or its first contended lock, registers
-/// one). Pager threads last as long as the process, so the library that registered the
-/// destructor cannot be unloaded before it runs, which is all the lock was for.
+/// one). What registers destructors on a pager thread is this library (preloaded, never
+/// unloaded) or the C library, so the per-library count the C library keeps under that lock
+/// (against unloading a library whose destructors are pending) has nothing to protect. A
+/// pager thread that ended with `pthread_exit` would skip them; none does.
 ///
 /// # Safety
 /// As the C library's: `dtor(obj)` must be sound to call once at the thread's end.
@@ -175,9 +178,16 @@ pub unsafe extern "C" fn __cxa_thread_atexit_impl(
     dso_symbol: *mut c_void,
 ) -> c_int {
     if OWN_THREAD.with(|c| c.get()) {
-        let next = DTORS.with(|c| c.get());
-        let node = Box::into_raw(Box::new(Dtor { f: dtor, obj, next }));
-        DTORS.with(|c| c.set(node));
+        // Made first, linked after: should the allocation register a destructor of its own,
+        // neither is lost.
+        let node = Box::into_raw(Box::new(Dtor {
+            f: dtor,
+            obj,
+            next: std::ptr::null_mut(),
+        }));
+        let next = DTORS.with(|c| c.replace(node));
+        // SAFETY: `node` was made above and is on this thread's list only.
+        unsafe { (*node).next = next };
         DTORS_KEPT.fetch_add(1, Ordering::Relaxed);
         return 0;
     }
@@ -193,6 +203,8 @@ pub unsafe extern "C" fn __cxa_thread_atexit_impl(
 
 type StrerrorFn = unsafe extern "C" fn(c_int, *mut libc::c_char, size_t) -> c_int;
 static REAL_STRERROR: AtomicUsize = AtomicUsize::new(0);
+/// Error texts given untranslated to pager threads.
+static UNTRANSLATED: AtomicUsize = AtomicUsize::new(0);
 
 extern "C" {
     // The English text of an error, from a table in the C library (2.32 and later): no
@@ -238,8 +250,10 @@ pub unsafe extern "C" fn __xpg_strerror_r(
             0,
         )
     };
+    UNTRANSLATED.fetch_add(1, Ordering::Relaxed);
     if buflen == 0 {
-        return libc::ERANGE;
+        // As the C library's: an unknown number is EINVAL whatever the buffer.
+        return if r == 0 { libc::ERANGE } else { r };
     }
     let n = text.len().min(buflen - 1);
     // SAFETY: `buf` holds `buflen` bytes (the caller's contract); n + 1 <= buflen.
@@ -247,7 +261,7 @@ pub unsafe extern "C" fn __xpg_strerror_r(
         std::ptr::copy_nonoverlapping(text.as_ptr(), buf.cast::<u8>(), n);
         *buf.add(n) = 0;
     }
-    if n < text.len() {
+    if n < text.len() && r == 0 {
         libc::ERANGE
     } else {
         r
@@ -515,12 +529,25 @@ mod tests {
     /// library's own function gives it in the C locale, cut to the buffer and with its codes.
     #[test]
     fn a_pager_thread_gets_error_texts_untranslated() {
+        let before = UNTRANSLATED.load(Ordering::SeqCst);
         let program = strerror(libc::ENOENT, 64);
+        assert_eq!(
+            UNTRANSLATED.load(Ordering::SeqCst),
+            before,
+            "the C library's, for a program thread"
+        );
         set_pager_thread(true);
         let pager = strerror(libc::ENOENT, 64);
         let cut = strerror(libc::ENOENT, 5);
         let unknown = strerror(123_456, 64);
+        let unknown_cut = strerror(123_456, 3);
         set_pager_thread(false);
+        assert_eq!(
+            UNTRANSLATED.load(Ordering::SeqCst),
+            before + 4,
+            "the table's, for the pager's"
+        );
+        assert_eq!(unknown_cut, ("Un".to_string(), libc::EINVAL));
         assert_eq!(pager, ("No such file or directory".to_string(), 0));
         assert_eq!(program, pager, "as the C library's in the C locale");
         assert_eq!(cut, ("No s".to_string(), libc::ERANGE));

@@ -241,7 +241,16 @@ impl Pager {
     pub fn fault_loop(&self) {
         // What this thread keeps per thread with a destructor (parking_lot's thread data,
         // tracing's buffer) is registered with the library's own list, not under the
-        // dynamic loader's lock (`hooks::__cxa_thread_atexit_impl`).
+        // dynamic loader's lock (`hooks::__cxa_thread_atexit_impl`) — if that definition is
+        // the one the process binds (a program may define its own). In case it is not, what
+        // can be is set up now, before anything is registered (`wait_ready`), while no page
+        // can be out: parking_lot's thread data (made by the first wait) and the thread's
+        // handle.
+        let _ = std::thread::current();
+        {
+            let (m, c) = (Mutex::new(()), Condvar::new());
+            let _ = c.wait_for(&mut m.lock(), Duration::ZERO);
+        }
         self.ready.store(true, Ordering::Release);
         // The faulting page and the pages read ahead with it.
         let mut pages = vec![[0u8; PAGE]; 1 + self.read_ahead as usize];

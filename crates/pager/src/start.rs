@@ -57,6 +57,10 @@ struct ReportLine<'a> {
     /// A span scheme's rows: their memory cost, garbage and compaction.
     #[serde(skip_serializing_if = "Option::is_none")]
     span: Option<hydramem::span::SpanStats>,
+    /// Thread-local destructors the pager's threads registered, kept on the library's own
+    /// list (`hooks::__cxa_thread_atexit_impl`): above 0, its definition is the one bound.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    own_thread_dtors: Option<usize>,
 }
 
 fn command() -> String {
@@ -91,6 +95,8 @@ fn report(event: &str, with_stats: bool) {
             .filter(|_| with_stats)
             .map(|p| p.shared.lock().table.slots_used()),
         span: pager.filter(|_| with_stats).and_then(|p| p.span_stats()),
+        own_thread_dtors: with_stats
+            .then(|| hooks::DTORS_KEPT.load(std::sync::atomic::Ordering::Relaxed)),
     };
     let mut text = serde_json::to_string(&line).unwrap_or_default();
     text.push('\n');

@@ -31,12 +31,13 @@ need_run() {
 run_paged() {
   local scheme=$1 local=$2
   shift 2
-  "$BIN" run --cluster "$dir/cluster.toml" --scheme "$scheme" --local-memory "$local" -- "$@" \
-    >"$dir/run.out" 2>&1
+  rm -f "$dir/report.jsonl"
+  "$BIN" run --cluster "$dir/cluster.toml" --scheme "$scheme" --local-memory "$local" \
+    --report "$dir/report.jsonl" -- "$@" >"$dir/run.out" 2>&1
 }
 
 # check_paged WHAT: the run summary says pages went out and came back, none lost, and the
-# remote memory was released.
+# remote memory was released; the report, that the pager threads' destructors were its own.
 check_paged() {
   local line ins written
   line=$(grep 'hydramem run: pid .* page-ins' "$dir/run.out" | tail -n 1) ||
@@ -46,6 +47,10 @@ check_paged() {
   [ "$ins" -gt 0 ] && [ "$written" -gt 0 ] || fail "$1 was not paged: $line"
   grep -q ' 0 lost' <<<"$line" || fail "$1 lost pages: $line"
   grep -q 'released .* of remote memory' "$dir/run.out" || fail "$1: remote memory not released"
+  # The pager's threads keep their thread-locals' destructors on the library's own list, off
+  # the C library's (which takes the dynamic loader's lock): the library's definition is bound.
+  grep -q '"own_thread_dtors":[1-9]' "$dir/report.jsonl" ||
+    fail "$1: the pager's threads registered no destructor with the library's own list"
   echo "$1: $ins page-ins, $written pages written out"
 }
 
