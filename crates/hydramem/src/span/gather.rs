@@ -1,28 +1,38 @@
 //! Group commit of span writes: the pages of concurrent write calls share rows.
 //!
 //! A row is written whole, so a call of one page alone costs a row of k + r pieces and
-//! leaves a partial row for compaction. Under concurrency that is avoidable: while one call's
+//! leaves a partial row for compaction. Under concurrency that is avoidable: while a batch's
 //! rows are in flight, the calls that arrive queue their pages, and the next write takes all
 //! of them together, k to a row. No call waits for company: a call that finds no write in
 //! flight writes at once (queue depth 1 costs nothing), and the batches grow by themselves
-//! with the load — the classic group commit of database logs.
+//! with the load — the classic group commit of database logs. Nor does a full row wait for
+//! the batch ahead of it: once the queue holds a row's worth of pages (k), its batch is
+//! written at once beside those in flight, up to [`MAX_IN_FLIGHT`] batches — one batch at a
+//! time held sixteen single-page writers to one row's round trip per row (measured:
+//! docs/benchmarks.md, "Group commit with batches in flight").
 //!
 //! Protocol: a call enqueues its pages into the batch being filled and then either leads
-//! (no leader is writing: it takes the whole queue as one batch and writes it) or waits until
-//! its batch is done, taking over as leader whenever none is writing and its batch is still
-//! queued. A batch's outcome goes to every call that had pages in it. Pages are not copied:
-//! the queue holds pointers to the callers' pages, which stay borrowed until their batch is
-//! done (see [`Gather::write`]).
+//! (its batch is the one being filled, and either no batch is in flight or the queue holds
+//! a full row and fewer than [`MAX_IN_FLIGHT`] are: it takes the whole queue as one batch and
+//! writes it) or waits until its batch is done. A batch's outcome goes to every call that had
+//! pages in it. Pages are not copied: the queue holds pointers to the callers' pages, which
+//! stay borrowed until their batch is done (see [`Gather::write`]).
 //!
-//! Invariants: a batch holds pages of whole calls, in the order they were enqueued (so of two
-//! concurrent writes of one page, the later enqueued wins, as either may); a call returns only
-//! once its batch's rows are acknowledged and its pages mapped, or with the batch's error.
+//! Invariants: a batch holds pages of whole calls, in the order they were enqueued; a call
+//! returns only once its batch's rows are acknowledged and its pages mapped, or with the
+//! batch's error. Batches in flight together hold concurrent calls only, so two of them may
+//! carry one page: the one whose rows got the newer version wins
+//! ([`super::map::PageMap::set_if_newer`]), as either may, and as a reattaching client
+//! would decide.
 
 use std::collections::HashMap;
 
 use parking_lot::{Condvar, Mutex};
 
 use crate::client::{IoError, Page};
+
+/// Batches written at once, at most: each is a round of row writes to k + r nodes.
+pub const MAX_IN_FLIGHT: usize = 4;
 
 /// A page of a queued call: its number and a pointer to the caller's bytes.
 #[derive(Clone, Copy)]
@@ -40,30 +50,45 @@ unsafe impl Send for Pending {}
 struct State {
     /// Pages of the batch being filled.
     queue: Vec<Pending>,
+    /// Calls with pages in it.
+    queued_calls: usize,
     /// The id of the batch being filled; batches below it were taken by a leader.
     filling: u64,
-    /// Batches below this one are done.
-    done: u64,
-    /// A leader is writing.
-    leading: bool,
+    /// Batches being written.
+    in_flight: usize,
     /// Per batch done and not yet collected by all its calls: its error, and the calls that
     /// have still to collect it.
     outcomes: HashMap<u64, (Option<String>, usize)>,
-    /// Calls with pages in each batch not yet done.
-    members: HashMap<u64, usize>,
 }
 
 /// What writes one batch: (page number, bytes) in order.
 pub type WriteBatch<'a> = dyn Fn(&[(u64, &Page)]) -> Result<(), IoError> + 'a;
 
 /// The gathering point of one span store's writes.
-#[derive(Default)]
 pub struct Gather {
+    /// Pages in a full row (k): a queue this long is written without waiting.
+    full: usize,
     state: Mutex<State>,
     changed: Condvar,
 }
 
 impl Gather {
+    /// The gathering point of a store whose rows hold `full` pages.
+    pub fn new(full: usize) -> Gather {
+        Gather {
+            full: full.max(1),
+            state: Mutex::new(State::default()),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Whether the call whose pages are in batch `mine` writes that batch now.
+    fn leads(&self, s: &State, mine: u64) -> bool {
+        mine == s.filling
+            && s.in_flight < MAX_IN_FLIGHT
+            && (s.in_flight == 0 || s.queue.len() >= self.full)
+    }
+
     /// Writes `pages` (page number, bytes) together with whatever other calls queue
     /// meanwhile, through `write` (which writes one batch whole: [`super::Core`]'s
     /// packed write); returns once they are written, or with their batch's error.
@@ -77,44 +102,39 @@ impl Gather {
             page: *page,
             bytes: *bytes,
         }));
-        *s.members.entry(mine).or_insert(0) += 1;
+        s.queued_calls += 1;
         let mut own: Option<Result<(), IoError>> = None;
-        while s.done <= mine {
-            if s.leading {
+        while !s.outcomes.contains_key(&mine) {
+            if !self.leads(&s, mine) {
                 self.changed.wait(&mut s);
                 continue;
             }
-            // Lead: take the queue as one batch (this call's pages are in it or an earlier
-            // one still queued, since batches are taken in order) and write it.
-            s.leading = true;
-            let batch = s.filling;
+            // Lead: take the queue (this call's pages are in it) as one batch and write it.
+            s.in_flight += 1;
             s.filling += 1;
             let taken = std::mem::take(&mut s.queue);
-            let members = s.members.remove(&batch).unwrap_or(0);
+            let members = std::mem::take(&mut s.queued_calls);
             drop(s);
             let mut lead = Leading {
                 gather: self,
-                batch,
+                batch: mine,
                 members,
                 finished: false,
             };
             // SAFETY: every pointer in `taken` is a page of a call that is still inside this
-            // function waiting for `batch` (calls leave only once `done` passes their batch,
-            // which `lead.finish` below sets after the write); the pages are shared borrows,
-            // nothing writes them meanwhile.
+            // function waiting for `mine` (calls leave only once their batch's outcome is
+            // in, which `lead.finish` below puts there after the write); the pages are
+            // shared borrows, nothing writes them meanwhile.
             let list: Vec<(u64, &Page)> = taken
                 .iter()
                 .map(|p| (p.page, unsafe { &*p.bytes }))
                 .collect();
             let result = write(&list);
-            let error = result.as_ref().err().map(|e| e.to_string());
-            if batch == mine {
-                own = Some(result);
-            }
-            lead.finish(error);
+            lead.finish(result.as_ref().err().map(|e| e.to_string()));
+            own = Some(result);
             s = self.state.lock();
         }
-        // Collect this call's outcome (the leader of its own batch has it first hand).
+        // Collect this call's outcome (the leader has its own first hand).
         let collected = match s.outcomes.get_mut(&mine) {
             Some((error, left)) => {
                 *left -= 1;
@@ -151,11 +171,9 @@ impl Leading<'_> {
     fn finish(&mut self, error: Option<String>) {
         self.finished = true;
         let mut s = self.gather.state.lock();
-        if self.members > 0 {
-            s.outcomes.insert(self.batch, (error, self.members));
-        }
-        s.done = self.batch + 1;
-        s.leading = false;
+        // Every batch has a member: the call that leads it.
+        s.outcomes.insert(self.batch, (error, self.members.max(1)));
+        s.in_flight -= 1;
         drop(s);
         self.gather.changed.notify_all();
     }
@@ -177,7 +195,7 @@ mod tests {
 
     #[test]
     fn concurrent_calls_share_batches_and_every_page_is_written_once() {
-        let g = Arc::new(Gather::default());
+        let g = Arc::new(Gather::new(8));
         let written = Arc::new(Mutex::new(Vec::<(u64, u8)>::new()));
         let batches = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..8u64)
@@ -214,9 +232,81 @@ mod tests {
         );
     }
 
+    /// A batch whose queue holds a full row is written beside the one in flight; a partial
+    /// one waits for it; never more than [`MAX_IN_FLIGHT`] at once.
+    #[test]
+    fn a_full_row_is_written_beside_the_batch_in_flight_a_partial_one_waits() {
+        use std::sync::mpsc;
+        let g = Arc::new(Gather::new(2));
+        let (started_tx, started) = mpsc::channel::<Vec<u64>>();
+        let (release_tx, release) = mpsc::channel::<()>();
+        let release = Arc::new(Mutex::new(release));
+        let (in_flight, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let call = |pages: Vec<u64>| {
+            let (g, started_tx, release) = (g.clone(), started_tx.clone(), release.clone());
+            let (in_flight, most) = (in_flight.clone(), most.clone());
+            std::thread::spawn(move || {
+                let bytes = [0u8; 4096];
+                let list: Vec<(u64, &Page)> = pages.iter().map(|p| (*p, &bytes)).collect();
+                g.write(&list, &|batch| {
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    started_tx
+                        .send(batch.iter().map(|(p, _)| *p).collect())
+                        .unwrap();
+                    release.lock().recv().unwrap();
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    Ok(())
+                })
+                .expect("written");
+            })
+        };
+        let wait = |what: &str| {
+            started
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("{what}"))
+        };
+        let first = call(vec![1]);
+        assert_eq!(wait("the first call writes at once"), [1]);
+        // One page queued: less than a row, so it waits for the batch in flight...
+        let partial = call(vec![2]);
+        // ...until a second call fills the row, and the two go out together beside it.
+        let filler = call(vec![3]);
+        let mut second = wait("a full row goes out beside the batch in flight");
+        second.sort_unstable();
+        assert_eq!(second, [2, 3]);
+        for _ in 0..2 {
+            release_tx.send(()).unwrap();
+        }
+        for t in [first, partial, filler] {
+            t.join().unwrap();
+        }
+        assert_eq!(
+            most.load(Ordering::SeqCst),
+            2,
+            "two batches were in flight at once"
+        );
+
+        // Many full rows queued: never more than MAX_IN_FLIGHT batches at once.
+        let calls: Vec<_> = (0..4 * MAX_IN_FLIGHT as u64)
+            .map(|i| call(vec![10 + 2 * i, 11 + 2 * i]))
+            .collect();
+        for _ in 0..MAX_IN_FLIGHT {
+            wait("full rows go out");
+        }
+        // Whoever else has started, the rest wait for a release.
+        for _ in 0..4 * MAX_IN_FLIGHT {
+            release_tx.send(()).unwrap();
+        }
+        for t in calls {
+            t.join().unwrap();
+        }
+        assert_eq!(most.load(Ordering::SeqCst), MAX_IN_FLIGHT);
+    }
+
     #[test]
     fn a_batch_error_reaches_every_call_in_it() {
-        let g = Arc::new(Gather::default());
+        let g = Arc::new(Gather::new(8));
         let page = [1u8; 4096];
         let err = g
             .write(&[(1, &page)], &|_| {

@@ -202,7 +202,7 @@ impl SpanStore {
             width: l.width,
             mem,
             compactor: Compactor::new(l.width, limits),
-            gather: gather::Gather::default(),
+            gather: gather::Gather::new(l.k),
             busy: busy::Busy::default(),
             counters: Counters::default(),
         });
@@ -491,12 +491,15 @@ impl Core {
         for (i, (page, _)) in pages.iter().enumerate() {
             let loc = at(i);
             match expected {
-                None => {
-                    if let Some(old) = self.map.set(*page, loc) {
-                        gone.push(old.row);
+                // Of two batches in flight together that carry the page, the newer version
+                // wins, as a reattaching client would decide (`gather`).
+                None => match self.map.set_if_newer(*page, loc) {
+                    Ok(old) => {
+                        gone.extend(old.map(|o| o.row));
+                        moved += 1;
                     }
-                    moved += 1;
-                }
+                    Err(_) => gone.push(loc.row),
+                },
                 Some(exp) => {
                     if self.map.move_if(*page, exp[i], loc) {
                         gone.push(exp[i].row);
