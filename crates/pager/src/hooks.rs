@@ -136,8 +136,6 @@ thread_local! {
 /// Destructors kept for pager threads (never reset; in the pager's report, where a run shows
 /// that the library's own definition is the one its threads reach).
 pub static DTORS_KEPT: AtomicUsize = AtomicUsize::new(0);
-/// Destructors run for pager threads at their end.
-pub static DTORS_RUN: AtomicUsize = AtomicUsize::new(0);
 
 static REAL_ATEXIT: AtomicUsize = AtomicUsize::new(0);
 
@@ -155,7 +153,6 @@ fn run_thread_dtors() {
         DTORS.with(|c| c.set(d.next));
         // SAFETY: the registrant's contract: `f(obj)` is to be called once at thread end.
         unsafe { (d.f)(d.obj) };
-        DTORS_RUN.fetch_add(1, Ordering::Relaxed);
     }
 }
 
