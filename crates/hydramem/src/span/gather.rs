@@ -6,26 +6,29 @@
 //! of them together, k to a row. No call waits for company: a call that finds no write in
 //! flight writes at once (queue depth 1 costs nothing), and the batches grow by themselves
 //! with the load — the classic group commit of database logs. Nor does a full row wait for
-//! the batch ahead of it: once the queue holds a row's worth of pages (k), its batch is
-//! written at once beside those in flight, up to [`MAX_IN_FLIGHT`] batches — one batch at a
-//! time held sixteen single-page writers to one row's round trip per row (measured:
-//! docs/benchmarks.md, "Group commit with batches in flight").
+//! the batch ahead of it: once the queue holds a row's worth of pages (k) and none of them is
+//! in a batch in flight, its batch is written at once beside those in flight, up to
+//! [`MAX_IN_FLIGHT`] batches — one batch at a time held sixteen single-page writers to one
+//! row's round trip per row (docs/benchmarks.md §11, "Group commit with batches in flight").
 //!
 //! Protocol: a call enqueues its pages into the batch being filled and then either leads
-//! (its batch is the one being filled, and either no batch is in flight or the queue holds
-//! a full row and fewer than [`MAX_IN_FLIGHT`] are: it takes the whole queue as one batch and
-//! writes it) or waits until its batch is done. A batch's outcome goes to every call that had
-//! pages in it. Pages are not copied: the queue holds pointers to the callers' pages, which
-//! stay borrowed until their batch is done (see [`Gather::write`]).
+//! (its batch is the one being filled, and either no batch is in flight, or fewer than
+//! [`MAX_IN_FLIGHT`] are, the queue holds at least k pages and shares none with them: it
+//! takes the whole queue as one batch and writes it) or waits until its batch is done. A
+//! batch's outcome goes to every call that had pages in it. Pages are not copied: the queue
+//! holds pointers to the callers' pages, which stay borrowed until their batch is done (see
+//! [`Gather::write`]).
 //!
 //! Invariants: a batch holds pages of whole calls, in the order they were enqueued; a call
 //! returns only once its batch's rows are acknowledged and its pages mapped, or with the
-//! batch's error. Batches in flight together hold concurrent calls only, so two of them may
-//! carry one page: the one whose rows got the newer version wins
-//! ([`super::map::PageMap::set_if_newer`]), as either may, and as a reattaching client
-//! would decide.
+//! batch's error; **batches in flight together share no page**, so the writes of one page
+//! are never concurrent and each takes its version after the one before it ended — what the
+//! page map's unconditional move and a reattaching client's "newest version wins" rely on
+//! (`super::reattach`: were a newer batch to fail after k of a row's pieces landed while an
+//! older one carrying the same page succeeded, a reattach would bring back the failed
+//! write's bytes over the acknowledged one).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use parking_lot::{Condvar, Mutex};
 
@@ -56,6 +59,8 @@ struct State {
     filling: u64,
     /// Batches being written.
     in_flight: usize,
+    /// The pages of the batches being written.
+    flying: HashSet<u64>,
     /// Per batch done and not yet collected by all its calls: its error, and the calls that
     /// have still to collect it.
     outcomes: HashMap<u64, (Option<String>, usize)>,
@@ -86,7 +91,9 @@ impl Gather {
     fn leads(&self, s: &State, mine: u64) -> bool {
         mine == s.filling
             && s.in_flight < MAX_IN_FLIGHT
-            && (s.in_flight == 0 || s.queue.len() >= self.full)
+            && (s.in_flight == 0
+                || (s.queue.len() >= self.full
+                    && !s.queue.iter().any(|p| s.flying.contains(&p.page))))
     }
 
     /// Writes `pages` (page number, bytes) together with whatever other calls queue
@@ -114,11 +121,14 @@ impl Gather {
             s.filling += 1;
             let taken = std::mem::take(&mut s.queue);
             let members = std::mem::take(&mut s.queued_calls);
+            let pages: Vec<u64> = taken.iter().map(|p| p.page).collect();
+            s.flying.extend(pages.iter().copied());
             drop(s);
             let mut lead = Leading {
                 gather: self,
                 batch: mine,
                 members,
+                pages,
                 finished: false,
             };
             // SAFETY: every pointer in `taken` is a page of a call that is still inside this
@@ -164,6 +174,8 @@ struct Leading<'g> {
     gather: &'g Gather,
     batch: u64,
     members: usize,
+    /// Its pages (in no other batch in flight).
+    pages: Vec<u64>,
     finished: bool,
 }
 
@@ -171,9 +183,12 @@ impl Leading<'_> {
     fn finish(&mut self, error: Option<String>) {
         self.finished = true;
         let mut s = self.gather.state.lock();
-        // Every batch has a member: the call that leads it.
-        s.outcomes.insert(self.batch, (error, self.members.max(1)));
+        // Its members: the calls whose pages it took, the leader among them.
+        s.outcomes.insert(self.batch, (error, self.members));
         s.in_flight -= 1;
+        for p in &self.pages {
+            s.flying.remove(p);
+        }
         drop(s);
         self.gather.changed.notify_all();
     }
@@ -233,7 +248,8 @@ mod tests {
     }
 
     /// A batch whose queue holds a full row is written beside the one in flight; a partial
-    /// one waits for it; never more than [`MAX_IN_FLIGHT`] at once.
+    /// one, or one sharing a page with a batch in flight, waits for it; never more than
+    /// [`MAX_IN_FLIGHT`] at once.
     #[test]
     fn a_full_row_is_written_beside_the_batch_in_flight_a_partial_one_waits() {
         use std::sync::mpsc;
@@ -302,6 +318,35 @@ mod tests {
             t.join().unwrap();
         }
         assert_eq!(most.load(Ordering::SeqCst), MAX_IN_FLIGHT);
+
+        // A full row that shares a page with the batch in flight waits for it, and so does a
+        // partial one; each goes once nothing is in flight. (What the calls above left
+        // unread — starts, releases — is drained first: they all returned.)
+        while started.try_recv().is_ok() {}
+        while release.lock().try_recv().is_ok() {}
+        most.store(0, Ordering::SeqCst);
+        let first = call(vec![100]);
+        assert_eq!(wait("a call alone writes at once"), [100]);
+        let sharing = call(vec![100, 101]);
+        assert!(
+            started
+                .recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "a batch sharing a page with one in flight waits"
+        );
+        release_tx.send(()).unwrap();
+        first.join().unwrap();
+        assert_eq!(wait("it goes once the other is done"), [100, 101]);
+        let partial = call(vec![102]);
+        release_tx.send(()).unwrap();
+        sharing.join().unwrap();
+        assert_eq!(
+            wait("a partial queue goes once nothing is in flight"),
+            [102]
+        );
+        release_tx.send(()).unwrap();
+        partial.join().unwrap();
+        assert_eq!(most.load(Ordering::SeqCst), 1, "never two of them at once");
     }
 
     #[test]

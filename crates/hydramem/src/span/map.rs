@@ -10,9 +10,9 @@
 //! - an entry and its version change together: readers and writers of an entry hold its
 //!   stripe's lock (one of [`STRIPES`]), so a reader never sees a row with another row's
 //!   version;
-//! - a write moves a page unless the page is at a newer version ([`PageMap::set_if_newer`]:
-//!   two batches in flight together may both carry it), and the map is updated before the
-//!   write returns, so a write that starts after another returned replaces it; a
+//! - a write moves a page unconditionally ([`PageMap::set`]: no two writes of one page are in
+//!   flight together, `super::gather`), and the map is updated before the write returns, so
+//!   a write that starts after another returned replaces it; a
 //!   compaction moves a page only if it is still where the compaction read it
 //!   ([`PageMap::move_if`]), so it can never bring back bytes a write replaced meanwhile;
 //! - a forgotten page ([`PageMap::clear`]) is as if never written: a compaction that read it
@@ -121,21 +121,6 @@ impl PageMap {
         let old = self.load(page);
         self.store(page, loc);
         old
-    }
-
-    /// Points page `page` at `loc` (a write's new copy) unless it is at a newer version
-    /// already — a write in flight beside this one that carried the page too (`gather`) —
-    /// and returns where it was; `Err` with where it stays if it is newer there (this copy
-    /// is garbage).
-    pub fn set_if_newer(&self, page: u64, loc: Loc) -> Result<Option<Loc>, Loc> {
-        debug_assert!(loc.pos < 1 << POS_BITS);
-        let _g = self.stripe(page).lock();
-        let old = self.load(page);
-        if let Some(o) = old.filter(|o| o.version > loc.version) {
-            return Err(o);
-        }
-        self.store(page, loc);
-        Ok(old)
     }
 
     /// Forgets where page `page` lives (as if never written); returns where it was.
@@ -275,18 +260,8 @@ mod tests {
         assert!(m.move_if(3, a, b));
         assert_eq!(m.get(3), Some(b));
         assert_eq!(m.set(3, a), Some(b));
-        let newer = Loc { version: 9, ..b };
-        assert_eq!(m.set_if_newer(3, newer), Ok(Some(a)));
-        assert_eq!(
-            m.set_if_newer(3, a),
-            Err(newer),
-            "an older write's copy never replaces a newer one"
-        );
-        assert_eq!(m.get(3), Some(newer));
-        assert_eq!(m.set_if_newer(4, a), Ok(None));
-        m.clear(4);
         let mut seen = Vec::new();
         m.for_each(|p, l| seen.push((p, l)));
-        assert_eq!(seen, vec![(3, newer)]);
+        assert_eq!(seen, vec![(3, a)]);
     }
 }

@@ -18,9 +18,11 @@
 //! page on every write and leaves a window where a row's data and parity disagree (the RAID
 //! write hole), which only an undo log on the nodes closes.
 //!
-//! **Group commit** ([`gather`]): while one call's rows are in flight, the calls that arrive
+//! **Group commit** ([`gather`]): while a batch's rows are in flight, the calls that arrive
 //! queue their pages, and the next write packs all of them, so that concurrent single-page
-//! writes (a swap device's) fill rows instead of leaving one partial row each.
+//! writes (a swap device's) fill rows instead of leaving one partial row each; a queue that
+//! fills a row goes out beside the batches in flight, unless it shares a page with them (the
+//! writes of one page are never concurrent).
 //!
 //! **Garbage and compaction** ([`compact`]): overwritten pages leave dead pieces in their old
 //! rows, and small writes leave partial rows. A background thread compacts when the remote
@@ -491,15 +493,13 @@ impl Core {
         for (i, (page, _)) in pages.iter().enumerate() {
             let loc = at(i);
             match expected {
-                // Of two batches in flight together that carry the page, the newer version
-                // wins, as a reattaching client would decide (`gather`).
-                None => match self.map.set_if_newer(*page, loc) {
-                    Ok(old) => {
-                        gone.extend(old.map(|o| o.row));
-                        moved += 1;
+                // No other write of the page is in flight (`gather`): it moves.
+                None => {
+                    if let Some(old) = self.map.set(*page, loc) {
+                        gone.push(old.row);
                     }
-                    Err(_) => gone.push(loc.row),
-                },
+                    moved += 1;
+                }
                 Some(exp) => {
                     if self.map.move_if(*page, exp[i], loc) {
                         gone.push(exp[i].row);

@@ -10,11 +10,11 @@
 //! the row with the newest version that names it.
 //!
 //! Why the newest version is the page's current location: a row's version is taken when the
-//! row is written; a batch writes each page once; of two batches in flight together that
-//! carry one page ([`super::gather`]), the map keeps the copy with the newer version
-//! ([`super::map::PageMap::set_if_newer`]); and a compaction's copy of a page never carries
-//! a newer version than a write of it ([`super::busy`]) — so the page's current copy has the
-//! highest version of all rows naming it. A write that failed
+//! row is written, and the writes of one page are never concurrent — batches in flight
+//! together share no page ([`super::gather`]), a batch writes each page once, and a
+//! compaction's copy of a page never carries a newer version than a write of it
+//! ([`super::busy`]) — so the page's last write has the highest version of all rows naming
+//! it. A write that failed
 //! part way may have left k pieces of a new row: the page then reads as that write's bytes,
 //! which a failed write allows. Pages named beyond the client's size refuse the reattach.
 

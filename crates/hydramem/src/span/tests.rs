@@ -754,11 +754,11 @@ fn a_row_piece_newer_than_the_page_it_holds_is_read_around_not_chased() {
     assert_eq!(read(&s, 0), content(0, 1), "page 0 after compaction");
 }
 
-/// Batches in flight together may carry one page (group commit, `gather`): the live map
-/// keeps the copy with the newer version — the one a client that reattaches finds — and the
-/// copy that lost is garbage in its row's count. Each round, four writers write the same
-/// four pages (a full row each, so that all four batches go out together) at once, their
-/// replies held a random time so that the batches finish in any order.
+/// Batches in flight together never carry one page (group commit, `gather`), so the live map
+/// is what a client that reattaches finds: the newest version of each page. Each round, four
+/// writers write the same four pages at once (a full row each, which would otherwise go out
+/// together), their replies held a random time so that batches in flight finish in any
+/// order; the live map and a rebuilt one must agree after every round.
 #[test]
 fn concurrent_writes_of_one_page_leave_the_map_a_reattach_would_find() {
     let (s, ctl) = start("span-4+2", 8, 64);
