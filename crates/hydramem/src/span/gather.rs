@@ -89,6 +89,7 @@ impl Gather {
 
     /// Whether the call whose pages are in batch `mine` writes that batch now.
     fn leads(&self, s: &State, mine: u64) -> bool {
+        debug_assert!(s.in_flight > 0 || s.flying.is_empty());
         mine == s.filling
             && s.in_flight < MAX_IN_FLIGHT
             && (s.in_flight == 0
@@ -338,6 +339,12 @@ mod tests {
         first.join().unwrap();
         assert_eq!(wait("it goes once the other is done"), [100, 101]);
         let partial = call(vec![102]);
+        assert!(
+            started
+                .recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "a partial queue waits for the batch in flight"
+        );
         release_tx.send(()).unwrap();
         sharing.join().unwrap();
         assert_eq!(

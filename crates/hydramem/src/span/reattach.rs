@@ -10,11 +10,11 @@
 //! the row with the newest version that names it.
 //!
 //! Why the newest version is the page's current location: a row's version is taken when the
-//! row is written, and the writes of one page are never concurrent — batches in flight
-//! together share no page ([`super::gather`]), a batch writes each page once, and a
-//! compaction's copy of a page never carries a newer version than a write of it
-//! ([`super::busy`]) — so the page's last write has the highest version of all rows naming
-//! it. A write that failed
+//! row is written; the writes of one page are never concurrent — batches in flight together
+//! share no page ([`super::gather`]) and a batch writes each page once; and a compaction's
+//! copy of a page, which may be made while a write of it is in flight, never carries a newer
+//! version than that write ([`super::busy`]) — so the page's last write has the highest
+//! version of all rows naming it. A write that failed
 //! part way may have left k pieces of a new row: the page then reads as that write's bytes,
 //! which a failed write allows. Pages named beyond the client's size refuse the reattach.
 
